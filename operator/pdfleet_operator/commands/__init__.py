@@ -1,0 +1,9 @@
+"""Sub-commands of `pdfleet`; each module has ``register(subparsers)``.
+
+A command sets ``handler=callable(args) -> int`` on its parser.
+"""
+
+from pdfleet_operator.commands import demo, dev
+
+COMMANDS = (demo, dev)
+__all__ = ["COMMANDS"]

@@ -1,0 +1,81 @@
+"""`pdfleet dev up|down|status|env`: a real local control plane with fake GPU nodes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pdfleet_operator.devcluster import (
+    ClusterError,
+    ClusterOptions,
+    LocalCluster,
+    ToolchainError,
+    cache_root,
+    ensure_toolchain,
+)
+
+
+def default_state_dir() -> Path:
+    return cache_root() / "dev-cluster"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    dev = sub.add_parser("dev", help="run a local Kubernetes control plane with fake GPU nodes")
+    dev.add_argument("--state-dir", type=Path, default=None, help="where certificates, logs and pids live")
+    dev.set_defaults(handler=lambda a: (dev.print_help(sys.stderr), 2)[1])
+    verbs = dev.add_subparsers(dest="verb", metavar="VERB")
+
+    up = verbs.add_parser("up", help="build (if needed) and start the control plane")
+    up.add_argument("--nodes", type=int, default=3, help="fake GPU nodes (default 3)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="allocatable nvidia.com/gpu per node (default 8)")
+    up.set_defaults(handler=_up)
+    verbs.add_parser("down", help="stop every process `dev up` started").set_defaults(handler=_down)
+    verbs.add_parser("status", help="say whether the cluster runs, and where").set_defaults(handler=_status)
+    verbs.add_parser("build", help="only build the toolchain from Go modules").set_defaults(handler=_build)
+
+
+def _cluster(args: argparse.Namespace, **opts: int) -> LocalCluster:
+    return LocalCluster(args.state_dir or default_state_dir(), ClusterOptions(**opts))
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.nodes < 1 or args.gpus_per_node < 0:
+        print("error: --nodes must be >= 1 and --gpus-per-node >= 0", file=sys.stderr)
+        return 2
+    cluster = _cluster(args, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    try:
+        cluster.start()
+    except (ClusterError, ToolchainError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    kubectl = cluster.bin_dir / "kubectl"
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    print(f"try:        {kubectl} --kubeconfig {cluster.kubeconfig} get nodes")
+    print("stop with:  pdfleet dev down")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    stopped = cluster.stop()
+    print(f"stopped {len(stopped)} processes" + (f" ({', '.join(map(str, stopped))})" if stopped else ""))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    if cluster.is_running():
+        print(f"running; kubeconfig: {cluster.kubeconfig}")
+        return 0
+    print("not running")
+    return 1
+
+
+def _build(args: argparse.Namespace) -> int:
+    try:
+        print(ensure_toolchain())
+    except ToolchainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

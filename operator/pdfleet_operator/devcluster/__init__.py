@@ -1,0 +1,17 @@
+"""The local control plane used by `pdfleet dev` and the cluster tests.
+
+``toolchain`` builds the binaries from Go modules; ``cluster`` starts and
+stops them; ``certs`` makes the throw-away PKI.
+"""
+
+from pdfleet_operator.devcluster.cluster import ClusterError, ClusterOptions, LocalCluster
+from pdfleet_operator.devcluster.toolchain import ToolchainError, cache_root, ensure_toolchain
+
+__all__ = [
+    "ClusterError",
+    "ClusterOptions",
+    "LocalCluster",
+    "ToolchainError",
+    "cache_root",
+    "ensure_toolchain",
+]

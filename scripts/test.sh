@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The README's test command: set up (idempotently), then lint, check import
+# layers, and run every test, the cluster tests against a real control plane.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+. scripts/setup.sh
+echo "[test] ruff"; ruff check operator runtime tests bench
+echo "[test] import-linter"; lint-imports --no-cache
+echo "[test] pytest"
+# GPU tests run on the device machine only; here they are skipped with that reason.
+exec python -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,59 @@
+"""Pure parts of the local control plane: certificates, node objects, toolchain pins, kwok Stages."""
+
+from __future__ import annotations
+
+import ssl
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+
+from pdfleet_operator.devcluster import toolchain
+from pdfleet_operator.devcluster.certs import CertificateAuthority
+from pdfleet_operator.devcluster.cluster import ClusterOptions, gpu_node_manifest
+
+
+def test_leaf_certificate_chains_to_ca_and_carries_sans(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path)
+    leaf = ca.issue("admin", common_name="admin", organizations=("system:masters",), client=True)
+    cert = x509.load_pem_x509_certificate(leaf.cert_pem)
+    cert.verify_directly_issued_by(ca.cert)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert cert.subject.rfc4514_string() == "O=system:masters,CN=admin"
+    assert oct(leaf.key_path.stat().st_mode & 0o777) == "0o600"
+    # The pair loads as a TLS server identity.
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(leaf.cert_path, leaf.key_path)
+
+
+def test_gpu_node_manifest_advertises_gpus() -> None:
+    node = gpu_node_manifest("kwok-gpu-0", ClusterOptions(gpus_per_node=4))
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+
+
+def test_pins_key_changes_with_versions() -> None:
+    a = toolchain.Pins()
+    b = toolchain.Pins(kubernetes="v1.35.4")
+    assert a.key() != b.key()
+    assert b.staging == "v0.35.4"
+    assert toolchain.toolchain_dir(a) != toolchain.toolchain_dir(b)
+
+
+def test_cache_root_honours_env(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PDFLEET_CACHE", str(tmp_path))
+    assert toolchain.cache_root() == tmp_path
+    assert toolchain.binary("etcd").is_relative_to(tmp_path)
+
+
+def test_kwok_stages_replace_the_gate_blind_defaults() -> None:
+    text = resources.files("pdfleet_operator.devcluster").joinpath("kwok-stages.yaml").read_text()
+    stages = {d["metadata"]["name"]: d for d in yaml.safe_load_all(text)}
+    assert set(stages) == {"node-initialize", "pod-start", "pod-gates-ready", "pod-gates-unready", "pod-delete"}
+    # Deletion waits for the hold annotation to go.
+    keys = [e["key"] for e in stages["pod-delete"]["spec"]["selector"]["matchExpressions"]]
+    assert '.metadata.annotations["pdfleet.io/hold-deletion"]' in keys
+    # No stage marks readiness-gate conditions True by itself.
+    for stage in stages.values():
+        assert "range .spec.readinessGates }}\n      - lastTransitionTime" not in stage["spec"]["next"].get("statusTemplate", "")
