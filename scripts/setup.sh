@@ -47,5 +47,5 @@ export PDFLEET_VENV=$venv
 export PATH="$venv/bin:$PATH"
 
 # 3. The control plane, built from Go modules into the versioned cache.
-"$venv/bin/python" -m pdfleet_operator.devcluster.toolchain >/dev/null
+"$venv/bin/pdfleet" dev build >/dev/null
 say "ready: venv $venv, toolchain $("$venv/bin/python" -c 'from pdfleet_operator.devcluster.toolchain import toolchain_dir; print(toolchain_dir())')"
