@@ -14,6 +14,8 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 need_apt=()
 command -v go >/dev/null || need_apt+=(golang-go)
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+# Mooncake's CPU wheel links libibverbs even when it only uses TCP.
+ldconfig -p | grep -q 'libibverbs.so.1 ' || need_apt+=(libibverbs1)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"
   if [ ! -f "$cache/.apt-updated" ]; then apt-get update -qq && touch "$cache/.apt-updated"; fi
@@ -37,7 +39,7 @@ if [ ! -f "$venv/.complete" ]; then
   say "creating $venv (torch is a large wheel: the first install takes minutes, pip's cache serves later ones)"
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --progress-bar off -e "$repo[dev,torch]"
+  "$venv/bin/pip" install -q --progress-bar off -e "$repo[dev,torch,engines]"
   touch "$venv/.complete"
 fi
 # The clone may have moved: re-point the editable install (seconds).
