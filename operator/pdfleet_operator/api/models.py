@@ -1,0 +1,303 @@
+"""The PDDeployment spec and status: the source of truth for ``crds/`` and for validation.
+
+Every field has a description (it is the ``kubectl explain`` text) and a default unless the user
+must choose: the layout, the backend, and each role's ``replicas``, ``parallelism.tensor`` and
+``image``. Object-valued fields with defaults carry their full default value in the CRD, so a stored object
+shows the effective values.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AwareDatetime, Field, StringConstraints
+
+from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, ConditionType, RolloutPhase
+from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
+from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.transfer import Backend, Protocol
+from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_VERSION_PATTERN
+
+__all__ = [
+    "DEFAULT_GPU_MEMORY_GIB",
+    "Condition",
+    "ModelSpec",
+    "PDDeployment",
+    "PDDeploymentSpec",
+    "PDDeploymentStatus",
+    "Parallelism",
+    "PoolSpec",
+    "RoleSpec",
+    "RoleStatus",
+    "RolloutSpec",
+    "RolloutStatus",
+    "TransferSpec",
+    "shapes_text",
+]
+
+DEFAULT_GPU_MEMORY_GIB = 141.0  # H200
+
+
+def _defaults_of(model: type[ApiModel]) -> dict[str, Any]:
+    """The CRD default of an object field: its full default value. The apiserver checks a default
+    against the CEL rules without filling nested defaults first, so ``{}`` would not do."""
+    return {"default": model().model_dump(by_alias=True, exclude_none=True, mode="json")}
+
+
+# An int (pods) or a percentage of the role's replicas, as in a Deployment's rolling update.
+IntOrPercent = int | Annotated[str, StringConstraints(pattern=r"^(100|[1-9]?[0-9])%$", max_length=4)]
+
+
+class ModelSpec(ApiModel):
+    """The model being served: what request state each rank keeps."""
+
+    layout: LayoutRef = Field(
+        description="The model's state layout: {preset: NAME} for a built-in preset, or {inline: {...}} "
+        "for a layout given in full. It decides which state types move and which shapes are legal."
+    )
+
+
+class TransferSpec(ApiModel):
+    """How request state moves from prefill ranks to decode ranks."""
+
+    backend: Backend = Field(
+        description="Transfer engine: mooncake (all state types, heterogeneous TP, PP), nixl (no PLE "
+        "or non-MLA QSA across TP sizes), or mori (AMD; no QSA with PP > 1 or across TP sizes, no PLE "
+        "across TP sizes). `pdfleet matrix` prints every cell with its reason."
+    )
+    protocol: Protocol = Field(
+        Protocol.RDMA,
+        description="The link to use; each backend maps it to its engine settings: rdma (default; across "
+        "nodes), tcp (slow, for tests), nvlink (GPUs of one host; grants hostIPC), shm (host memory of "
+        "one host).",
+    )
+    rdma_devices: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] | None = Field(
+        None,
+        max_length=16,
+        description="RDMA device names (e.g. mlx5_0) for protocol rdma; empty lets the engine discover them.",
+    )
+
+
+class Parallelism(ApiModel):
+    """How one replica of a role is split across GPUs. data, expert and nodesPerReplica are reserved."""
+
+    tensor: int = Field(
+        ge=1,
+        le=64,
+        description="Tensor-parallel size (GPUs sharing each layer). Prefill and decode sizes must divide "
+        "one another, and must divide (or be a multiple of) the model's KV heads.",
+    )
+    pipeline: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Pipeline-parallel stages; default 1. Decode must use the prefill's value or 1.",
+    )
+    data: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Reserved for attention data parallelism: only 1 is accepted until it is built.",
+    )
+    expert: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Reserved for expert parallelism: only 1 is accepted until it is built.",
+    )
+    nodes_per_replica: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Reserved for replicas spanning several nodes: only 1 is accepted until it is built.",
+    )
+
+
+class PoolSpec(ApiModel):
+    """Capacity of one replica's state pools, allocated on every rank at start."""
+
+    max_concurrent_requests: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description="Requests a replica holds state for at once (slots and rows); default 64.",
+    )
+    kv_tokens_per_replica: int = Field(
+        131072,
+        ge=1,
+        le=1 << 30,
+        description="KV tokens a replica holds over all its requests (pages = tokens / pageSize + requests); "
+        "default 131072. Pools must fit gpuMemoryGiB.",
+    )
+
+
+class RoleSpec(ApiModel):
+    """One role (prefill or decode): its replicas, shape, image and pod settings."""
+
+    replicas: int = Field(ge=0, le=4096, description="Number of replicas (each is tensor x pipeline GPUs).")
+    parallelism: Parallelism = Field(description="How a replica splits across GPUs.")
+    image: str = Field(min_length=1, max_length=1024, description="Container image of the pdfleet runtime.")
+    runtime_version: str = Field(
+        CURRENT_RUNTIME_VERSION,
+        pattern=RUNTIME_VERSION_PATTERN,
+        max_length=64,
+        description="pdfleet runtime version inside the image; picks the capability matrix and wire protocol. "
+        f"Default {CURRENT_RUNTIME_VERSION}.",
+    )
+    pool: PoolSpec = Field(
+        default_factory=PoolSpec,
+        json_schema_extra=_defaults_of(PoolSpec),
+        description="Pool capacity per replica.",
+    )
+    gpu_memory_gib: float = Field(
+        DEFAULT_GPU_MEMORY_GIB,
+        alias="gpuMemoryGiB",
+        ge=1,
+        le=4096,
+        description="Memory of one GPU in GiB, used to check that the pools fit; default 141 (H200).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        json_schema_extra=_defaults_of(ResourceRequirements),
+        description="CPU and memory of the runtime container; GPUs come from the parallelism.",
+    )
+    node_selector: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+        None, description="Node labels the role's pods must match."
+    )
+    tolerations: list[Toleration] | None = Field(
+        None, max_length=64, description="Tolerations of the role's pods."
+    )
+    affinity: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra=PRESERVE,
+        description="A core/v1 Affinity for the role's pods, passed through.",
+    )
+    env: list[EnvVar] | None = Field(
+        None, max_length=256, description="Extra environment of the runtime container."
+    )
+
+
+class RolloutSpec(ApiModel):
+    """How a changed spec rolls out (decode and prefill alike); see docs on canaries and drains."""
+
+    max_surge: IntOrPercent = Field(
+        1,
+        description="Pods above the replica count during a rollout: an int or a percentage (rounded up). "
+        "Default 1. Draining pods count: they still hold GPUs.",
+    )
+    max_unavailable: IntOrPercent = Field(
+        0,
+        description="Ready pods that may be missing during a rollout: an int or a percentage (rounded "
+        "down). Default 0. maxSurge and maxUnavailable may not both be 0.",
+    )
+    drain_timeout_seconds: int = Field(
+        600,
+        ge=0,
+        le=86400,
+        description="How long a drain waits for in-flight requests and transfers before deleting the pod "
+        "(recorded as forced); default 600.",
+    )
+    progress_deadline_seconds: int = Field(
+        900,
+        ge=1,
+        le=604800,
+        description="A rollout without progress for this long is marked failed and rolled back; default "
+        "900. Must exceed drainTimeoutSeconds.",
+    )
+    canary_replicas: int | None = Field(
+        None,
+        ge=0,
+        le=4096,
+        description="The most decode pods on a new revision until raised or cleared; the rollout holds "
+        "there. Unset: no canary hold.",
+    )
+    paused: bool = Field(False, description="Pause the rollout: committed drains finish, nothing new starts.")
+
+
+class PDDeploymentSpec(ApiModel):
+    """A prefill/decode disaggregated serving fleet of one model."""
+
+    model: ModelSpec = Field(description="The model being served.")
+    transfer: TransferSpec = Field(description="Transfer backend and protocol between prefill and decode.")
+    prefill: RoleSpec = Field(description="The prefill role: computes prompts and sends their state.")
+    decode: RoleSpec = Field(description="The decode role: receives state and generates tokens.")
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        json_schema_extra=_defaults_of(RolloutSpec),
+        description="How changes roll out.",
+    )
+
+
+# -- status ----------------------------------------------------------------------------------------
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: ConditionType = Field(description="Admitted, Progressing, Available or Degraded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(None, ge=0, description="The generation this condition is about.")
+    last_transition_time: AwareDatetime | None = Field(None, description="When status last changed.")
+    reason: str | None = Field(None, max_length=1024, description="CamelCase reason, e.g. the matrix rule.")
+    message: str | None = Field(None, max_length=32768, description="Human-readable details.")
+
+
+class RoleStatus(ApiModel):
+    """Pod counts of one role."""
+
+    replicas: int = Field(0, ge=0, description="Pods of the role, all revisions.")
+    ready: int = Field(0, ge=0, description="Pods that passed the transfer-path readiness gate.")
+    updated: int = Field(0, ge=0, description="Pods on the current revision.")
+    selector: str | None = Field(None, description="Label selector of the role's pods (scale subresource).")
+
+
+class RolloutStatus(ApiModel):
+    """Where the rollout stands; the stable revision is written last (the commit point)."""
+
+    phase: RolloutPhase = Field(
+        RolloutPhase.IDLE,
+        description="Idle, Progressing, CanaryHold, Paused, RollingBack, Failed or Complete.",
+    )
+    stable_revision: str | None = Field(None, description="Revision hash known to serve.")
+    target_revision: str | None = Field(None, description="Revision hash being rolled out.")
+    message: str | None = Field(None, max_length=32768, description="Why the rollout is where it is.")
+
+
+class PDDeploymentStatus(ApiModel):
+    """Observed state, written by the operator through the status subresource."""
+
+    observed_generation: int | None = Field(None, ge=0, description="The spec generation last reconciled.")
+    conditions: list[Condition] | None = Field(
+        None,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Admitted, Progressing, Available, Degraded.",
+    )
+    prefill: RoleStatus | None = Field(None, description="Prefill pod counts.")
+    decode: RoleStatus | None = Field(None, description="Decode pod counts.")
+    prefill_ready: str | None = Field(
+        None, description="Ready/desired prefill pods, e.g. 2/2 (printer column)."
+    )
+    decode_ready: str | None = Field(
+        None, description="Ready/desired decode pods, e.g. 3/4 (printer column)."
+    )
+    shapes: str | None = Field(None, description="Shapes of both roles, e.g. P tp4xpp1 / D tp2xpp1.")
+    matrix_version: str | None = Field(
+        None, description="Capability matrix version the spec was admitted by."
+    )
+    rollout: RolloutStatus | None = Field(None, description="The rollout's state.")
+
+
+class PDDeployment(ApiModel):
+    """A whole PDDeployment object as the operator reads it."""
+
+    api_version: str = Field(API_VERSION, description="pdfleet.io/v1alpha1.")
+    kind: str = Field(KIND, description="PDDeployment.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: PDDeploymentSpec
+    status: PDDeploymentStatus | None = None
+
+
+def shapes_text(spec: PDDeploymentSpec) -> str:
+    """The printer column text, e.g. ``P tp4xpp1 / D tp2xpp1``."""
+    p, d = spec.prefill.parallelism, spec.decode.parallelism
+    return f"P tp{p.tensor}xpp{p.pipeline} / D tp{d.tensor}xpp{d.pipeline}"

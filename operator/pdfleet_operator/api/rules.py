@@ -1,0 +1,202 @@
+"""Structural rules enforced by the apiserver itself: CEL ``x-kubernetes-validations``.
+
+Each rule is written twice, side by side: the CEL expression the CRD carries and a Python predicate
+that ``pdfleet validate`` runs on the same (defaulted) object, so the offline verdict matches
+``kubectl apply --dry-run=server`` even with the webhook absent. Rules that are also matrix rules
+use the matrix rule's id, so a user sees one id wherever the check runs. Messages start with the
+rule id because the apiserver prints only the message.
+
+These rules read only the object, never the layout presets or the matrix: the apiserver cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CEL_RULES", "CelRule"]
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CelRule:
+    """One ``x-kubernetes-validations`` entry, attached at each schema path in ``at``.
+
+    ``check(obj) -> bool`` is the Python twin of ``rule`` (True: valid). It sees the defaulted
+    object at that path; a KeyError/TypeError there means the schema already rejected the object.
+    """
+
+    id: str
+    at: tuple[str, ...]
+    rule: str
+    message: str
+    check: Callable[[Obj], bool]
+    field_path: str | None = None
+
+    def to_schema(self) -> dict[str, str]:
+        out = {"rule": self.rule, "message": f"{self.id}: {self.message}", "reason": "FieldValueInvalid"}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        return out
+
+
+def _is_zero(v: object) -> bool:
+    return v == "0%" if isinstance(v, str) else v == 0
+
+
+def _zero_cel(f: str) -> str:
+    return f"(type(self.{f}) == string ? self.{f} == '0%' : self.{f} == 0)"
+
+
+_ROLES = ("spec.prefill.parallelism", "spec.decode.parallelism")
+_LAYER_SETS = (
+    "spec.model.layout.inline.fullAttentionLayers",
+    "spec.model.layout.inline.swa.layers",
+    "spec.model.layout.inline.ple.shortConvLayers",
+)
+_INLINE = ("spec.model.layout.inline",)
+
+
+def _ids_below(obj: Obj) -> bool:
+    n = obj["numLayers"]
+    sets = [
+        obj["fullAttentionLayers"],
+        obj.get("swa", {}).get("layers", {}),
+        obj.get("ple", {}).get("shortConvLayers", {}),
+    ]
+    return all(i < n for s in sets for i in s.get("ids", ()))
+
+
+def _attention_fields(o: Obj) -> bool:
+    if o.get("attentionKind", "MHA") == "MLA":
+        return "mla" in o and "headDim" not in o and o["kvHeads"] == 1 and "swa" not in o
+    return "headDim" in o and "mla" not in o
+
+
+_LAYER_IDS_CEL = (
+    "(!has(self.fullAttentionLayers.ids) || self.fullAttentionLayers.ids.all(i, i < self.numLayers)) && "
+    "(!has(self.swa) || !has(self.swa.layers.ids) || self.swa.layers.ids.all(i, i < self.numLayers)) && "
+    "(!has(self.ple) || !has(self.ple.shortConvLayers.ids) || "
+    "self.ple.shortConvLayers.ids.all(i, i < self.numLayers))"
+)
+
+CEL_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        "tp-divisible",
+        ("spec",),
+        "self.prefill.parallelism.tensor % self.decode.parallelism.tensor == 0 || "
+        "self.decode.parallelism.tensor % self.prefill.parallelism.tensor == 0",
+        "prefill and decode parallelism.tensor must divide one another (e.g. 8/4, 4/4, 2/8)",
+        lambda o: (
+            o["prefill"]["parallelism"]["tensor"] % o["decode"]["parallelism"]["tensor"] == 0
+            or o["decode"]["parallelism"]["tensor"] % o["prefill"]["parallelism"]["tensor"] == 0
+        ),
+        ".decode.parallelism.tensor",
+    ),
+    CelRule(
+        "pp-match",
+        ("spec",),
+        "self.decode.parallelism.pipeline == self.prefill.parallelism.pipeline || "
+        "self.decode.parallelism.pipeline == 1",
+        "decode parallelism.pipeline must equal the prefill's or be 1",
+        lambda o: o["decode"]["parallelism"]["pipeline"] in (o["prefill"]["parallelism"]["pipeline"], 1),
+        ".decode.parallelism.pipeline",
+    ),
+    CelRule(
+        "reserved-data-parallel",
+        _ROLES,
+        "self.data == 1",
+        "data parallelism is reserved: only 1 is accepted until it is built",
+        lambda o: o["data"] == 1,
+        ".data",
+    ),
+    CelRule(
+        "reserved-expert-parallel",
+        _ROLES,
+        "self.expert == 1",
+        "expert parallelism is reserved: only 1 is accepted until it is built",
+        lambda o: o["expert"] == 1,
+        ".expert",
+    ),
+    CelRule(
+        "reserved-nodes-per-replica",
+        _ROLES,
+        "self.nodesPerReplica == 1",
+        "nodesPerReplica is reserved: only 1 is accepted until multi-node replicas are built",
+        lambda o: o["nodesPerReplica"] == 1,
+        ".nodesPerReplica",
+    ),
+    CelRule(
+        "rollout-surge-range",
+        ("spec.rollout",),
+        "type(self.maxSurge) == string || self.maxSurge >= 0",
+        "maxSurge must be >= 0 or a percentage",
+        lambda o: isinstance(o["maxSurge"], str) or o["maxSurge"] >= 0,
+        ".maxSurge",
+    ),
+    CelRule(
+        "rollout-unavailable-range",
+        ("spec.rollout",),
+        "type(self.maxUnavailable) == string || self.maxUnavailable >= 0",
+        "maxUnavailable must be >= 0 or a percentage",
+        lambda o: isinstance(o["maxUnavailable"], str) or o["maxUnavailable"] >= 0,
+        ".maxUnavailable",
+    ),
+    CelRule(
+        "rollout-progress",
+        ("spec.rollout",),
+        f"!({_zero_cel('maxSurge')} && {_zero_cel('maxUnavailable')})",
+        "maxSurge and maxUnavailable may not both be 0: a rollout could never replace a pod",
+        lambda o: not (_is_zero(o["maxSurge"]) and _is_zero(o["maxUnavailable"])),
+        ".maxUnavailable",
+    ),
+    CelRule(
+        "rollout-deadline-after-drain",
+        ("spec.rollout",),
+        "self.progressDeadlineSeconds > self.drainTimeoutSeconds",
+        "progressDeadlineSeconds must exceed drainTimeoutSeconds, or one slow drain fails every rollout",
+        lambda o: o["progressDeadlineSeconds"] > o["drainTimeoutSeconds"],
+        ".progressDeadlineSeconds",
+    ),
+    CelRule(
+        "layout-one-form",
+        ("spec.model.layout",),
+        "has(self.preset) != has(self.inline)",
+        "set exactly one of layout.preset and layout.inline",
+        lambda o: ("preset" in o) != ("inline" in o),
+    ),
+    CelRule(
+        "qsa-page-ratio",
+        _INLINE,
+        "!has(self.qsa) || self.pageSize % self.qsa.compressRatio == 0",
+        "pageSize must be a multiple of qsa.compressRatio",
+        lambda o: "qsa" not in o or o["pageSize"] % o["qsa"]["compressRatio"] == 0,
+        ".pageSize",
+    ),
+    CelRule(
+        "layout-attention-fields",
+        _INLINE,
+        "self.attentionKind == 'MLA' ? (has(self.mla) && !has(self.headDim) && self.kvHeads == 1 && "
+        "!has(self.swa)) : (has(self.headDim) && !has(self.mla))",
+        "MHA needs headDim and no mla; MLA needs mla, kvHeads 1, no headDim and no swa",
+        _attention_fields,
+    ),
+    CelRule("layer-ids-range", _INLINE, _LAYER_IDS_CEL, "every layer id must be below numLayers", _ids_below),
+    CelRule(
+        "layer-set-one-form",
+        _LAYER_SETS,
+        "has(self.ids) != has(self.interval)",
+        "set exactly one of ids and interval",
+        lambda o: ("ids" in o) != ("interval" in o),
+    ),
+    CelRule(
+        "layer-set-offset",
+        _LAYER_SETS,
+        "!has(self.interval) || self.offset < self.interval",
+        "offset must be below interval",
+        lambda o: "interval" not in o or o["offset"] < o["interval"],
+        ".offset",
+    ),
+)

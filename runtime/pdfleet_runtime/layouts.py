@@ -1,0 +1,616 @@
+"""A model's transferable state as data: layouts, presets, and the buffers each rank holds.
+
+Pure (pydantic and the standard library only): the operator imports this module for its CRD
+schema and for admission, so it must never import torch or an engine.
+
+Reading order: the enums; the layout models (``Layout`` and its parts, which become the CRD's
+``spec.layout.inline`` and whose descriptions are the ``kubectl explain`` text); ``LayoutRef``
+and ``resolve_layout``; ``PRESETS``; then the per-rank derivation (``rank_buffers``,
+``pool_counts``, ``rank_state_bytes``), which pools, the planner and the matrix share.
+
+Conventions (design.md sections 1 and 2):
+
+* PP stage ``k`` of ``pp`` holds a contiguous run of layers; the first ``num_layers % pp``
+  stages hold one layer more (``stage_layers``).
+* A KV page is head-major: ``[heads_per_rank, page_size, head_dim]``, so the slice of one head
+  is contiguous and a heterogeneous-TP KV transfer is one block per page per layer entry.
+* With ``H`` KV heads a TP rank holds ``max(1, H // tp)`` heads; when ``tp > H`` each head is
+  replicated on ``tp // H`` ranks and rank ``s`` holds head ``s // (tp // H)``.
+* Linear-attention conv state is ``[conv_kernel - 1, conv_channels_per_rank]`` with the
+  channels grouped as q | k | v (each group sharded on its own); temporal state is
+  ``[value_heads_per_rank, key_head_dim, value_head_dim]``.
+* Request-wide states use sentinel layer ids (``ids.QSA_ROPE_LAYER_ID``,
+  ``ids.PLE_NGRAM_LAYER_ID``). A stage holds the QSA RoPE ring iff it holds a QSA layer and the
+  PLE n-gram history iff it holds a PLE short-conv layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from pdfleet_runtime.ids import PLE_NGRAM_LAYER_ID, QSA_ROPE_LAYER_ID, LayerId
+
+__all__ = [
+    "PRESETS",
+    "AttentionKind",
+    "BufferSpec",
+    "DType",
+    "EntryField",
+    "IndexKind",
+    "LayerSet",
+    "Layout",
+    "LayoutError",
+    "LayoutRef",
+    "LinearAttentionConfig",
+    "MLAConfig",
+    "PLEConfig",
+    "QSAConfig",
+    "SWAConfig",
+    "ShapeError",
+    "Sharding",
+    "StateType",
+    "UnknownPresetError",
+    "pages_for_tokens",
+    "pool_counts",
+    "rank_buffers",
+    "rank_state_bytes",
+    "resolve_layout",
+    "stage_layers",
+    "swa_pages_for_tokens",
+]
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class StateType(StrEnum):
+    """State type names used across the project (design.md section 1)."""
+
+    KV = "kv"
+    SWA = "swa"
+    MAMBA = "mamba"
+    QSA_PENDING = "qsa_pending"
+    QSA_COMPRESSED = "qsa_compressed"
+    PLE_SHORT_CONV = "ple_short_conv"
+    PLE_NGRAM = "ple_ngram"
+
+
+class AttentionKind(StrEnum):
+    """Full-attention KV form: MHA/GQA keeps K and V per head; MLA keeps one latent entry."""
+
+    MHA = "MHA"
+    MLA = "MLA"
+
+
+class DType(StrEnum):
+    """Element types of state buffers (torch names)."""
+
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+    FLOAT8_E4M3FN = "float8_e4m3fn"
+    INT32 = "int32"
+    INT64 = "int64"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _DTYPE_BYTES[self]
+
+
+_DTYPE_BYTES = {
+    DType.BFLOAT16: 2,
+    DType.FLOAT16: 2,
+    DType.FLOAT32: 4,
+    DType.FLOAT8_E4M3FN: 1,
+    DType.INT32: 4,
+    DType.INT64: 8,
+}
+
+
+class EntryField(StrEnum):
+    """Which tensor of a state type a buffer is; pairing groups by (state type, field)."""
+
+    K = "k"
+    V = "v"
+    LATENT = "latent"
+    CONV = "conv"
+    TEMPORAL = "temporal"
+    PENDING = "pending"
+    ROPE = "rope"
+    COMPRESSED = "compressed"
+    SHORT_CONV = "short_conv"
+    NGRAM = "ngram"
+
+
+class IndexKind(StrEnum):
+    """What a request names in a buffer: KV pages (shared by QSA compressed), SWA pages, slots, rows."""
+
+    PAGE = "page"
+    SWA_PAGE = "swa_page"
+    SLOT = "slot"
+    ROW = "row"
+
+
+class Sharding(StrEnum):
+    """How a buffer splits across TP ranks."""
+
+    REPLICATED = "replicated"  # every rank holds the whole item
+    DIM = "dim"  # one sliceable dim, optionally in shard groups
+    HEADS = "heads"  # KV heads: sliced, or replicated when tp > heads
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class LayoutError(ValueError):
+    """A layout, preset reference or rank shape that cannot be served."""
+
+
+class UnknownPresetError(LayoutError):
+    """A ``LayoutRef`` names a preset that does not exist."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name = name
+        self.known = tuple(sorted(known))
+        super().__init__(f"unknown layout preset {name!r}; known presets: {', '.join(self.known)}")
+
+
+class ShapeError(LayoutError):
+    """A (tp, pp) shape the layout cannot be split into; ``field`` names the offending setting."""
+
+    def __init__(self, message: str, field: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------- models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class LayerSet(_Model):
+    """A set of global layer ids: an explicit list, or every ``interval``-th layer from ``offset``."""
+
+    ids: list[int] | None = Field(
+        default=None, description="Explicit global layer ids (0-based). Exclusive with interval."
+    )
+    interval: int | None = Field(
+        default=None,
+        ge=1,
+        description="Select layer i when i % interval == offset (Qwen3-Next: interval 4, offset 3).",
+    )
+    offset: int = Field(default=0, ge=0, description="Offset for interval selection; default 0.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> LayerSet:
+        if (self.ids is None) == (self.interval is None):
+            raise ValueError("exactly one of ids or interval must be set")
+        if self.ids is not None:
+            if any(i < 0 for i in self.ids) or len(set(self.ids)) != len(self.ids):
+                raise ValueError(f"ids must be distinct and non-negative, got {self.ids}")
+        elif self.interval is not None and self.offset >= self.interval:
+            raise ValueError(f"offset {self.offset} must be below interval {self.interval}")
+        return self
+
+    def resolve(self, num_layers: int) -> tuple[int, ...]:
+        """The sorted layer ids, all below ``num_layers``."""
+        if self.ids is not None:
+            return tuple(sorted(self.ids))
+        assert self.interval is not None
+        return tuple(i for i in range(num_layers) if i % self.interval == self.offset)
+
+
+class MLAConfig(_Model):
+    """MLA latent KV: one entry per layer of ``kvLoraRank + qkRopeHeadDim`` values per token."""
+
+    kv_lora_rank: int = Field(ge=1, description="Width of the compressed latent KV (DeepSeek-V3: 512).")
+    qk_rope_head_dim: int = Field(ge=0, description="Width of the decoupled RoPE key (DeepSeek-V3: 64).")
+
+
+class LinearAttentionConfig(_Model):
+    """Linear attention (Gated DeltaNet style) on every layer that is neither full attention nor SWA."""
+
+    num_key_heads: int = Field(ge=1, description="Key (and query) heads; sharded across TP.")
+    num_value_heads: int = Field(ge=1, description="Value heads; the temporal state is sharded by these.")
+    key_head_dim: int = Field(ge=1, description="Per-head key width.")
+    value_head_dim: int = Field(ge=1, description="Per-head value width.")
+    conv_kernel: int = Field(
+        ge=2, description="Causal conv kernel; the conv state keeps conv_kernel - 1 columns per channel."
+    )
+    conv_dtype: DType = Field(default=DType.BFLOAT16, description="Conv state element type.")
+    temporal_dtype: DType = Field(
+        default=DType.FLOAT32, description="Temporal (recurrent) state element type; default float32."
+    )
+
+    @property
+    def conv_shard_groups(self) -> tuple[int, int, int]:
+        """Global channel widths of the q, k and v groups of the conv state, each sharded on its own."""
+        qk = self.num_key_heads * self.key_head_dim
+        return (qk, qk, self.num_value_heads * self.value_head_dim)
+
+
+class QSAConfig(_Model):
+    """QSA: compressed index keys for sparse attention on the full-attention layers."""
+
+    compress_ratio: int = Field(ge=1, description="Tokens per compressed entry; must divide pageSize.")
+    index_heads: int = Field(ge=1, description="Index-key heads per token (replicated on every rank).")
+    index_head_dim: int = Field(ge=1, description="Width of one index-key head.")
+    dtype: DType = Field(default=DType.BFLOAT16, description="Index-key element type.")
+
+
+class PLEConfig(_Model):
+    """Per-layer embeddings with a short causal conv per layer and an n-gram token history."""
+
+    short_conv_layers: LayerSet = Field(description="Layers with PLE short-conv state.")
+    short_conv_width: int = Field(ge=1, description="Channels of the per-layer embedding conv.")
+    short_conv_kernel: int = Field(ge=2, description="Conv kernel; the state keeps kernel - 1 columns.")
+    ngram_context: int = Field(ge=1, description="Token ids of history kept per request (int32).")
+    dtype: DType = Field(default=DType.BFLOAT16, description="Short-conv state element type.")
+
+
+class SWAConfig(_Model):
+    """Sliding-window attention layers: K and V pages of the last ``window`` tokens, sharded as KV."""
+
+    window: int = Field(ge=1, description="Window in tokens.")
+    layers: LayerSet = Field(description="SWA layers; disjoint from the full-attention layers.")
+
+
+class Layout(_Model):
+    """The state a model keeps per request, enough to size pools and plan transfers."""
+
+    num_layers: int = Field(ge=1, le=4096, description="Number of decoder layers.")
+    full_attention_layers: LayerSet = Field(description="Layers with full attention (paged KV).")
+    attention_kind: AttentionKind = Field(default=AttentionKind.MHA, description="MHA (K and V) or MLA.")
+    kv_heads: int = Field(ge=1, description="KV heads of full attention; 1 for MLA (one latent head).")
+    head_dim: int | None = Field(
+        default=None, ge=1, description="Per-head K/V width for MHA; omitted for MLA (see mla)."
+    )
+    mla: MLAConfig | None = Field(default=None, description="MLA latent dims; required iff MLA.")
+    dtype: DType = Field(default=DType.BFLOAT16, description="KV cache element type.")
+    page_size: int = Field(ge=1, description="Tokens per KV page.")
+    linear_attention: LinearAttentionConfig | None = Field(
+        default=None, description="Linear attention on the layers that are neither full nor SWA."
+    )
+    qsa: QSAConfig | None = Field(default=None, description="QSA state on the full-attention layers.")
+    ple: PLEConfig | None = Field(default=None, description="Per-layer-embedding state.")
+    swa: SWAConfig | None = Field(default=None, description="Sliding-window attention layers.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Layout:
+        n = self.num_layers
+        full = self.full_attention_layers.resolve(n)
+        for name, ids in (("fullAttentionLayers", full),
+                          ("swa.layers", self.swa.layers.resolve(n) if self.swa else ()),
+                          ("ple.shortConvLayers", self.ple.short_conv_layers.resolve(n) if self.ple else ())):
+            bad = [i for i in ids if i >= n]
+            if bad:
+                raise ValueError(f"{name}: layer ids {bad} are not below numLayers {n}")
+        if self.attention_kind is AttentionKind.MHA:
+            if self.head_dim is None or self.mla is not None:
+                raise ValueError("MHA needs headDim and no mla")
+        elif self.mla is None or self.head_dim is not None or self.kv_heads != 1 or self.swa is not None:
+            raise ValueError("MLA needs mla, kvHeads 1, no headDim and no swa")
+        swa = set(self.swa.layers.resolve(n)) if self.swa else set()
+        if swa & set(full):
+            raise ValueError(f"layers {sorted(swa & set(full))} are both full attention and SWA")
+        if self.linear_attention is None and len(full) + len(swa) != n:
+            missing = sorted(set(range(n)) - set(full) - swa)
+            raise ValueError(f"layers {missing} have no attention (set linearAttention or list them)")
+        if self.qsa is not None and self.page_size % self.qsa.compress_ratio:
+            raise ValueError(
+                f"pageSize {self.page_size} must be a multiple of qsa.compressRatio {self.qsa.compress_ratio}"
+            )
+        return self
+
+    # -- layer sets ---------------------------------------------------------------------------
+    @property
+    def full_attention_layer_ids(self) -> tuple[int, ...]:
+        return self.full_attention_layers.resolve(self.num_layers)
+
+    @property
+    def swa_layer_ids(self) -> tuple[int, ...]:
+        return self.swa.layers.resolve(self.num_layers) if self.swa else ()
+
+    @property
+    def linear_layer_ids(self) -> tuple[int, ...]:
+        """Layers that are neither full attention nor SWA (empty without linear attention)."""
+        if self.linear_attention is None:
+            return ()
+        taken = set(self.full_attention_layer_ids) | set(self.swa_layer_ids)
+        return tuple(i for i in range(self.num_layers) if i not in taken)
+
+    @property
+    def ple_layer_ids(self) -> tuple[int, ...]:
+        return self.ple.short_conv_layers.resolve(self.num_layers) if self.ple else ()
+
+    # -- what the capability matrix asks ----------------------------------------------------
+    def state_types(self) -> frozenset[StateType]:
+        """The state types a request of this layout carries."""
+        out = {StateType.KV} if self.full_attention_layer_ids else set()
+        if self.swa_layer_ids:
+            out.add(StateType.SWA)
+        if self.linear_layer_ids:
+            out.add(StateType.MAMBA)
+        if self.qsa is not None and self.full_attention_layer_ids:
+            out |= {StateType.QSA_PENDING, StateType.QSA_COMPRESSED}
+        if self.ple is not None:
+            out.add(StateType.PLE_NGRAM)
+            if self.ple_layer_ids:
+                out.add(StateType.PLE_SHORT_CONV)
+        return frozenset(out)
+
+    @property
+    def linear_heads(self) -> int | None:
+        """The head count TP must divide for linear attention: gcd(key heads, value heads); None if absent."""
+        la = self.linear_attention
+        if la is None or not self.linear_layer_ids:
+            return None
+        return math.gcd(la.num_key_heads, la.num_value_heads)
+
+    @property
+    def qsa_compress_ratio(self) -> int | None:
+        return self.qsa.compress_ratio if self.qsa is not None else None
+
+    @property
+    def kv_entry_dim(self) -> int:
+        """Values per token per head of one KV entry: headDim (MHA) or kvLoraRank + qkRopeHeadDim (MLA)."""
+        if self.mla is not None:
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        assert self.head_dim is not None
+        return self.head_dim
+
+
+class LayoutRef(_Model):
+    """Either ``{preset: NAME}`` or ``{inline: {...Layout...}}``, never both."""
+
+    preset: str | None = Field(default=None, description="Name of a built-in layout preset.")
+    inline: Layout | None = Field(default=None, description="A layout given in full.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> LayoutRef:
+        if (self.preset is None) == (self.inline is None):
+            raise ValueError("exactly one of preset or inline must be set")
+        return self
+
+
+def resolve_layout(ref: LayoutRef | Layout | str) -> Layout:
+    """The layout a reference names; a string is a preset name. Raises ``UnknownPresetError``."""
+    if isinstance(ref, Layout):
+        return ref
+    name = ref if isinstance(ref, str) else ref.preset
+    if name is None:
+        assert isinstance(ref, LayoutRef) and ref.inline is not None
+        return ref.inline
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownPresetError(name, PRESETS) from None
+
+
+# --------------------------------------------------------------------------- presets
+
+_QWEN_NEXT_LINEAR = LinearAttentionConfig(
+    num_key_heads=16, num_value_heads=32, key_head_dim=128, value_head_dim=128, conv_kernel=4
+)
+_QWEN_NEXT = {
+    "num_layers": 48,
+    "full_attention_layers": LayerSet(interval=4, offset=3),
+    "kv_heads": 2,
+    "head_dim": 256,
+    "page_size": 64,
+    "linear_attention": _QWEN_NEXT_LINEAR,
+}
+
+PRESETS: dict[str, Layout] = {
+    # Qwen3-Next-80B-A3B's published config plus QSA on its 12 full-attention layers and PLE.
+    "qwen3.8-flash-next": Layout(
+        **_QWEN_NEXT,
+        qsa=QSAConfig(compress_ratio=4, index_heads=4, index_head_dim=128),
+        ple=PLEConfig(
+            short_conv_layers=LayerSet(interval=1),
+            short_conv_width=256,
+            short_conv_kernel=4,
+            ngram_context=8,
+        ),
+    ),
+    "qwen3-next-hybrid": Layout(**_QWEN_NEXT),
+    # Llama-3-8B.
+    "llama-dense": Layout(
+        num_layers=32, full_attention_layers=LayerSet(interval=1), kv_heads=8, head_dim=128, page_size=16
+    ),
+    # DeepSeek-V3.
+    "deepseek-mla": Layout(
+        num_layers=61,
+        full_attention_layers=LayerSet(interval=1),
+        attention_kind=AttentionKind.MLA,
+        kv_heads=1,
+        mla=MLAConfig(kv_lora_rank=512, qk_rope_head_dim=64),
+        page_size=64,
+    ),
+}
+
+
+# --------------------------------------------------------------------------- per-rank buffers
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """One buffer of one rank: the metadata a registration record carries (without the address).
+
+    An item (one page, slot or row) is ``outer_count`` rows of ``dim`` units of ``unit_bytes``
+    along the sliceable dim; replicated buffers have ``dim == 0`` and ``outer_count == 1``.
+    ``shard_groups`` are the global (unsharded) widths, in units, of groups sharded on their own.
+    ``total_heads`` is the model's KV head count for ``Sharding.HEADS``.
+    """
+
+    state_type: StateType
+    field: EntryField
+    layer_id: LayerId
+    index: IndexKind
+    item_shape: tuple[int, ...]
+    dtype: DType
+    sharding: Sharding
+    dim: int
+    outer_count: int
+    unit_bytes: int
+    shard_groups: tuple[int, ...] | None = None
+    total_heads: int = 0
+
+    @property
+    def item_bytes(self) -> int:
+        return math.prod(self.item_shape) * self.dtype.itemsize
+
+    @property
+    def key(self) -> tuple[StateType, EntryField]:
+        """The pairing group."""
+        return (self.state_type, self.field)
+
+    def describe(self) -> str:
+        return f"{self.state_type.value}/{self.field.value} layer {self.layer_id}"
+
+
+def _check_shape(tp: int, pp: int, tp_rank: int, pp_rank: int, num_layers: int) -> None:
+    if tp < 1 or pp < 1:
+        raise ShapeError(f"tp={tp} and pp={pp} must be at least 1", "tp" if tp < 1 else "pp")
+    if not (0 <= tp_rank < tp and 0 <= pp_rank < pp):
+        raise ShapeError(f"rank (tp {tp_rank}, pp {pp_rank}) is outside shape tp={tp}, pp={pp}", "rank")
+    if pp > num_layers:
+        raise ShapeError(f"pp={pp} exceeds numLayers {num_layers}", "pp")
+
+
+def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:
+    """Layers of PP stage ``pp_rank``: contiguous, the first ``num_layers % pp`` stages one longer."""
+    base, extra = divmod(num_layers, pp)
+    start = pp_rank * base + min(pp_rank, extra)
+    return range(start, start + base + (1 if pp_rank < extra else 0))
+
+
+def _heads_spec(
+    state: StateType, field: EntryField, layer: int, index: IndexKind, layout: Layout, tp: int
+) -> BufferSpec:
+    h = layout.kv_heads
+    if h % tp and tp % h:
+        raise ShapeError(f"tp={tp} and kvHeads {h} must divide one another", "kvHeads")
+    hpr = max(1, h // tp)
+    d = layout.kv_entry_dim
+    return BufferSpec(
+        state, field, LayerId(layer), index, (hpr, layout.page_size, d), layout.dtype, Sharding.HEADS,
+        dim=hpr, outer_count=1, unit_bytes=layout.page_size * d * layout.dtype.itemsize, total_heads=h,
+    )
+
+
+def _replicated(
+    state: StateType, field: EntryField, layer: int, index: IndexKind, shape: tuple[int, ...], dtype: DType
+) -> BufferSpec:
+    return BufferSpec(state, field, LayerId(layer), index, shape, dtype, Sharding.REPLICATED, 0, 1, 0)
+
+
+def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -> tuple[BufferSpec, ...]:
+    """Every buffer rank (tp_rank, pp_rank) of a (tp, pp) shape holds, ordered by layer then field.
+
+    Raises ``ShapeError`` when the shape cannot split the layout (heads not divisible, pp too deep).
+    """
+    _check_shape(tp, pp, tp_rank, pp_rank, layout.num_layers)
+    layers = stage_layers(layout.num_layers, pp, pp_rank)
+    full, swa = set(layout.full_attention_layer_ids), set(layout.swa_layer_ids)
+    linear, ple = set(layout.linear_layer_ids), set(layout.ple_layer_ids)
+    la, qsa = layout.linear_attention, layout.qsa
+    out: list[BufferSpec] = []
+    if la is not None and linear:
+        for name, heads in (("numKeyHeads", la.num_key_heads), ("numValueHeads", la.num_value_heads)):
+            if heads % tp:
+                raise ShapeError(f"linearAttention.{name} {heads} is not divisible by tp={tp}", name)
+    for layer in layers:
+        if layer in full:
+            if layout.attention_kind is AttentionKind.MLA:
+                out.append(_replicated(StateType.KV, EntryField.LATENT, layer, IndexKind.PAGE,
+                                       (layout.page_size, layout.kv_entry_dim), layout.dtype))
+            else:
+                for f in (EntryField.K, EntryField.V):
+                    out.append(_heads_spec(StateType.KV, f, layer, IndexKind.PAGE, layout, tp))
+            if qsa is not None:
+                ih = (qsa.index_heads, qsa.index_head_dim)
+                out.append(_replicated(StateType.QSA_PENDING, EntryField.PENDING, layer, IndexKind.ROW,
+                                       (qsa.compress_ratio, *ih), qsa.dtype))
+                out.append(_replicated(StateType.QSA_COMPRESSED, EntryField.COMPRESSED, layer, IndexKind.PAGE,
+                                       (layout.page_size // qsa.compress_ratio, *ih), qsa.dtype))
+        if layer in swa:
+            for f in (EntryField.K, EntryField.V):
+                out.append(_heads_spec(StateType.SWA, f, layer, IndexKind.SWA_PAGE, layout, tp))
+        if layer in linear:
+            assert la is not None
+            groups = la.conv_shard_groups
+            conv_dim = sum(groups) // tp
+            out.append(BufferSpec(
+                StateType.MAMBA, EntryField.CONV, LayerId(layer), IndexKind.SLOT,
+                (la.conv_kernel - 1, conv_dim), la.conv_dtype, Sharding.DIM,
+                dim=conv_dim, outer_count=la.conv_kernel - 1, unit_bytes=la.conv_dtype.itemsize,
+                shard_groups=groups,
+            ))
+            vh = la.num_value_heads // tp
+            out.append(BufferSpec(
+                StateType.MAMBA, EntryField.TEMPORAL, LayerId(layer), IndexKind.SLOT,
+                (vh, la.key_head_dim, la.value_head_dim), la.temporal_dtype, Sharding.DIM,
+                dim=vh, outer_count=1, unit_bytes=la.key_head_dim * la.value_head_dim * la.temporal_dtype.itemsize,
+            ))
+        if layer in ple:
+            assert layout.ple is not None
+            out.append(_replicated(StateType.PLE_SHORT_CONV, EntryField.SHORT_CONV, layer, IndexKind.SLOT,
+                                   (layout.ple.short_conv_kernel - 1, layout.ple.short_conv_width),
+                                   layout.ple.dtype))
+    if qsa is not None and full.intersection(layers):
+        out.append(_replicated(StateType.QSA_PENDING, EntryField.ROPE, QSA_ROPE_LAYER_ID, IndexKind.ROW,
+                               (qsa.compress_ratio,), DType.INT32))
+    if layout.ple is not None and (ple.intersection(layers) or (not ple and pp_rank == 0)):
+        out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, PLE_NGRAM_LAYER_ID, IndexKind.SLOT,
+                               (layout.ple.ngram_context,), DType.INT32))
+    return tuple(out)
+
+
+def pages_for_tokens(tokens: int, page_size: int) -> int:
+    """KV pages a request of ``tokens`` tokens occupies."""
+    return -(-tokens // page_size)
+
+
+def swa_pages_for_tokens(tokens: int, window: int, page_size: int) -> int:
+    """SWA pages covering the last ``min(tokens, window)`` tokens (pages aligned at 0)."""
+    if tokens <= 0:
+        return 0
+    first = max(0, tokens - window) // page_size
+    return (tokens - 1) // page_size - first + 1
+
+
+def pool_counts(layout: Layout, max_requests: int, max_tokens: int) -> dict[IndexKind, int]:
+    """Items per index kind for a capacity of ``max_requests`` requests and ``max_tokens`` tokens in all.
+
+    Pages: ``ceil(max_tokens / page_size) + max_requests`` (each request may leave its last page
+    part full). SWA pages: ``max_requests * (ceil(window / page_size) + 1)``, capped at the page count.
+    """
+    if max_requests < 1 or max_tokens < 1:
+        raise ValueError(f"capacity needs max_requests >= 1 and max_tokens >= 1, got {max_requests}, {max_tokens}")
+    pages = pages_for_tokens(max_tokens, layout.page_size) + max_requests
+    swa_pages = 0
+    if layout.swa is not None:
+        swa_pages = min(pages, max_requests * (pages_for_tokens(layout.swa.window, layout.page_size) + 1))
+    return {IndexKind.PAGE: pages, IndexKind.SWA_PAGE: swa_pages,
+            IndexKind.SLOT: max_requests, IndexKind.ROW: max_requests}
+
+
+def rank_state_bytes(layout: Layout, tp: int, pp: int, pp_rank: int, max_requests: int, max_tokens: int) -> int:
+    """GPU bytes one rank of stage ``pp_rank`` needs for its pools at this capacity (all TP ranks equal).
+
+    Admission compares this with the memory of one device ("pools must fit the GPU").
+    """
+    counts = pool_counts(layout, max_requests, max_tokens)
+    return sum(b.item_bytes * counts[b.index] for b in rank_buffers(layout, tp, pp, 0, pp_rank))

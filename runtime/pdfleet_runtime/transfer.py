@@ -1,0 +1,155 @@
+"""Transfer backends, user-facing protocols, and how each backend maps a protocol to engine settings.
+
+``spec.transfer.protocol`` names what the user wants; the table ``ENGINE_SETTINGS`` says, per
+backend, which engine protocol and environment that becomes and which effective transports the
+canary transfer accepts (shared/design.md section 3). A missing entry means the backend cannot
+serve that protocol; the capability matrix turns that into a rule with a reason.
+
+Pure data: no engine is imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+__all__ = [
+    "ENGINE_SETTINGS",
+    "UNSUPPORTED_PROTOCOLS",
+    "Backend",
+    "EngineSettings",
+    "Protocol",
+    "engine_settings",
+]
+
+
+class Backend(StrEnum):
+    """The transfer engine that moves request state from prefill to decode ranks."""
+
+    MOONCAKE = "mooncake"
+    NIXL = "nixl"
+    MORI = "mori"
+
+
+class Protocol(StrEnum):
+    """The link the user asks for; each backend maps it to its own engine settings."""
+
+    RDMA = "rdma"
+    TCP = "tcp"
+    NVLINK = "nvlink"
+    SHM = "shm"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """What one (backend, protocol) pair becomes inside the engine.
+
+    ``env`` is pinned from the protocol because not every engine reports the transport it picked
+    (NIXL's Python API does not); the canary transfer's throughput catches a wrong path.
+    """
+
+    backend: Backend
+    protocol: Protocol
+    engine_protocol: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    accepted_transports: frozenset[str] = frozenset()
+    same_host_only: bool = False
+    needs_host_ipc: bool = False
+    note: str = ""
+
+
+def _settings(*items: EngineSettings) -> Mapping[tuple[Backend, Protocol], EngineSettings]:
+    return MappingProxyType({(s.backend, s.protocol): s for s in items})
+
+
+ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
+    EngineSettings(
+        Backend.MOONCAKE,
+        Protocol.RDMA,
+        "rdma",
+        accepted_transports=frozenset({"rdma"}),
+        note="device names from spec.transfer.rdmaDevices, else the engine's auto-discovery",
+    ),
+    EngineSettings(
+        Backend.MOONCAKE,
+        Protocol.TCP,
+        "tcp",
+        # A batch of more than ~2,000 entries to one peer otherwise fails with "TCP lane queue-full"
+        # and poisons every later transfer to that peer (shared/engines.md).
+        env={"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "8192"},
+        accepted_transports=frozenset({"tcp"}),
+    ),
+    EngineSettings(
+        Backend.MOONCAKE,
+        Protocol.NVLINK,
+        "nvlink_intra",
+        # Without this variable the engine silently falls back to TCP (1.5 GB/s instead of 389 GB/s).
+        env={"MC_INTRANODE_NVLINK": "1"},
+        accepted_transports=frozenset({"nvlink_intra"}),
+        same_host_only=True,
+        needs_host_ipc=True,
+    ),
+    EngineSettings(
+        Backend.NIXL,
+        Protocol.RDMA,
+        "ucx",
+        env={"UCX_TLS": "rc,ud,cuda_copy"},
+        accepted_transports=frozenset({"rc", "rc_mlx5", "ud", "ud_mlx5", "dc_mlx5"}),
+        note="UCX over verbs",
+    ),
+    EngineSettings(
+        Backend.NIXL,
+        Protocol.TCP,
+        "ucx",
+        env={"UCX_TLS": "tcp"},
+        accepted_transports=frozenset({"tcp"}),
+    ),
+    EngineSettings(
+        Backend.NIXL,
+        Protocol.NVLINK,
+        "ucx",
+        env={"UCX_TLS": "cuda_ipc,cuda_copy"},
+        accepted_transports=frozenset({"cuda_ipc"}),
+        same_host_only=True,
+        needs_host_ipc=True,
+    ),
+    EngineSettings(
+        Backend.NIXL,
+        Protocol.SHM,
+        "ucx",
+        # `UCX_TLS=sm,self` fails at backend creation; tcp stays listed for connection wire-up only.
+        env={"UCX_TLS": "cma,tcp"},
+        accepted_transports=frozenset({"cma", "sysv", "posix"}),
+        same_host_only=True,
+        needs_host_ipc=True,
+        note="kernel copy between processes of one host (host memory)",
+    ),
+    EngineSettings(
+        Backend.MORI,
+        Protocol.RDMA,
+        "rdma",
+        accepted_transports=frozenset({"rdma"}),
+        note="needs the ROCm runtime; the backend fails with a clear error where it is absent",
+    ),
+)
+
+UNSUPPORTED_PROTOCOLS: Mapping[tuple[Backend, Protocol], str] = MappingProxyType(
+    {
+        (Backend.MOONCAKE, Protocol.SHM): (
+            "Mooncake's transfer engine has no host shared-memory transport between processes"
+        ),
+        (Backend.MORI, Protocol.TCP): "MORI-IO moves data over RDMA only",
+        (Backend.MORI, Protocol.NVLINK): "NVLink is an NVIDIA link; MORI runs on AMD GPUs (XGMI)",
+        (Backend.MORI, Protocol.SHM): "MORI-IO has no host shared-memory transport",
+    }
+)
+
+
+def engine_settings(backend: Backend | str, protocol: Protocol | str) -> EngineSettings | None:
+    """The engine settings for a pair, or None where the backend cannot serve the protocol."""
+    try:
+        return ENGINE_SETTINGS.get((Backend(backend), Protocol(protocol)))
+    except ValueError:
+        return None
