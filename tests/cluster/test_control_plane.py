@@ -112,7 +112,7 @@ def test_crd_schema_and_cel_reject_with_apiserver_message(cluster: LocalCluster,
 
 
 class _DenyHandler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         obj = review["request"]["object"]
         deny = obj.get("metadata", {}).get("labels", {}).get("deny") == "yes"
