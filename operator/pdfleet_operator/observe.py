@@ -1,0 +1,66 @@
+"""Observe: read a PDDeployment's children into a ``plan.Snapshot`` (reads only).
+
+Pods are found by the deployment label and identified by their identity annotation
+(``role/revision/index``), so a pod whose role or revision labels were edited away is still
+recognised and its labels restored.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client.exceptions import ApiException
+
+from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
+from pdfleet_operator.plan import ObservedPod, Owner, Snapshot
+from pdfleet_operator.resources.names import LABEL_INDEX, secret_name
+from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
+
+__all__ = ["observe", "observed_pod"]
+
+
+def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
+    """One pod as the planner sees it; None when it is not ours or carries no identity."""
+    meta = pod.get("metadata") or {}
+    if not any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or ()):
+        return None
+    identity = (meta.get("annotations") or {}).get(ANNOTATION_IDENTITY, "")
+    parts = identity.split("/")
+    if len(parts) != 3 or parts[0] not in {r.value for r in Role} or not parts[2].isdigit():
+        return None
+    role, revision, index = Role(parts[0]), parts[1], int(parts[2])
+    labels = meta.get("labels") or {}
+    labels_ok = (
+        labels.get(LABEL_ROLE) == role.value
+        and labels.get(LABEL_REVISION) == revision
+        and labels.get(LABEL_INDEX) == str(index)
+    )
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ObservedPod(
+        name=meta["name"],
+        role=role,
+        revision=revision,
+        index=index,
+        ready=ready,
+        deleting=bool(meta.get("deletionTimestamp")),
+        labels_ok=labels_ok,
+    )
+
+
+def observe(api: ApiClient, owner: Owner) -> Snapshot:
+    core = CoreV1Api(api)
+    listing = core.list_namespaced_pod(
+        owner.namespace, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}", _preload_content=False
+    )
+    items = json.loads(listing.data)["items"]
+    pods = tuple(p for p in (observed_pod(item, owner.uid) for item in items) if p is not None)
+    try:
+        core.read_namespaced_secret(secret_name(owner.name), owner.namespace, _preload_content=False)
+        secret_exists = True
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        secret_exists = False
+    return Snapshot(pods=tuple(sorted(pods, key=lambda p: p.name)), secret_exists=secret_exists)

@@ -1,0 +1,77 @@
+"""Names and labels of every child object, derived from the PDDeployment's name.
+
+Deterministic names are what make reconcile idempotent: a second create of the same child
+answers AlreadyExists instead of making a duplicate, even across an operator restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
+
+__all__ = [
+    "LABEL_INDEX",
+    "MANAGED_BY",
+    "config_name",
+    "owner_labels",
+    "pod_labels",
+    "pod_name",
+    "role_selector",
+    "secret_name",
+    "service_account_name",
+    "service_name",
+]
+
+LABEL_INDEX = f"{GROUP}/index"
+MANAGED_BY = "pdfleet-operator"
+MAX_LABEL = 63
+
+
+def _fit(name: str, limit: int = MAX_LABEL) -> str:
+    """Shorten a DNS label past ``limit`` with a stable hash suffix (hostnames must be <= 63)."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def service_name(deployment: str, role: Role) -> str:
+    """Headless Service of a role; pods get DNS ``<hostname>.<service>.<ns>.svc``."""
+    return _fit(f"{deployment}-{role.value}")
+
+
+def config_name(deployment: str, role: Role) -> str:
+    return _fit(f"{deployment}-{role.value}-runtime", 253)
+
+
+def secret_name(deployment: str) -> str:
+    return _fit(f"{deployment}-transfer-auth", 253)
+
+
+def service_account_name(deployment: str) -> str:
+    return _fit(f"{deployment}-runtime", 253)
+
+
+def pod_name(deployment: str, role: Role, revision: str, index: int) -> str:
+    """``<deployment>-<role>-<revision[:6]>-<index>``, at most 63 characters (it is the hostname)."""
+    return _fit(f"{deployment}-{role.value}-{revision[:6]}-{index}")
+
+
+def owner_labels(deployment: str) -> dict[str, str]:
+    return {LABEL_DEPLOYMENT: deployment, "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def role_selector(deployment: str, role: Role) -> dict[str, str]:
+    return {LABEL_DEPLOYMENT: deployment, LABEL_ROLE: role.value}
+
+
+def pod_labels(deployment: str, role: Role, revision: str, index: int) -> dict[str, str]:
+    return {
+        **owner_labels(deployment),
+        LABEL_ROLE: role.value,
+        LABEL_REVISION: revision,
+        LABEL_INDEX: str(index),
+        "app.kubernetes.io/name": "pdfleet-runtime",
+        "app.kubernetes.io/component": role.value,
+    }

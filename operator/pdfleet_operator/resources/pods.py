@@ -1,0 +1,134 @@
+"""The runtime pod of one replica: tp x pp GPUs, fixed ports, a transfer-path readiness gate.
+
+The operator manages these pods itself rather than through a Deployment or StatefulSet
+(see docs/design-operator.md): a rollout must choose which pod drains, count draining pods
+against the surge budget and delete a pod only after its in-flight transfers finish, which
+neither controller lets another writer do.
+"""
+
+from __future__ import annotations
+
+from pdfleet_operator.api.constants import GROUP, Role
+from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
+from pdfleet_operator.resources.names import (
+    config_name,
+    pod_labels,
+    pod_name,
+    secret_name,
+    service_account_name,
+    service_name,
+)
+from pdfleet_operator.resources.runtime_config import CONFIG_FILE, CONFIG_MOUNT, SECRET_MOUNT
+from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT, READINESS_GATE
+from pdfleet_runtime.transfer import Protocol
+
+__all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "role_spec", "runtime_pod"]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+ANNOTATION_IDENTITY = f"{GROUP}/identity"
+# Time past the drain budget for the process to flush logs and exit after the drain.
+EXIT_GRACE_SECONDS = 30
+
+
+def role_spec(spec: PDDeploymentSpec, role: Role) -> RoleSpec:
+    return spec.prefill if role is Role.PREFILL else spec.decode
+
+
+def _resources(rs: RoleSpec) -> dict:
+    gpus = str(rs.parallelism.tensor * rs.parallelism.pipeline)
+    res = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
+    res.setdefault("limits", {})[GPU_RESOURCE] = gpus
+    res.setdefault("requests", {})[GPU_RESOURCE] = gpus
+    return res
+
+
+def _env(rs: RoleSpec, role: Role) -> list[dict]:
+    def field_ref(path: str) -> dict:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    env = [
+        {"name": "POD_NAME", **field_ref("metadata.name")},
+        {"name": "POD_NAMESPACE", **field_ref("metadata.namespace")},
+        {"name": "POD_IP", **field_ref("status.podIP")},
+        {"name": "PDFLEET_ROLE", "value": role.value},
+    ]
+    env += [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in rs.env or ()]
+    return env
+
+
+def _security(spec: PDDeploymentSpec) -> dict:
+    caps: dict = {"drop": ["ALL"]}
+    if spec.transfer.protocol is Protocol.RDMA:
+        caps["add"] = ["IPC_LOCK"]  # pinning RDMA memory registrations
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": caps,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str, index: int) -> dict:
+    rs = role_spec(spec, role)
+    ranks = rs.parallelism.tensor * rs.parallelism.pipeline
+    pod = pod_name(name, role, revision, index)
+    ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+    if role is Role.PREFILL:
+        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
+    ports += [{"name": f"engine-{r}", "containerPort": ENGINE_PORT + r, "protocol": "TCP"} for r in range(ranks)]
+    container = {
+        "name": "runtime",
+        "image": rs.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["pdfleet-runtime", "serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+        "ports": ports,
+        "env": _env(rs, role),
+        "resources": _resources(rs),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "auth", "mountPath": SECRET_MOUNT, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": HTTP_PORT}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": HTTP_PORT}, "periodSeconds": 10,
+                          "failureThreshold": 6},
+        # The pod's drain: stop admitting, finish in-flight transfers, then return.
+        "lifecycle": {"preStop": {"httpGet": {"path": "/drain?wait=true", "port": HTTP_PORT}}},
+        "securityContext": _security(spec),
+    }
+    pod_spec: dict = {
+        "hostname": pod,
+        "subdomain": service_name(name, role),
+        "serviceAccountName": service_account_name(name),
+        "automountServiceAccountToken": True,  # to patch its readiness-gate condition
+        "enableServiceLinks": False,
+        "restartPolicy": "Always",
+        "readinessGates": [{"conditionType": READINESS_GATE}],
+        "terminationGracePeriodSeconds": spec.rollout.drain_timeout_seconds + EXIT_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_name(name, role)}},
+            {"name": "auth", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if spec.transfer.protocol is Protocol.NVLINK:
+        pod_spec["hostIPC"] = True  # CUDA IPC between pods on one node needs a shared IPC namespace
+    if rs.node_selector:
+        pod_spec["nodeSelector"] = dict(rs.node_selector)
+    if rs.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in rs.tolerations]
+    if rs.affinity:
+        pod_spec["affinity"] = rs.affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod,
+            "namespace": namespace,
+            "labels": pod_labels(name, role, revision, index),
+            # Identity survives a user editing the labels away; observe restores them from it.
+            "annotations": {ANNOTATION_IDENTITY: f"{role.value}/{revision}/{index}"},
+        },
+        "spec": pod_spec,
+    }

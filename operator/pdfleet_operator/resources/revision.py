@@ -1,0 +1,33 @@
+"""Revision hashes: which pods are up to date with a role's spec.
+
+A role's revision covers every spec field that ends up in its pods or its runtime config,
+including the shared model and transfer settings and the other role's shape (the runtime
+plans with both). Replicas and rollout settings are excluded: scaling is not a new revision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.models import PDDeploymentSpec
+
+__all__ = ["role_revision"]
+
+REVISION_LEN = 10
+
+
+def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
+    mine = spec.prefill if role is Role.PREFILL else spec.decode
+    other = spec.decode if role is Role.PREFILL else spec.prefill
+    material = {
+        "role": role.value,
+        "model": spec.model.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "transfer": spec.transfer.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "self": mine.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"}),
+        "peerShape": other.parallelism.model_dump(mode="json", by_alias=True),
+        "drain": spec.rollout.drain_timeout_seconds,
+    }
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]

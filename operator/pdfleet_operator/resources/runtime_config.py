@@ -1,0 +1,50 @@
+"""The runtime config (``pdfleet_runtime.config.RuntimeConfig``) of a role, in a ConfigMap.
+
+The operator writes the same model the runtime reads, so the file cannot drift from what
+`pdfleet-runtime serve` accepts. The secret is mounted from a Secret; only its path is here.
+"""
+
+from __future__ import annotations
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.resources.names import config_name, owner_labels, service_name
+from pdfleet_runtime.config import RoleShape, RuntimeConfig
+
+__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "runtime_config", "runtime_configmap"]
+
+CONFIG_MOUNT = "/etc/pdfleet"
+CONFIG_FILE = "runtime.yaml"
+SECRET_MOUNT = "/var/run/pdfleet/auth"
+SECRET_FILE = "key"
+
+
+def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> RuntimeConfig:
+    mine = spec.prefill if role is Role.PREFILL else spec.decode
+    other = spec.decode if role is Role.PREFILL else spec.prefill
+    return RuntimeConfig(
+        deployment=name,
+        namespace=namespace,
+        role=role.value,
+        runtime_version=mine.runtime_version,
+        layout=spec.model.layout,
+        shape=RoleShape(tensor=mine.parallelism.tensor, pipeline=mine.parallelism.pipeline),
+        peer_shape=RoleShape(tensor=other.parallelism.tensor, pipeline=other.parallelism.pipeline),
+        backend=spec.transfer.backend,
+        protocol=spec.transfer.protocol,
+        rdma_devices=tuple(spec.transfer.rdma_devices or ()),
+        max_concurrent_requests=mine.pool.max_concurrent_requests,
+        kv_tokens=mine.pool.kv_tokens_per_replica,
+        prefill_service=service_name(name, Role.PREFILL),
+        secret_path=f"{SECRET_MOUNT}/{SECRET_FILE}",
+        drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
+    )
+
+
+def runtime_configmap(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": config_name(name, role), "namespace": namespace, "labels": owner_labels(name)},
+        "data": {CONFIG_FILE: runtime_config(name, namespace, spec, role).to_yaml()},
+    }

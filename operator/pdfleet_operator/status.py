@@ -1,0 +1,126 @@
+"""Pure status: pod counts, printer columns and the Progressing/Available conditions.
+
+``Admitted`` and ``Degraded`` come from admission's re-check of the stored spec and are passed
+in; this module merges them, keeping ``lastTransitionTime`` when a condition's status did not
+change (so watchers see real transitions only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from pdfleet_operator.api.constants import ConditionStatus, ConditionType, Role
+from pdfleet_operator.api.models import PDDeploymentSpec, shapes_text
+from pdfleet_operator.plan import ObservedPod, budgets
+from pdfleet_operator.resources.names import role_selector
+from pdfleet_operator.resources.pods import role_spec
+from pdfleet_operator.resources.revision import role_revision
+
+__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts"]
+
+
+@dataclass(frozen=True)
+class RoleCounts:
+    desired: int
+    replicas: int  # live pods, all revisions
+    ready: int
+    updated: int  # live pods on the current revision
+    updated_ready: int
+
+
+def role_counts(spec: PDDeploymentSpec, role: Role, pods: Iterable[ObservedPod]) -> RoleCounts:
+    revision = role_revision(spec, role)
+    live = [p for p in pods if p.role is role and not p.deleting]
+    return RoleCounts(
+        desired=role_spec(spec, role).replicas,
+        replicas=len(live),
+        ready=sum(p.ready for p in live),
+        updated=sum(p.revision == revision for p in live),
+        updated_ready=sum(p.ready and p.revision == revision for p in live),
+    )
+
+
+def _condition(kind: ConditionType, ok: bool, reason: str, message: str, generation: int) -> dict:
+    return {
+        "type": kind.value,
+        "status": ConditionStatus.TRUE.value if ok else ConditionStatus.FALSE.value,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def merge_conditions(old: Sequence[Mapping] | None, new: Iterable[dict], now: datetime) -> list[dict]:
+    """New conditions replace old ones of the same type; unchanged statuses keep their time."""
+    previous = {c.get("type"): c for c in old or ()}
+    merged = {t: dict(c) for t, c in previous.items() if t}
+    for cond in new:
+        before = previous.get(cond["type"])
+        stamp = before.get("lastTransitionTime") if before and before.get("status") == cond["status"] else None
+        merged[cond["type"]] = {**cond, "lastTransitionTime": stamp or now.isoformat().replace("+00:00", "Z")}
+    order = [t.value for t in ConditionType]
+    return sorted(merged.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
+
+
+def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:
+    short = []
+    for role, c in counts.items():
+        _, unavailable = budgets(spec, c.desired)
+        need = max(1, c.desired - unavailable) if c.desired > 0 else 0
+        if c.ready < need:
+            short.append(f"{role.value} {c.ready}/{c.desired} ready (need {need})")
+    if short:
+        return False, "TransferPathNotReady", "; ".join(short) + ": pods are ready only after a verified " \
+            "handshake and canary transfer with a compatible peer"
+    return True, "MinimumReplicasReady", "enough pods of both roles passed the transfer-path gate"
+
+
+def _progress(counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:
+    moving = [
+        f"{role.value}: {c.updated_ready}/{c.desired} updated and ready, {c.replicas} pods"
+        for role, c in counts.items()
+        if c.updated_ready != c.desired or c.replicas != c.desired
+    ]
+    if moving:
+        return True, "Reconciling", "; ".join(moving)
+    return False, "Complete", "every pod is on the current revision and ready"
+
+
+def compute_status(
+    spec: PDDeploymentSpec,
+    name: str,
+    generation: int,
+    pods: Sequence[ObservedPod],
+    old_status: Mapping | None,
+    admission_conditions: Iterable[dict],
+    now: datetime,
+) -> dict:
+    counts = {role: role_counts(spec, role, pods) for role in Role}
+    available, a_reason, a_msg = _availability(spec, counts)
+    progressing, p_reason, p_msg = _progress(counts)
+    conditions = merge_conditions(
+        (old_status or {}).get("conditions"),
+        [
+            *admission_conditions,
+            _condition(ConditionType.AVAILABLE, available, a_reason, a_msg, generation),
+            _condition(ConditionType.PROGRESSING, progressing, p_reason, p_msg, generation),
+        ],
+        now,
+    )
+
+    def role_status(role: Role) -> dict:
+        c = counts[role]
+        selector = ",".join(f"{k}={v}" for k, v in role_selector(name, role).items())
+        return {"replicas": c.replicas, "ready": c.ready, "updated": c.updated, "selector": selector}
+
+    return {
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "prefill": role_status(Role.PREFILL),
+        "decode": role_status(Role.DECODE),
+        "prefillReady": f"{counts[Role.PREFILL].ready}/{counts[Role.PREFILL].desired}",
+        "decodeReady": f"{counts[Role.DECODE].ready}/{counts[Role.DECODE].desired}",
+        "shapes": shapes_text(spec),
+    }

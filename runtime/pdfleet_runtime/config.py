@@ -1,0 +1,130 @@
+"""The runtime's configuration: what the operator writes and `pdfleet-runtime serve` reads.
+
+One pydantic model shared by both sides, so the operator cannot write a file the runtime
+does not understand. Pure (pydantic only): the operator imports it. The file is YAML (or
+JSON) mounted from the role's ConfigMap; the authentication secret is never in it, only the
+path of the mounted Secret file.
+
+Ports are fixed (not chosen at run time) so a NetworkPolicy can scope them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.transfer import Backend, Protocol
+
+__all__ = [
+    "BOOTSTRAP_PORT",
+    "CONFIG_SCHEMA_VERSION",
+    "ENGINE_PORT",
+    "HTTP_PORT",
+    "READINESS_GATE",
+    "ConfigError",
+    "Role",
+    "RoleShape",
+    "RuntimeConfig",
+    "load_config",
+]
+
+CONFIG_SCHEMA_VERSION = 1
+HTTP_PORT = 8080  # /healthz, /readyz, /metrics, /drain
+BOOTSTRAP_PORT = 8998  # prefill only: where decode ranks register and send requests
+ENGINE_PORT = 17000  # first engine port; rank r of a pod uses ENGINE_PORT + r
+READINESS_GATE = "pdfleet.io/transfer-path"  # pod condition set after a verified canary transfer
+
+DnsName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
+
+
+class ConfigError(ValueError):
+    """The runtime config cannot be read; the message names the file and the field."""
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class RoleShape(_Model):
+    """Parallel shape of one role: a pod holds tensor x pipeline ranks, one GPU each."""
+
+    tensor: int = Field(ge=1, le=64)
+    pipeline: int = Field(1, ge=1, le=64)
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor * self.pipeline
+
+
+class RuntimeConfig(_Model):
+    """Everything one pod's runtime needs to start; written by the operator per role."""
+
+    schema_version: int = Field(CONFIG_SCHEMA_VERSION, description="Version of this file's schema.")
+    deployment: DnsName = Field(description="Name of the owning PDDeployment.")
+    namespace: DnsName = Field(description="Namespace of the deployment.")
+    role: Role = Field(description="This pod's role.")
+    runtime_version: str = Field(description="The runtime version the operator expects in the image.")
+    layout: LayoutRef = Field(description="The model's state layout.")
+    shape: RoleShape = Field(description="This role's parallel shape.")
+    peer_shape: RoleShape = Field(description="The other role's parallel shape (planning needs both).")
+    backend: Backend = Field(description="Transfer engine.")
+    protocol: Protocol = Field(description="Link asked for; the engine settings follow from it.")
+    rdma_devices: tuple[str, ...] = Field((), description="RDMA device names for protocol rdma.")
+    max_concurrent_requests: int = Field(ge=1, description="Slots and rows per rank.")
+    kv_tokens: int = Field(ge=1, description="KV tokens per replica.")
+    prefill_service: DnsName = Field(
+        description="Headless Service of the prefill pods: decode resolves each prefill pod through it "
+        "(never a load-balanced Service: each prefill pod's registry is its own)."
+    )
+    secret_path: Path = Field(description="File holding the per-deployment secret that signs messages.")
+    http_port: int = Field(HTTP_PORT, ge=1, le=65535)
+    bootstrap_port: int = Field(BOOTSTRAP_PORT, ge=1, le=65535)
+    engine_port: int = Field(ENGINE_PORT, ge=1, le=65535)
+    readiness_gate: str = Field(READINESS_GATE, description="Pod condition type the runtime sets.")
+    drain_timeout_seconds: int = Field(600, ge=0, description="Budget for finishing in-flight transfers.")
+    device: str = Field("cuda", pattern=r"^(cpu|cuda)$", description="Where the pools live.")
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> RuntimeConfig:
+        last_engine = self.engine_port + self.shape.ranks - 1
+        for name, port in (("httpPort", self.http_port), ("bootstrapPort", self.bootstrap_port)):
+            if self.engine_port <= port <= last_engine:
+                raise ValueError(f"{name} {port} overlaps the engine ports {self.engine_port}-{last_engine}")
+        if self.http_port == self.bootstrap_port:
+            raise ValueError("httpPort and bootstrapPort must differ")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+
+
+def load_config(path: Path) -> RuntimeConfig:
+    """Read and check a config file; every problem becomes one ConfigError naming the fields."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read runtime config {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"runtime config {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"runtime config {path} must be a mapping, got {type(data).__name__}")
+    try:
+        return RuntimeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"runtime config {path} is invalid: {problems}") from exc

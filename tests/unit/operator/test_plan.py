@@ -1,0 +1,215 @@
+"""The pure reconcile planner and status: spec + observed pods -> desired objects and actions.
+
+Covers every valid example (each role shape and option) without a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdfleet_operator.api.constants import ConditionType, Role
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.observe import observed_pod
+from pdfleet_operator.plan import ActionKind, ObservedPod, Owner, Snapshot, budgets, desired_children, plan
+from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY, GPU_RESOURCE, runtime_pod
+from pdfleet_operator.resources.revision import role_revision
+from pdfleet_operator.resources.runtime_config import runtime_config
+from pdfleet_operator.status import compute_status
+from pdfleet_runtime.config import RuntimeConfig
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "valid").glob("*.yaml"))
+OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def load_spec(path: Path) -> PDDeploymentSpec:
+    return PDDeploymentSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
+
+
+def base_spec(**decode: object) -> PDDeploymentSpec:
+    raw = yaml.safe_load((EXAMPLES[0].parent / "llama-dense.yaml").read_text())["spec"]
+    raw["decode"].update(decode)
+    return PDDeploymentSpec.model_validate(raw)
+
+
+def pods_of(actions, role: Role | None = None) -> list[dict]:
+    out = [a.body for a in actions if a.kind is ActionKind.CREATE and a.object_kind == "Pod"]
+    return [p for p in out if role is None or p["metadata"]["labels"]["pdfleet.io/role"] == role.value]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
+    spec = load_spec(path)
+    actions = plan(OWNER, spec, Snapshot())
+    kinds = sorted({(a.kind, a.object_kind) for a in actions})
+    assert (ActionKind.CREATE, "Secret") in kinds
+    assert {a.object_kind for a in actions if a.kind is ActionKind.APPLY} == {
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service"}
+    for a in actions:
+        if a.body is not None and a.kind is not ActionKind.PATCH_LABELS:
+            refs = a.body["metadata"]["ownerReferences"]
+            assert refs == [OWNER.reference()] and refs[0]["controller"] is True
+    for role, rs in ((Role.PREFILL, spec.prefill), (Role.DECODE, spec.decode)):
+        pods = pods_of(actions, role)
+        assert len(pods) == rs.replicas
+        gpus = rs.parallelism.tensor * rs.parallelism.pipeline
+        for pod in pods:
+            c = pod["spec"]["containers"][0]
+            assert c["resources"]["limits"][GPU_RESOURCE] == str(gpus)
+            assert [g["conditionType"] for g in pod["spec"]["readinessGates"]] == ["pdfleet.io/transfer-path"]
+            assert pod["spec"]["terminationGracePeriodSeconds"] == spec.rollout.drain_timeout_seconds + 30
+            assert len(pod["metadata"]["name"]) <= 63
+            assert pod["spec"]["subdomain"] == f"demo-{role.value}"
+            engine_ports = [p for p in c["ports"] if p["name"].startswith("engine-")]
+            assert len(engine_ports) == gpus
+            assert any(e["name"] == "POD_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+                       for e in c["env"])
+            assert c["lifecycle"]["preStop"]["httpGet"]["path"].startswith("/drain")
+            assert c["securityContext"]["privileged"] is False
+            assert pod["spec"].get("hostIPC", False) is (spec.transfer.protocol.value == "nvlink")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_runtime_config_round_trips_through_the_runtime_model(path: Path) -> None:
+    spec = load_spec(path)
+    for role in Role:
+        cm = next(o for o in desired_children(OWNER, spec)
+                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"demo-{role.value}-runtime")
+        parsed = RuntimeConfig.model_validate(yaml.safe_load(cm["data"]["runtime.yaml"]))
+        assert parsed == runtime_config("demo", "ns", spec, role)
+        assert parsed.role.value == role.value
+        assert parsed.prefill_service == "demo-prefill"
+        assert "key" not in cm["data"]["runtime.yaml"].split("secretPath")[0]  # only a path, no secret
+
+
+def test_second_pass_is_idempotent() -> None:
+    spec = base_spec()
+    first = plan(OWNER, spec, Snapshot())
+    created = [observed_pod({**p, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, "uid-1")
+               for p in pods_of(first)]
+    second = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True))
+    assert [a.kind for a in second] == [ActionKind.APPLY] * len(desired_children(OWNER, spec))
+
+
+def test_scale_up_and_down_decode() -> None:
+    spec = base_spec(replicas=2)
+    rev = role_revision(spec, Role.DECODE)
+    pods = [ObservedPod(f"d{i}", Role.DECODE, rev, i, ready=i != 1) for i in range(4)]
+    pods.append(ObservedPod("p0", Role.PREFILL, role_revision(spec, Role.PREFILL), 0, ready=True))
+    actions = plan(OWNER, spec, Snapshot(pods=tuple(pods), secret_exists=True))
+    deleted = [a.name for a in actions if a.kind is ActionKind.DELETE]
+    assert deleted == ["d1", "d3"]  # the not-ready one first, then the highest index
+    up = plan(OWNER, base_spec(replicas=5), Snapshot(pods=tuple(pods[:2] + pods[4:]), secret_exists=True))
+    # maxSurge 1 by default does not limit a scale-up of the current revision beyond replicas+surge
+    new = pods_of(up, Role.DECODE)
+    assert [p["metadata"]["labels"]["pdfleet.io/index"] for p in new] == ["2", "3", "4"]
+
+
+def test_template_change_surges_then_removes_old_when_new_ready() -> None:
+    old_spec, new_spec = base_spec(replicas=2), base_spec(replicas=2, image="ghcr.io/pdfleet/runtime:0.2.0")
+    old_rev, new_rev = role_revision(old_spec, Role.DECODE), role_revision(new_spec, Role.DECODE)
+    assert old_rev != new_rev
+    assert role_revision(old_spec, Role.PREFILL) == role_revision(new_spec, Role.PREFILL)
+    old = (ObservedPod("o0", Role.DECODE, old_rev, 0, True), ObservedPod("o1", Role.DECODE, old_rev, 1, True))
+    step1 = plan(OWNER, new_spec, Snapshot(pods=old, secret_exists=True))
+    assert len(pods_of(step1, Role.DECODE)) == 1  # maxSurge 1
+    assert not [a for a in step1 if a.kind is ActionKind.DELETE]  # maxUnavailable 0: nothing ready to lose
+    new0 = ObservedPod("n2", Role.DECODE, new_rev, 2, ready=True)
+    step2 = plan(OWNER, new_spec, Snapshot(pods=(*old, new0), secret_exists=True))
+    assert [a.name for a in step2 if a.kind is ActionKind.DELETE] == ["o1"]
+    assert not pods_of(step2, Role.DECODE)  # no room until o1 is gone
+
+
+def test_scaling_is_not_a_new_revision() -> None:
+    assert role_revision(base_spec(replicas=1), Role.DECODE) == role_revision(base_spec(replicas=7), Role.DECODE)
+
+
+def test_edited_identity_labels_are_restored() -> None:
+    spec = base_spec(replicas=1)
+    pod = pods_of(plan(OWNER, spec, Snapshot()), Role.DECODE)[0]
+    edited = copy.deepcopy(pod)
+    edited["metadata"]["labels"]["pdfleet.io/role"] = "oops"
+    seen = observed_pod(edited, "uid-1")
+    assert seen is not None and not seen.labels_ok
+    actions = plan(OWNER, spec, Snapshot(pods=(seen,), secret_exists=True))
+    fix = [a for a in actions if a.kind is ActionKind.PATCH_LABELS]
+    assert len(fix) == 1 and fix[0].body["pdfleet.io/role"] == "decode"
+    assert observed_pod(pod, "someone-else") is None
+    no_identity = copy.deepcopy(pod)
+    del no_identity["metadata"]["annotations"][ANNOTATION_IDENTITY]
+    assert observed_pod(no_identity, "uid-1") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    replicas=st.integers(0, 6),
+    surge=st.one_of(st.integers(0, 3), st.sampled_from(["0%", "25%", "50%", "100%"])),
+    unavailable=st.one_of(st.integers(0, 3), st.sampled_from(["0%", "25%", "50%"])),
+    pods=st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), max_size=8),
+)
+def test_pod_budgets_hold(replicas: int, surge, unavailable, pods) -> None:
+    """Never more than replicas + surge pods after creates; never below replicas - unavailable ready."""
+    spec = base_spec(replicas=replicas)
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(
+        update={"max_surge": surge, "max_unavailable": unavailable})})
+    rev = role_revision(spec, Role.DECODE)
+    observed = tuple(
+        ObservedPod(f"d{i}", Role.DECODE, rev if current else "old", i, ready=ready, deleting=deleting)
+        for i, (current, ready, deleting) in enumerate(pods)
+    )
+    actions = [a for a in plan(OWNER, spec, Snapshot(pods=observed, secret_exists=True))
+               if a.object_kind == "Pod" and a.name.startswith(("d", "demo-decode-"))
+               and not a.name.startswith("demo-prefill-")]
+    s, u = budgets(spec, replicas)
+    created = sum(a.kind is ActionKind.CREATE for a in actions)
+    deleted = {a.name for a in actions if a.kind is ActionKind.DELETE}
+    if created:
+        assert len(observed) + created <= replicas + s
+    ready_before = sum(p.ready and not p.deleting for p in observed)
+    ready_after = sum(p.ready and not p.deleting and p.name not in deleted for p in observed)
+    assert ready_after >= min(ready_before, replicas - u)
+    current_after = sum(p.revision == rev and not p.deleting and p.name not in deleted for p in observed)
+    assert current_after <= max(replicas, 0) or created == 0
+    names = [a.body["metadata"]["name"] for a in actions if a.kind is ActionKind.CREATE]
+    assert len(names) == len(set(names))
+
+
+def test_status_available_only_when_gates_pass() -> None:
+    spec = base_spec(replicas=2)
+    rev_p, rev_d = role_revision(spec, Role.PREFILL), role_revision(spec, Role.DECODE)
+
+    def status(ready: bool) -> dict:
+        pods = [ObservedPod("p0", Role.PREFILL, rev_p, 0, ready)] + [
+            ObservedPod(f"d{i}", Role.DECODE, rev_d, i, ready) for i in range(2)]
+        return compute_status(spec, "demo", 3, pods, None, [], NOW)
+
+    not_ready, ready = status(False), status(True)
+    cond = {c["type"]: c for c in not_ready["conditions"]}
+    assert cond[ConditionType.AVAILABLE.value]["status"] == "False"
+    assert "transfer" in cond[ConditionType.AVAILABLE.value]["message"]
+    assert {c["type"]: c["status"] for c in ready["conditions"]}["Available"] == "True"
+    assert ready["decodeReady"] == "2/2" and ready["prefillReady"] == "1/1"
+    assert ready["shapes"] == "P tp4xpp1 / D tp2xpp1" and ready["observedGeneration"] == 3
+    assert ready["decode"]["selector"] == "pdfleet.io/deployment=demo,pdfleet.io/role=decode"
+    # Unchanged statuses keep their transition time; changed ones get a new one.
+    later = datetime(2026, 1, 2, tzinfo=UTC)
+    again = compute_status(spec, "demo", 3, [], ready, [], later)
+    times = {c["type"]: c["lastTransitionTime"] for c in again["conditions"]}
+    assert times["Available"].startswith("2026-01-02")
+    same = compute_status(spec, "demo", 3, [ObservedPod("p0", Role.PREFILL, rev_p, 0, True)] + [
+        ObservedPod(f"d{i}", Role.DECODE, rev_d, i, True) for i in range(2)], ready, [], later)
+    assert {c["type"]: c["lastTransitionTime"] for c in same["conditions"]}["Available"].startswith("2026-01-01")
+
+
+def test_long_names_fit_hostnames() -> None:
+    owner = Owner(name="x" * 120, namespace="ns", uid="u")
+    pod = runtime_pod(owner.name, "ns", base_spec(), Role.DECODE, "abcdef1234", 17)
+    assert len(pod["metadata"]["name"]) <= 63
+    assert pod["spec"]["hostname"] == pod["metadata"]["name"]
