@@ -21,6 +21,7 @@ from pdfleet_operator.api.constants import API_VERSION, KIND, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.resources.names import secret_name
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
+from pdfleet_operator.resources.policy import network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.runtime_config import runtime_configmap
@@ -103,10 +104,15 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec) -> list[dict]:
     """Every non-pod child, owned and complete (they are server-side applied each pass)."""
     n, ns = owner.name, owner.namespace
     objs = [runtime_service_account(n, ns), runtime_role(n, ns), runtime_role_binding(n, ns)]
+    max_ranks = 1
     for role in Role:
         rs = role_spec(spec, role)
+        ranks = rs.parallelism.tensor * rs.parallelism.pipeline
+        max_ranks = max(max_ranks, ranks)
         objs.append(runtime_configmap(n, ns, spec, role))
-        objs.append(headless_service(n, ns, role, rs.parallelism.tensor * rs.parallelism.pipeline))
+        objs.append(headless_service(n, ns, role, ranks))
+        objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
+    objs.append(network_policy(n, ns, max_ranks))
     return [_owned(o, owner) for o in objs]
 
 
