@@ -1,19 +1,22 @@
 """`pdfleet-operator` (also `python -m pdfleet_operator`): run the operator.
 
-Settings are read once here and handed to kopf; nothing deeper reads the
-environment.  The reconcile handlers are registered by importing
-``pdfleet_operator.handlers`` once it exists (the reconcile issue); until
-then the operator starts, serves its liveness probe and watches nothing.
+Settings are read once here (``settings.OperatorSettings``) and handed to the handlers and to
+kopf; nothing deeper reads the environment. Handlers go into an explicit registry
+(``handlers.register``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import logging
+import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from pdfleet_operator import __version__
+from pdfleet_operator.settings import OperatorSettings, add_arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,21 +28,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     p.add_argument("--standalone", action="store_true",
                    help="single-replica mode without kopf peering (documented: run exactly one replica)")
+    p.add_argument("--resync-seconds", type=float, default=10.0,
+                   help="reconcile every PDDeployment at least this often (default 10)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG (default INFO)")
+    add_arguments(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = OperatorSettings.from_args(args)
+    except (ValidationError, argparse.ArgumentTypeError) as exc:
+        parser.error(str(exc))
     import kopf
 
-    if importlib.util.find_spec("pdfleet_operator.handlers") is not None:
-        importlib.import_module("pdfleet_operator.handlers")
+    from pdfleet_operator import handlers
+    from pdfleet_operator.admission import WebhookSetupError
+
+    kopf.configure(verbose=args.verbose)
+    if not args.verbose:  # one access-log line per admission request is noise on the apiserver's hot path
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    registry = kopf.OperatorRegistry()
+    kopf_settings = settings.kopf_settings()
+    try:
+        handlers.register(registry, settings, kopf_settings)
+    except WebhookSetupError as exc:
+        print(f"pdfleet-operator: {exc}", file=sys.stderr)
+        return 2
     asyncio.run(
         kopf.operator(
-            standalone=args.standalone,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace or None,
-            liveness_endpoint=args.liveness,
+            registry=registry,
+            settings=kopf_settings,
+            standalone=settings.standalone,
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            liveness_endpoint=settings.liveness,
         )
     )
     return 0

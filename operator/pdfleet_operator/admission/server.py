@@ -1,0 +1,168 @@
+"""kopf's ``WebhookServer`` with pdfleet's request handling in front.
+
+kopf's own request path answers 400 on bad JSON and can answer 500 on wrong types, and runs the
+whole handler machinery (memos, diffs, per-handler logging) for each request. This subclass keeps
+kopf's listener, TLS set-up, certificate reloading and the managed configuration (so the URL and
+CA bundle kopf publishes stay right), and replaces only ``_serve``:
+
+- a route table maps webhook ids (the last URL segment, which kopf appends to the URL it publishes)
+  to pure ``bytes -> AdmissionReview`` functions (``review.review``); ids of other kopf webhook
+  handlers are passed to kopf's function, with every failure turned into a denial;
+- the body is read with a size limit of our own, so a huge request gets a denial, not a 413;
+- every answer is HTTP 200 with a well-formed AdmissionReview, whatever came in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import tempfile
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import kopf
+
+from pdfleet_operator.admission.review import deny, response_problems, scan_uid
+from pdfleet_operator.settings import AdmissionSettings, WebhookMode
+
+__all__ = ["AdmissionServer", "Route", "WebhookSetupError", "build_server"]
+
+Route = Callable[[bytes], dict[str, Any]]
+_CHUNK = 1 << 16
+
+
+class _TooLarge(Exception):
+    def __init__(self, prefix: bytes) -> None:
+        super().__init__("request body too large")
+        self.prefix = prefix
+
+
+class AdmissionServer(kopf.WebhookServer):
+    """A kopf WebhookServer whose requests go to pure review functions by webhook id.
+
+    ``routes``: webhook id -> pure function; ``delegate``: ids left to kopf's handler machinery;
+    ``inline_bytes``: bodies up to this size are judged on the event loop (they take well under a
+    millisecond), larger ones in a worker thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        routes: Mapping[str, Route],
+        delegate: Collection[str] = (),
+        max_body_bytes: int = 16 << 20,
+        inline_bytes: int = 256 << 10,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.routes = dict(routes)
+        self.delegate = frozenset(delegate)
+        self.max_body_bytes = max_body_bytes
+        self.inline_bytes = inline_bytes
+
+    async def _serve(  # type: ignore[override]  # kopf declares it static; an instance method reads settings
+        self, fn: Any, request: aiohttp.web.Request
+    ) -> aiohttp.web.Response:
+        webhook = request.match_info.get("id", "")
+        try:
+            body = await self._read(request)
+        except _TooLarge as exc:
+            resp = deny(f"the request exceeds {self.max_body_bytes} bytes", scan_uid(exc.prefix), code=413)
+        except Exception as exc:  # a broken stream: still an answer (CancelledError is not an Exception)
+            resp = deny(f"the request body could not be read: {type(exc).__name__}: {exc}")
+        else:
+            resp = await self._answer(fn, webhook, body, request)
+        return aiohttp.web.Response(body=json.dumps(resp).encode(), content_type="application/json")
+
+    async def _read(self, request: aiohttp.web.Request) -> bytes:
+        """The body, through the stream, so aiohttp's 1 MiB ``client_max_size`` (a 413) never applies."""
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(_CHUNK):
+            parts.append(chunk)
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _TooLarge(b"".join(parts[:2]))
+        return b"".join(parts)
+
+    async def _answer(
+        self, fn: Any, webhook: str, body: bytes, request: aiohttp.web.Request
+    ) -> dict[str, Any]:
+        route = self.routes.get(webhook)
+        if route is not None:
+            if len(body) <= self.inline_bytes:
+                return route(body)
+            return await asyncio.to_thread(route, body)
+        if webhook in self.delegate:
+            return await self._delegate(fn, webhook, body, request)
+        known = ", ".join(sorted({*self.routes, *self.delegate})) or "none"
+        return deny(f"no webhook is served at /{webhook}; known: {known}", scan_uid(body), code=404)
+
+    @staticmethod
+    async def _delegate(fn: Any, webhook: str, body: bytes, request: aiohttp.web.Request) -> dict[str, Any]:
+        """kopf's own machinery for other handlers, with its exceptions and odd answers made denials."""
+        uid = scan_uid(body)
+        try:
+            data = json.loads(body)
+            peer = request.transport.get_extra_info("peercert") if request.transport else None
+            resp = await fn(data, webhook=webhook, sslpeer=peer, headers=dict(request.headers))
+        except Exception as exc:  # never a 500 to the apiserver
+            return deny(f"webhook {webhook} failed: {type(exc).__name__}: {exc}", uid)
+        if response_problems(resp):
+            return deny(f"webhook {webhook} gave a malformed answer: {response_problems(resp)}", uid)
+        return dict(resp)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def build_server(settings: AdmissionSettings, routes: Mapping[str, Route], delegate: Collection[str] = ()) -> (
+    AdmissionServer
+):
+    """The server for ``serve`` (certificate files from a mounted Secret) or ``dev`` (a throw-away CA)."""
+    common: dict[str, Any] = {
+        "routes": routes,
+        "delegate": delegate,
+        "max_body_bytes": settings.max_body_bytes,
+        "inline_bytes": settings.inline_body_bytes,
+        "addr": settings.host,
+        "port": settings.port or None,
+        "path": settings.path or None,
+    }
+    if settings.mode is WebhookMode.SERVE:
+        if settings.cert_dir is None:
+            raise WebhookSetupError("--webhook-listen needs --webhook-cert-dir with tls.crt and tls.key")
+        cert, key = settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key"
+        missing = [str(p) for p in (cert, key) if not p.is_file()]
+        if missing:
+            raise WebhookSetupError(f"webhook certificate files missing: {', '.join(missing)}")
+        ca = settings.cert_dir / "ca.crt"
+        return AdmissionServer(certfile=cert, pkeyfile=key, cafile=ca if ca.is_file() else None, **common)
+    if settings.mode is WebhookMode.DEV:
+        from pdfleet_operator.devcluster.certs import CertificateAuthority
+
+        directory = settings.cert_dir or Path(tempfile.mkdtemp(prefix="pdfleet-webhook-"))
+        host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        ca = CertificateAuthority(directory, name="pdfleet-dev-webhook-ca")
+        pair = ca.issue(
+            "webhook",
+            common_name=host,
+            ips=tuple({host, "127.0.0.1"}) if _is_ip(host) else ("127.0.0.1",),
+            dns=("localhost",) if _is_ip(host) else (host, "localhost"),
+        )
+        return AdmissionServer(
+            certfile=pair.cert_path, pkeyfile=pair.key_path, cafile=ca.cert_path, host=host, **common
+        )
+    raise WebhookSetupError(f"no webhook server in mode {settings.mode}")
+
+
+class WebhookSetupError(RuntimeError):
+    """The webhook cannot start as configured; the message names the missing piece."""

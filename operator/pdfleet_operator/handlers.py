@@ -1,0 +1,51 @@
+"""Every kopf handler of the operator, registered on one registry from the settings read at start.
+
+- admission (``pdfleet_operator.admission``): the validating webhook, served when a webhook mode
+  is on;
+- reconcile (``pdfleet_operator.reconcile``): children, pods and the whole status, including the
+  Admitted/Degraded re-check of the stored spec (so the status has one writer).
+
+Registering into an explicit registry, rather than decorating at import time, lets each handler
+take its settings as arguments and keeps tests free of a hidden global registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from pdfleet_operator import reconcile
+from pdfleet_operator.admission import handlers as admission_handlers
+from pdfleet_operator.settings import OperatorSettings
+
+__all__ = ["register"]
+
+
+def _api_client() -> Any:
+    """In-cluster credentials first, then KUBECONFIG (the same order as kopf's logins)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def register(
+    registry: kopf.OperatorRegistry, settings: OperatorSettings, kopf_settings: kopf.OperatorSettings
+) -> None:
+    """Register all handlers; ``kopf_settings`` gains the webhook server when admission serves one."""
+    # An explicit registry starts without kopf's default logins: in-cluster first, then KUBECONFIG.
+    kopf.on.login(id="login-service-account", registry=registry)(kopf.login_with_service_account)
+    kopf.on.login(id="login-kubeconfig", registry=registry)(kopf.login_with_kubeconfig)
+    verdicts = admission_handlers.register(registry, settings, kopf_settings, recheck_handlers=False)
+
+    holder: dict[str, reconcile.Reconciler] = {}
+
+    @kopf.on.startup(registry=registry, id="reconciler")
+    async def start_reconciler(**_: Any) -> None:
+        holder["r"] = reconcile.Reconciler(_api_client(), admission_handlers.status_hook(verdicts))
+
+    reconcile.register(registry, lambda: holder["r"], resync_seconds=settings.resync_seconds)

@@ -1,0 +1,211 @@
+"""Operator settings: one pydantic model, read once at start from the command line.
+
+Nothing deeper reads the environment or argv; handlers and the webhook server get these values
+when they are built. ``kopf_settings()`` turns them into kopf's own ``OperatorSettings``.
+
+Admission has three modes (``WebhookMode``):
+
+- ``off`` (default): no webhook server; the apiserver's schema and CEL still apply, and stored
+  objects still get ``Admitted``/``Degraded`` from the re-check handlers.
+- ``serve`` (production): listen with the certificate files of a mounted Secret; the Helm chart
+  installs the ValidatingWebhookConfiguration, so the operator needs no RBAC on webhook
+  configurations.
+- ``dev`` (opt-in, local clusters): issue a throw-away CA and serving certificate, and let kopf
+  create and patch its own ValidatingWebhookConfiguration pointing at ``https://HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pdfleet_runtime.matrix import MATRICES, Feature
+from pdfleet_runtime.transfer import Backend
+
+if TYPE_CHECKING:
+    import kopf
+
+__all__ = [
+    "PROGRESS_PREFIX",
+    "AdmissionSettings",
+    "OperatorSettings",
+    "RecheckSettings",
+    "WebhookMode",
+    "add_arguments",
+]
+
+# kopf keeps handler progress and the last-handled spec in annotations under this prefix, not in
+# status.kopf (the CRD's structural schema would prune it).
+PROGRESS_PREFIX = "pdfleet.io"
+
+
+class WebhookMode(StrEnum):
+    OFF = "off"
+    SERVE = "serve"
+    DEV = "dev"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AdmissionSettings(_Frozen):
+    """The validating webhook: where it listens, its certificate, and what kopf manages."""
+
+    mode: WebhookMode = Field(WebhookMode.OFF, description="off, serve (production) or dev (managed).")
+    host: str = Field("0.0.0.0", description="Listen address; dev mode also puts it in the webhook URL.")
+    port: int = Field(9443, ge=0, le=65535, description="Listen port; 0 picks a free one.")
+    cert_dir: Path | None = Field(
+        None,
+        description="serve mode: directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret); "
+        "kopf re-reads them when they change. dev mode: where the throw-away CA is written "
+        "(default: a temporary directory).",
+    )
+    configuration_name: str = Field(
+        "pdfleet-admission.pdfleet.io",
+        description="dev mode only: the ValidatingWebhookConfiguration kopf creates and patches.",
+    )
+    path: str = Field("", description="URL path prefix of the webhook endpoints.")
+    max_body_bytes: int = Field(
+        16 << 20, ge=1024, description="Larger requests are denied unread (the apiserver sends at most ~6 MiB)."
+    )
+    inline_body_bytes: int = Field(
+        256 << 10,
+        ge=0,
+        description="Requests up to this size are evaluated on the event loop (fast path); larger ones "
+        "in a worker thread so one huge object cannot stall the operator.",
+    )
+
+
+class RecheckSettings(_Frozen):
+    """How stored objects are re-checked against the running matrix (the Degraded condition)."""
+
+    interval_seconds: float = Field(
+        300.0, gt=0, description="Timer re-check of every stored object; events re-check at once."
+    )
+    matrix_version: str | None = Field(
+        None,
+        description="Pin one matrix version for admission and re-checks instead of the one each role's "
+        "runtime release names. Default: unpinned.",
+    )
+    deny_cells: tuple[str, ...] = Field(
+        (),
+        description="TEST HOOK: extra unsupported matrix cells, as BACKEND.FEATURE (e.g. "
+        "nixl.sharded-hetero-tp), layered on the running matrix. It simulates an operator upgrade whose "
+        "matrix is stricter, so the Degraded path can be tested on a real cluster. Never set in production.",
+    )
+    cache_size: int = Field(
+        1024, ge=0, description="Verdicts cached by object content (0 disables); specs repeat a lot."
+    )
+
+    @field_validator("matrix_version")
+    @classmethod
+    def _known_version(cls, v: str | None) -> str | None:
+        if v is not None and v not in MATRICES:
+            raise ValueError(f"unknown matrix version {v!r}; known: {', '.join(MATRICES)}")
+        return v
+
+    @field_validator("deny_cells")
+    @classmethod
+    def _cells(cls, cells: tuple[str, ...]) -> tuple[str, ...]:
+        for cell in cells:
+            backend, _, feature = cell.partition(".")
+            if backend not in set(Backend) or feature not in set(Feature):
+                raise ValueError(
+                    f"{cell!r} is not BACKEND.FEATURE; backends: {', '.join(Backend)}; "
+                    f"features: {', '.join(Feature)}"
+                )
+        return cells
+
+
+class OperatorSettings(_Frozen):
+    """Everything the operator reads at start."""
+
+    namespaces: tuple[str, ...] = Field((), description="Watch only these namespaces; empty: all.")
+    liveness: str = Field("http://0.0.0.0:8080/healthz", description="kopf liveness endpoint URL.")
+    standalone: bool = Field(False, description="No kopf peering: run exactly one replica.")
+    resync_seconds: float = Field(
+        10.0, gt=0, description="Every PDDeployment is reconciled at least this often (drift correction); "
+        "child events reconcile at once."
+    )
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    recheck: RecheckSettings = Field(default_factory=RecheckSettings)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> OperatorSettings:
+        """Build from ``add_arguments``' parsed flags; pydantic errors name the bad flag's field."""
+        mode, host, port = WebhookMode.OFF, "0.0.0.0", 9443
+        if args.dev_webhook:
+            mode, (host, port) = WebhookMode.DEV, _host_port(args.dev_webhook)
+        elif args.webhook_listen:
+            mode, (host, port) = WebhookMode.SERVE, _host_port(args.webhook_listen)
+        admission: dict[str, object] = {"mode": mode, "host": host, "port": port}
+        if args.webhook_cert_dir:
+            admission["cert_dir"] = Path(args.webhook_cert_dir)
+        if args.webhook_configuration:
+            admission["configuration_name"] = args.webhook_configuration
+        recheck: dict[str, object] = {"deny_cells": tuple(args.test_deny_cell)}
+        if args.recheck_interval is not None:
+            recheck["interval_seconds"] = args.recheck_interval
+        if args.matrix_version is not None:
+            recheck["matrix_version"] = args.matrix_version
+        return cls(
+            namespaces=tuple(args.namespace),
+            liveness=args.liveness,
+            standalone=args.standalone,
+            resync_seconds=args.resync_seconds,
+            admission=AdmissionSettings.model_validate(admission),
+            recheck=RecheckSettings.model_validate(recheck),
+        )
+
+    def kopf_settings(self) -> kopf.OperatorSettings:
+        """kopf's settings: progress in pdfleet.io annotations; the webhook server is set by admission."""
+        import kopf
+
+        s = kopf.OperatorSettings()
+        s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
+        s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=PROGRESS_PREFIX, key="last-handled-configuration"
+        )
+        return s
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The admission and re-check flags of ``pdfleet-operator``."""
+    hook = p.add_argument_group("admission webhook")
+    where = hook.add_mutually_exclusive_group()
+    where.add_argument(
+        "--webhook-listen",
+        metavar="HOST:PORT",
+        help="production: serve the validating webhook with the certificate in --webhook-cert-dir; the "
+        "ValidatingWebhookConfiguration is installed by the Helm chart",
+    )
+    where.add_argument(
+        "--dev-webhook",
+        metavar="HOST:PORT",
+        help="local clusters: self-issued certificate, and kopf manages its own ValidatingWebhookConfiguration "
+        "with clientConfig.url https://HOST:PORT (needs create/patch on webhook configurations)",
+    )
+    hook.add_argument("--webhook-cert-dir", metavar="DIR", help="tls.crt and tls.key (serve); CA output (dev)")
+    hook.add_argument("--webhook-configuration", metavar="NAME", help="dev: managed configuration name")
+    recheck = p.add_argument_group("re-check of stored objects")
+    recheck.add_argument("--recheck-interval", type=float, metavar="SECONDS", help="timer interval (300)")
+    recheck.add_argument("--matrix-version", help="pin one capability matrix version")
+    recheck.add_argument(
+        "--test-deny-cell",
+        action="append",
+        default=[],
+        metavar="BACKEND.FEATURE",
+        help="TEST HOOK: treat a matrix cell as unsupported (simulates a stricter matrix after an upgrade)",
+    )

@@ -1,0 +1,144 @@
+"""``AdmissionServer`` over real HTTPS on loopback (a dev certificate): routes to the pure review,
+answers 200 with an AdmissionReview for unknown paths, oversized bodies and failing delegates; and
+the settings and command-line flags that build it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kopf
+import pytest
+
+from pdfleet_operator.__main__ import build_parser, main
+from pdfleet_operator.admission import (
+    VALIDATE_WEBHOOK_ID,
+    AdmissionServer,
+    Verdicts,
+    WebhookSetupError,
+    build_server,
+    response_problems,
+    review,
+)
+from pdfleet_operator.admission import handlers as admission_handlers
+from pdfleet_operator.devcluster.cluster import free_port
+from pdfleet_operator.settings import AdmissionSettings, OperatorSettings, WebhookMode
+from tests.unit.admission.builders import Review, example
+
+
+async def _serve(server: AdmissionServer, fn: Any, calls: Callable[[str, aiohttp.ClientSession], Any]) -> Any:
+    """Run ``server`` with kopf's fn ``fn`` until ``calls(url, session)`` is done."""
+    async with server:
+        gen: AsyncIterator[Any] = server(fn)
+        config = await gen.__anext__()
+        ctx = ssl.create_default_context(cafile=str(server.cafile))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+            try:
+                return await calls(config["url"], session)
+            finally:
+                await gen.aclose()
+
+
+def _dev_server(tmp_path: Path, **kw: Any) -> AdmissionServer:
+    settings = AdmissionSettings(mode=WebhookMode.DEV, host="127.0.0.1", port=free_port(), cert_dir=tmp_path, **kw)
+    verdicts = Verdicts()
+    return build_server(settings, {VALIDATE_WEBHOOK_ID: lambda b: review(b, verdicts)}, delegate=("kopf-one",))
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, Any]:
+    async with session.post(url, data=body) as resp:
+        return resp.status, json.loads(await resp.read())
+
+
+def test_routes_unknown_paths_big_bodies_and_delegates(tmp_path: Path) -> None:
+    server = _dev_server(tmp_path, max_body_bytes=2 << 20)
+
+    async def kopf_fn(data: Any, **_: Any) -> Any:
+        if data.get("boom"):
+            raise kopf.AdmissionError("x", code=500)
+        return {"something": "odd"}
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+        bad = Review(example("kv-heads-tp", "invalid")).uid("u1").body()
+        return [
+            await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", bad),
+            await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", b'{"request": {"uid": "u2", "obj'),
+            await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review("x" * (3 << 20)).uid("u3").body()),
+            await _post(s, f"{url}/nowhere", Review({}).uid("u4").body()),
+            await _post(s, f"{url}/kopf-one", b'{"boom": true, "request": {"uid": "u5"}}'),
+            await _post(s, f"{url}/kopf-one", b'{"request": {"uid": "u6"}}'),
+        ]
+
+    results = asyncio.run(_serve(server, kopf_fn, calls))
+    assert [status for status, _ in results] == [200] * 6
+    for (_, resp), uid in zip(results, ["u1", "u2", "u3", "u4", "u5", "u6"], strict=True):
+        assert response_problems(resp, uid) == [], resp
+        assert resp["response"]["allowed"] is False
+    assert "[kv-heads-tp]" in results[0][1]["response"]["status"]["message"]
+    assert results[2][1]["response"]["status"]["code"] == 413
+    assert "no webhook is served at /nowhere" in results[3][1]["response"]["status"]["message"]
+    assert "AdmissionError" in results[4][1]["response"]["status"]["message"]
+    assert "malformed answer" in results[5][1]["response"]["status"]["message"]
+
+
+def test_large_bodies_are_judged_off_the_loop(tmp_path: Path) -> None:
+    server = _dev_server(tmp_path, inline_body_bytes=1024)
+    obj = example("llama-dense")
+    # ~1.3 MB: over aiohttp's 1 MiB client_max_size and over inline_body_bytes (a worker thread judges it)
+    obj["spec"]["decode"]["env"] = [{"name": f"V{i}", "value": "v" * 230} for i in range(5000)]
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> tuple[int, Any]:
+        return await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(obj).uid("big").body())
+
+    status, resp = asyncio.run(_serve(server, None, calls))
+    assert status == 200 and response_problems(resp, "big") == []
+    assert "spec.decode.env" in resp["response"]["status"]["message"]  # maxItems 256
+
+
+def test_serve_mode_needs_certificate_files(tmp_path: Path) -> None:
+    with pytest.raises(WebhookSetupError, match="needs --webhook-cert-dir"):
+        build_server(AdmissionSettings(mode=WebhookMode.SERVE), {})
+    with pytest.raises(WebhookSetupError, match=r"tls\.crt"):
+        build_server(AdmissionSettings(mode=WebhookMode.SERVE, cert_dir=tmp_path), {})
+    assert main(["--webhook-listen", "0.0.0.0:9443", "--webhook-cert-dir", str(tmp_path)]) == 2
+
+
+def _settings(*argv: str) -> OperatorSettings:
+    return OperatorSettings.from_args(build_parser().parse_args(list(argv)))
+
+
+def test_flags_become_settings() -> None:
+    s = _settings()
+    assert s.admission.mode is WebhookMode.OFF and s.recheck.interval_seconds == 300
+    s = _settings("--dev-webhook", "127.0.0.1:0", "--test-deny-cell", "nixl.pipeline", "--recheck-interval", "5")
+    assert (s.admission.mode, s.admission.host, s.admission.port) == (WebhookMode.DEV, "127.0.0.1", 0)
+    assert s.recheck.deny_cells == ("nixl.pipeline",) and s.recheck.interval_seconds == 5
+    s = _settings("--webhook-listen", "[::]:8443", "--webhook-cert-dir", "/tls")
+    assert (s.admission.mode, s.admission.host, s.admission.port) == (WebhookMode.SERVE, "::", 8443)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _settings("--dev-webhook", "nowhere")
+
+
+def test_register_wires_kopf_by_mode(tmp_path: Path) -> None:
+    def wire(*argv: str) -> tuple[kopf.OperatorRegistry, kopf.OperatorSettings]:
+        registry, settings = kopf.OperatorRegistry(), _settings(*argv)
+        ks = settings.kopf_settings()
+        admission_handlers.register(registry, settings, ks)
+        return registry, ks
+
+    registry, ks = wire()
+    assert ks.admission.server is None and ks.admission.managed is None
+    assert not registry._webhooks.get_all_handlers()  # no webhook: kopf would refuse to start without a server
+    assert ks.persistence.progress_storage.prefix == "pdfleet.io"
+    registry, ks = wire("--dev-webhook", "127.0.0.1:0", "--webhook-cert-dir", str(tmp_path))
+    (hook,) = registry._webhooks.get_all_handlers()
+    assert hook.id == VALIDATE_WEBHOOK_ID and set(hook.operations) == {"CREATE", "UPDATE"}
+    assert not hook.ignore_failures  # failurePolicy Fail
+    assert isinstance(ks.admission.server, AdmissionServer) and ks.admission.managed == "pdfleet-admission.pdfleet.io"
+    assert (tmp_path / "ca.crt").is_file()
