@@ -9,4 +9,5 @@ echo "[test] ruff"; ruff check operator runtime tests bench
 echo "[test] import-linter"; lint-imports --no-cache
 echo "[test] pytest"
 # GPU tests run on the device machine only; here they are skipped with that reason.
+export PDFLEET_REQUIRE_ENGINES=1
 exec python -m pytest -p no:cacheprovider "$@"

@@ -14,7 +14,7 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.resources.names import owner_labels, role_selector
 from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT
 
-__all__ = ["network_policy", "pod_disruption_budget", "policy_name", "pdb_name"]
+__all__ = ["network_policy", "pdb_name", "pod_disruption_budget", "policy_name"]
 
 
 def policy_name(deployment: str) -> str:

@@ -1,0 +1,165 @@
+"""Reconcile handlers: observe -> plan (pure) -> apply (the only writer) -> status.
+
+Every trigger (create, update, resume, a periodic resync, an event on any child) funnels into
+``Reconciler.reconcile(namespace, name)``, which re-reads everything from the API, so a pass
+never acts on a stale cache and an operator restart resumes without duplicates. Passes of one
+object are serialised by a per-object lock; the blocking kubernetes client runs in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION, ConditionType
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.apply import Outcome, Writer
+from pdfleet_operator.observe import observe
+from pdfleet_operator.plan import ActionKind, Owner, plan
+from pdfleet_operator.status import compute_status
+
+__all__ = ["PassResult", "Reconciler", "register"]
+
+# obj -> (Admitted/Degraded conditions, extra status fields such as matrixVersion)
+AdmissionStatus = Callable[[dict], tuple[list[dict], dict]]
+
+
+@dataclass
+class PassResult:
+    """What one pass did, for events and logs (built in the worker thread, posted on the loop)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    transitions: list[tuple[str, str, str, str]] = field(default_factory=list)  # type, status, reason, msg
+    body: dict | None = None
+    skipped: str | None = None
+
+
+def _admitted(conditions: list[dict]) -> bool:
+    return not any(
+        c["type"] == ConditionType.ADMITTED.value and c["status"] == "False" for c in conditions
+    )
+
+
+class Reconciler:
+    def __init__(self, api: ApiClient, admission_status: AdmissionStatus) -> None:
+        self._api = api
+        self._custom = CustomObjectsApi(api)
+        self._writer = Writer(api)
+        self._admission = admission_status
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def reconcile(self, namespace: str, name: str, logger: Any) -> PassResult:
+        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
+        async with lock:
+            result = await asyncio.to_thread(self._pass, namespace, name)
+        if result.body is not None:
+            for o in result.outcomes:
+                if o.changed and o.action.kind is not ActionKind.APPLY:
+                    verb = {"create": "Created", "delete": "Deleted", "patch-labels": "Relabelled"}[o.action.kind]
+                    kopf.info(result.body, reason=verb, message=f"{verb} {o.action.object_kind.lower()} "
+                              f"{o.action.name}" + (f": {o.action.reason}" if o.action.reason else ""))
+            for ctype, status, reason, message in result.transitions:
+                post = kopf.warn if ctype == ConditionType.DEGRADED.value and status == "True" else kopf.info
+                post(result.body, reason=reason or ctype, message=f"{ctype}={status}: {message}")
+        if result.skipped:
+            logger.debug(f"reconcile skipped: {result.skipped}")
+        return result
+
+    def _pass(self, namespace: str, name: str) -> PassResult:
+        try:
+            body = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return PassResult(skipped="gone")
+            raise
+        obj = json.loads(body.data)
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp"):
+            return PassResult(skipped="being deleted; children go by garbage collection")
+        owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
+        old_status = obj.get("status") or {}
+        admission, extra_status = self._admission(obj)
+        try:
+            spec = PDDeploymentSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as exc:
+            msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+            admission = [*admission, {"type": ConditionType.DEGRADED.value, "status": "True",
+                                      "reason": "SpecUnreadable", "message": msg,
+                                      "observedGeneration": meta.get("generation", 0)}]
+            self._writer.patch_status(namespace, name, {"conditions": admission})
+            return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
+        snapshot = observe(self._api, owner)
+        actions = plan(owner, spec, snapshot)
+        if not _admitted(admission):
+            # A stored spec the running matrix rejects: keep what runs, start nothing new.
+            actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]
+        outcomes = self._writer.run(owner, actions)
+        if any(o.action.object_kind == "Pod" and o.changed for o in outcomes):
+            snapshot = observe(self._api, owner)
+        status = compute_status(
+            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC)
+        )
+        before = {c.get("type"): c for c in old_status.get("conditions") or ()}
+        transitions = [
+            (c["type"], c["status"], c.get("reason", ""), c.get("message", ""))
+            for c in status["conditions"]
+            if before.get(c["type"], {}).get("status") != c["status"]
+        ]
+        self._writer.patch_status(namespace, name, {**status, **extra_status})
+        return PassResult(outcomes=outcomes, transitions=transitions, body=obj)
+
+
+def _owner_of(body: dict) -> str | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("apiVersion", "").startswith(f"{GROUP}/") and ref.get("controller"):
+            return ref.get("name")
+    return None
+
+
+CHILD_KINDS = (
+    ("v1", "pods"),
+    ("v1", "services"),
+    ("v1", "configmaps"),
+    ("v1", "secrets"),
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    ("networking.k8s.io/v1", "networkpolicies"),
+    ("policy/v1", "poddisruptionbudgets"),
+)
+
+
+def register(registry: kopf.OperatorRegistry, reconciler_ref: Callable[[], Reconciler],
+             resync_seconds: float = 10.0) -> None:
+    """Register the reconcile handlers on ``registry``; ``reconciler_ref`` is set at startup."""
+
+    async def on_spec(namespace: str, name: str, logger: Any, **_: Any) -> None:
+        await reconciler_ref().reconcile(namespace, name, logger)
+
+    for cause in ("resume", "create", "update"):
+        getattr(kopf.on, cause)(GROUP, VERSION, PLURAL, registry=registry, id=f"reconcile-{cause}")(on_spec)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, registry=registry, interval=resync_seconds, id="resync")
+    async def resync(namespace: str, name: str, logger: Any, **_: Any) -> None:
+        await reconciler_ref().reconcile(namespace, name, logger)
+
+    async def on_child(body: dict, namespace: str, logger: Any, type: str | None, **_: Any) -> None:
+        owner = _owner_of(body)
+        if owner is not None and type is not None:  # type None: the initial listing, resume covers it
+            await reconciler_ref().reconcile(namespace, owner, logger)
+
+    for api_version, plural in CHILD_KINDS:
+        group, _, version = api_version.rpartition("/")
+        kopf.on.event(group=group, version=version, plural=plural, registry=registry, id=f"child-{plural}",
+                      labels={LABEL_DEPLOYMENT: kopf.PRESENT})(on_child)
