@@ -1,8 +1,9 @@
 """`pdfleet-runtime`: the command the operator runs in each pod, plus offline tools.
 
 Sub-commands:
-  parity   build prefill and decode pools in this process, transfer a seeded request set and
-           compare every decode byte. Exit 0 on parity, 1 on a mismatch (naming the first
+  parity   build prefill and decode pools, transfer a seeded request set and compare every decode
+           byte: in this process (--backend local, mori), or with every rank its own process on
+           loopback through the real engine and the prefill/decode protocol (--backend mooncake, nixl). Exit 0 on parity, 1 on a mismatch (naming the first
            differing buffer, layer and offset), 2 when the capability matrix rejects the
            combination (printing the rule and reason) or the arguments are invalid.
 """
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens of all requests together; the pool capacity (default 4096)")
     par.add_argument("--seed", type=int, default=7, help="seed of state, lengths and allocation (default 7)")
     par.add_argument("--backend", default="local", choices=("local", "mooncake", "nixl", "mori"),
-                     help="matrix column to check; blocks run in-process for now (default local = mooncake)")
+                     help="local: in-process copies, Mooncake's matrix column (default); mooncake, nixl: one "
+                     "process per rank through the real engine and the protocol; mori: its column, in-process")
     par.add_argument("--device", default="cpu", help="torch device of the pools (default cpu)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
     return parser
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _parity(args: argparse.Namespace) -> int:
     from pdfleet_runtime.layouts import LayoutError, resolve_layout
-    from pdfleet_runtime.parity import ParityConfig, run_parity
+    from pdfleet_runtime.parity import ENGINE_BACKENDS, ParityConfig, run_parity, run_parity_engine
     from pdfleet_runtime.records import ParallelShape
 
     try:
@@ -55,7 +57,7 @@ def _parity(args: argparse.Namespace) -> int:
     except LayoutError as e:
         print(f"pdfleet-runtime parity: {e}", file=sys.stderr)
         return EXIT_REJECTED
-    result = run_parity(cfg)
+    result = run_parity_engine(cfg) if cfg.backend in ENGINE_BACKENDS else run_parity(cfg)
     if args.json:
         print(json.dumps(result.as_json(cfg), sort_keys=True))
     elif result.rejection is not None:

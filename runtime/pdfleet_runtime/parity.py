@@ -41,6 +41,7 @@ from pdfleet_runtime.records import ParallelShape, RequestIndices
 
 __all__ = [
     "BACKENDS",
+    "ENGINE_BACKENDS",
     "PRECHECK_RULE",
     "LocalCopyExecutor",
     "Mismatch",
@@ -49,13 +50,18 @@ __all__ = [
     "Rejection",
     "check_matrix",
     "request_lengths",
+    "precheck",
     "run_parity",
+    "run_parity_engine",
     "shard_logical",
 ]
 
 BACKENDS = ("local", "mooncake", "nixl", "mori")
-"""``--backend`` values. ``local`` checks the Mooncake column (the reference semantics). Every
-backend runs the in-process copy executor here; the engine issues add real ones."""
+"""``--backend`` values. ``local`` checks the Mooncake column (the reference semantics). ``run_parity``
+runs every backend's column with the in-process copy executor; ``run_parity_engine`` (the CLI's
+``mooncake`` and ``nixl``) runs every rank as its own process through the real engine and the protocol."""
+
+ENGINE_BACKENDS = ("mooncake", "nixl")
 
 PRECHECK_RULE = "runtime-precheck"
 """Rule id of a rejection by the runtime's own shape checks rather than by the matrix."""
@@ -311,21 +317,51 @@ def _compare(pools: RankPools, expected: np.ndarray) -> tuple[int, Mismatch | No
     return int(diff.size), Mismatch(pools.shape.rank(pools.tp_rank, pools.pp_rank), "padding", "-", -1, -1, first)
 
 
-def run_parity(cfg: ParityConfig, *, check_with_matrix: bool = True, tamper: object = None) -> ParityResult:
-    """Run the harness. ``tamper(blocks) -> blocks`` (tests only) corrupts the plan to show detection."""
+def precheck(cfg: ParityConfig, *, check_with_matrix: bool = True) -> Rejection | None:
+    """The matrix's verdict, then the runtime's own limits (in case the matrix admits what the layout
+    cannot be split into); None when the combination may run."""
     if check_with_matrix:
         rejection = check_matrix(cfg)
         if rejection is not None:
-            return ParityResult(ok=False, rejection=rejection)
-    lay, P, D = cfg.layout, cfg.prefill, cfg.decode
-    try:  # the runtime's own limits, in case the matrix admits what the layout cannot be split into
-        check_shapes(P, D)
-        for shape in (P, D):
+            return rejection
+    try:
+        check_shapes(cfg.prefill, cfg.decode)
+        for shape in (cfg.prefill, cfg.decode):
             for k in range(shape.pp):
-                rank_buffers(lay, shape.tp, shape.pp, 0, k)
+                rank_buffers(cfg.layout, shape.tp, shape.pp, 0, k)
     except (LayoutError, PlanError) as e:
-        return ParityResult(ok=False, rejection=Rejection(PRECHECK_RULE, str(e), "the runtime cannot split this "
-                                                          "layout over these shapes (the matrix admitted it)"))
+        return Rejection(PRECHECK_RULE, str(e), "the runtime cannot split this layout over these shapes "
+                         "(the matrix admitted it)")
+    return None
+
+
+def run_parity_engine(cfg: ParityConfig, workdir: str | None = None) -> ParityResult:
+    """Parity through a real engine: every rank its own process on loopback, talking the protocol.
+
+    Same checks and result as ``run_parity``; a rejected combination returns before any process starts.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, run_group
+
+    rejection = precheck(cfg)
+    if rejection is not None:
+        return ParityResult(ok=False, rejection=rejection)
+    if cfg.device != "cpu":
+        raise ValueError("multi-process parity runs on cpu pools only")
+    group = GroupSpec(cfg.backend, cfg.prefill, cfg.decode, (CaseSpec(cfg.layout_name, cfg.requests, cfg.tokens,
+                                                                      cfg.seed),))
+    with tempfile.TemporaryDirectory(prefix="pdfleet-parity-", dir=workdir) as tmp:
+        return run_group(group, Path(tmp))[0]  # type: ignore[no-any-return]
+
+
+def run_parity(cfg: ParityConfig, *, check_with_matrix: bool = True, tamper: object = None) -> ParityResult:
+    """Run the harness. ``tamper(blocks) -> blocks`` (tests only) corrupts the plan to show detection."""
+    rejection = precheck(cfg, check_with_matrix=check_with_matrix)
+    if rejection is not None:
+        return ParityResult(ok=False, rejection=rejection)
+    lay, P, D = cfg.layout, cfg.prefill, cfg.decode
     lengths = request_lengths(cfg.tokens, cfg.requests, cfg.seed)
     cap = Capacity(cfg.requests, cfg.tokens)
     prefill = {(t, p): RankPools(lay, P, t, p, cap, cfg.device) for t, p in P.coords()}
