@@ -13,11 +13,12 @@ from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
+from pdfleet_operator.placement import NodeFacts, node_facts
 from pdfleet_operator.plan import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.names import LABEL_INDEX, secret_name
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 
-__all__ = ["observe", "observed_pod"]
+__all__ = ["observe", "observe_nodes", "observed_pod"]
 
 
 def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
@@ -64,3 +65,9 @@ def observe(api: ApiClient, owner: Owner) -> Snapshot:
             raise
         secret_exists = False
     return Snapshot(pods=tuple(sorted(pods, key=lambda p: p.name)), secret_exists=secret_exists)
+
+
+def observe_nodes(api: ApiClient) -> tuple[NodeFacts, ...]:
+    """Every node, reduced to placement facts (labels, taints, allocatable GPUs)."""
+    listing = CoreV1Api(api).list_node(_preload_content=False)
+    return tuple(node_facts(n) for n in json.loads(listing.data)["items"])

@@ -23,9 +23,10 @@ from pydantic import ValidationError
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION, ConditionType
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.apply import Outcome, Writer
-from pdfleet_operator.observe import observe
+from pdfleet_operator.observe import observe, observe_nodes
+from pdfleet_operator.placement import check_placement
 from pdfleet_operator.plan import ActionKind, Owner, plan
-from pdfleet_operator.status import compute_status
+from pdfleet_operator.status import compute_status, with_placement
 
 __all__ = ["PassResult", "Reconciler", "register"]
 
@@ -100,6 +101,8 @@ class Reconciler:
             self._writer.patch_status(namespace, name, {"conditions": admission})
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
         snapshot = observe(self._api, owner)
+        problems = check_placement(spec, observe_nodes(self._api))
+        admission = with_placement(admission, problems, meta.get("generation", 0))
         actions = plan(owner, spec, snapshot)
         if not _admitted(admission):
             # A stored spec the running matrix rejects: keep what runs, start nothing new.

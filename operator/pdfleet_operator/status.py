@@ -13,12 +13,13 @@ from datetime import datetime
 
 from pdfleet_operator.api.constants import ConditionStatus, ConditionType, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, shapes_text
+from pdfleet_operator.placement import PlacementProblem
 from pdfleet_operator.plan import ObservedPod, budgets
 from pdfleet_operator.resources.names import role_selector
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
 
-__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts"]
+__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "with_placement"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,27 @@ def merge_conditions(old: Sequence[Mapping] | None, new: Iterable[dict], now: da
         merged[cond["type"]] = {**cond, "lastTransitionTime": stamp or now.isoformat().replace("+00:00", "Z")}
     order = [t.value for t in ConditionType]
     return sorted(merged.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
+
+
+def with_placement(admission: Sequence[dict], problems: Sequence[PlacementProblem], generation: int) -> list[dict]:
+    """Fold placement problems into ``Degraded``: a matrix rejection keeps its reason and gains the
+    placement text; otherwise the first problem's kind is the reason."""
+    if not problems:
+        return list(admission)
+    text = "; ".join(f"{p.role.value}: {p.message}" for p in problems)
+    out, found = [], False
+    for cond in admission:
+        if cond.get("type") == ConditionType.DEGRADED.value:
+            found = True
+            if cond.get("status") == ConditionStatus.TRUE.value:
+                cond = {**cond, "message": f"{cond.get('message', '')}\n{text}"}
+            else:
+                cond = {**cond, "status": ConditionStatus.TRUE.value, "reason": problems[0].problem.value,
+                        "message": text}
+        out.append(cond)
+    if not found:
+        out.append(_condition(ConditionType.DEGRADED, True, problems[0].problem.value, text, generation))
+    return out
 
 
 def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:

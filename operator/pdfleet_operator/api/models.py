@@ -76,6 +76,14 @@ class TransferSpec(ApiModel):
         max_length=16,
         description="RDMA device names (e.g. mlx5_0) for protocol rdma; empty lets the engine discover them.",
     )
+    rdma_resource: Annotated[str, StringConstraints(
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", max_length=253
+    )] = Field(
+        "rdma/rdma_shared_device_a",
+        description="Extended resource of the cluster's RDMA device plugin, one per pod, requested only for "
+        "protocol rdma (with the IPC_LOCK capability). Default rdma/rdma_shared_device_a "
+        "(k8s-rdma-shared-dev-plugin); set it to what your plugin advertises.",
+    )
 
 
 class Parallelism(ApiModel):

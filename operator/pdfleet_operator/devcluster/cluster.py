@@ -71,6 +71,8 @@ def gpu_node_manifest(name: str, opts: ClusterOptions) -> dict:
         "pods": "110",
         "ephemeral-storage": "1Ti",
         "nvidia.com/gpu": str(opts.gpus_per_node),
+        # What k8s-rdma-shared-dev-plugin advertises: pods on protocol rdma request one.
+        "rdma/rdma_shared_device_a": "1k",
     }
     return {
         "apiVersion": "v1",

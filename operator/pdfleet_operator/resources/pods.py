@@ -26,6 +26,7 @@ __all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "role_spec", "runtime_pod"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ANNOTATION_IDENTITY = f"{GROUP}/identity"
+RUNTIME_UID = 1000
 # Time past the drain budget for the process to flush logs and exit after the drain.
 EXIT_GRACE_SECONDS = 30
 
@@ -34,11 +35,14 @@ def role_spec(spec: PDDeploymentSpec, role: Role) -> RoleSpec:
     return spec.prefill if role is Role.PREFILL else spec.decode
 
 
-def _resources(rs: RoleSpec) -> dict:
+def _resources(spec: PDDeploymentSpec, rs: RoleSpec) -> dict:
     gpus = str(rs.parallelism.tensor * rs.parallelism.pipeline)
     res = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
-    res.setdefault("limits", {})[GPU_RESOURCE] = gpus
-    res.setdefault("requests", {})[GPU_RESOURCE] = gpus
+    extended = {GPU_RESOURCE: gpus}
+    if spec.transfer.protocol is Protocol.RDMA:
+        extended[spec.transfer.rdma_resource] = "1"  # the RDMA device plugin's share of the NIC
+    for kind in ("limits", "requests"):
+        res.setdefault(kind, {}).update(extended)
     return res
 
 
@@ -83,7 +87,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "command": ["pdfleet-runtime", "serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
         "ports": ports,
         "env": _env(rs, role),
-        "resources": _resources(rs),
+        "resources": _resources(spec, rs),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
             {"name": "auth", "mountPath": SECRET_MOUNT, "readOnly": True},
@@ -97,6 +101,14 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "securityContext": _security(spec),
     }
     pod_spec: dict = {
+        # Non-root with a fixed uid (the runtime image's user); /dev/nvidia* come from the device plugin.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "hostname": pod,
         "subdomain": service_name(name, role),
         "serviceAccountName": service_account_name(name),
