@@ -57,3 +57,10 @@ def test_kwok_stages_replace_the_gate_blind_defaults() -> None:
     # No stage marks readiness-gate conditions True by itself.
     for stage in stages.values():
         assert "range .spec.readinessGates }}\n      - lastTransitionTime" not in stage["spec"]["next"].get("statusTemplate", "")
+
+
+def test_local_operator_watches_the_configuration_the_operator_manages() -> None:
+    from pdfleet_operator.devcluster.local_operator import WEBHOOK_CONFIGURATION
+    from pdfleet_operator.settings import AdmissionSettings
+
+    assert AdmissionSettings().configuration_name == WEBHOOK_CONFIGURATION

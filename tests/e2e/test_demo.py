@@ -1,0 +1,31 @@
+"""The README's main job, `pdfleet demo`, runs end to end and leaves no process behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def _procs_under(path: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", str(path)], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdfleet_operator.cli", "demo", "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=400,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    assert "[nixl.replicated-hetero-tp]" in out  # the rejected manifest names its rule
+    assert "denied the request" in out
+    assert "Available=True" in out
+    assert "all children gone" in out
+    assert _procs_under(state) == []
