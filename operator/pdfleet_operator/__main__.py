@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from pdfleet_operator import __version__
-from pdfleet_operator.settings import OperatorSettings, add_arguments
+from pdfleet_operator.settings import OperatorSettings, add_arguments, host_port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="single-replica mode without kopf peering (documented: run exactly one replica)")
     p.add_argument("--resync-seconds", type=float, default=10.0,
                    help="reconcile every PDDeployment at least this often (default 10)")
+    p.add_argument("--metrics-listen", default="0.0.0.0:8081", metavar="HOST:PORT",
+                   help="Prometheus /metrics endpoint (default 0.0.0.0:8081; empty disables)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG (default INFO)")
     add_arguments(p)
     return p
@@ -50,6 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # one access-log line per admission request is noise on the apiserver's hot path
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if settings.metrics_listen:
+        from pdfleet_operator import metrics
+
+        metrics.serve(*host_port(settings.metrics_listen))
     registry = kopf.OperatorRegistry()
     kopf_settings = settings.kopf_settings()
     try:

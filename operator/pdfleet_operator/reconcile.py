@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION, ConditionType
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.apply import Outcome, Writer
+from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes
 from pdfleet_operator.placement import check_placement
 from pdfleet_operator.plan import ActionKind, Owner, plan
@@ -42,6 +43,7 @@ class PassResult:
     transitions: list[tuple[str, str, str, str]] = field(default_factory=list)  # type, status, reason, msg
     body: dict | None = None
     skipped: str | None = None
+    conditions: list[dict] | None = None
 
 
 def _admitted(conditions: list[dict]) -> bool:
@@ -61,7 +63,18 @@ class Reconciler:
     async def reconcile(self, namespace: str, name: str, logger: Any) -> PassResult:
         lock = self._locks.setdefault((namespace, name), asyncio.Lock())
         async with lock:
-            result = await asyncio.to_thread(self._pass, namespace, name)
+            try:
+                with METRICS.seconds.time():
+                    result = await asyncio.to_thread(self._pass, namespace, name)
+            except Exception:
+                METRICS.passes.labels("error").inc()
+                raise
+        METRICS.passes.labels("skipped" if result.skipped else "ok").inc()
+        for o in result.outcomes:
+            if o.changed:
+                METRICS.actions.labels(o.action.kind.value, o.action.object_kind).inc()
+        if result.conditions is not None:
+            METRICS.record_conditions((namespace, name), result.conditions)
         if result.body is not None:
             for o in result.outcomes:
                 if o.changed and o.action.kind is not ActionKind.APPLY:
@@ -120,7 +133,7 @@ class Reconciler:
             if before.get(c["type"], {}).get("status") != c["status"]
         ]
         self._writer.patch_status(namespace, name, {**status, **extra_status})
-        return PassResult(outcomes=outcomes, transitions=transitions, body=obj)
+        return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"])
 
 
 def _owner_of(body: dict) -> str | None:

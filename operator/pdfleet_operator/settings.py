@@ -36,6 +36,7 @@ __all__ = [
     "RecheckSettings",
     "WebhookMode",
     "add_arguments",
+    "host_port",
 ]
 
 # kopf keeps handler progress and the last-handled spec in annotations under this prefix, not in
@@ -128,6 +129,9 @@ class OperatorSettings(_Frozen):
     namespaces: tuple[str, ...] = Field((), description="Watch only these namespaces; empty: all.")
     liveness: str = Field("http://0.0.0.0:8080/healthz", description="kopf liveness endpoint URL.")
     standalone: bool = Field(False, description="No kopf peering: run exactly one replica.")
+    metrics_listen: str | None = Field(
+        "0.0.0.0:8081", description="HOST:PORT of the Prometheus /metrics endpoint; None disables it."
+    )
     resync_seconds: float = Field(
         10.0, gt=0, description="Every PDDeployment is reconciled at least this often (drift correction); "
         "child events reconcile at once."
@@ -140,9 +144,9 @@ class OperatorSettings(_Frozen):
         """Build from ``add_arguments``' parsed flags; pydantic errors name the bad flag's field."""
         mode, host, port = WebhookMode.OFF, "0.0.0.0", 9443
         if args.dev_webhook:
-            mode, (host, port) = WebhookMode.DEV, _host_port(args.dev_webhook)
+            mode, (host, port) = WebhookMode.DEV, host_port(args.dev_webhook)
         elif args.webhook_listen:
-            mode, (host, port) = WebhookMode.SERVE, _host_port(args.webhook_listen)
+            mode, (host, port) = WebhookMode.SERVE, host_port(args.webhook_listen)
         admission: dict[str, object] = {"mode": mode, "host": host, "port": port}
         if args.webhook_cert_dir:
             admission["cert_dir"] = Path(args.webhook_cert_dir)
@@ -158,6 +162,7 @@ class OperatorSettings(_Frozen):
             liveness=args.liveness,
             standalone=args.standalone,
             resync_seconds=args.resync_seconds,
+            metrics_listen=args.metrics_listen or None,
             admission=AdmissionSettings.model_validate(admission),
             recheck=RecheckSettings.model_validate(recheck),
         )
@@ -174,7 +179,7 @@ class OperatorSettings(_Frozen):
         return s
 
 
-def _host_port(text: str) -> tuple[str, int]:
+def host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")

@@ -152,3 +152,16 @@ def test_delete_cascades(cluster: LocalCluster, fleet: str) -> None:
 
     wait_until(all_gone, what="every child garbage-collected", timeout=60)
 
+
+
+def test_operator_metrics_move_with_reconciles(operator: OperatorProcess, fleet: str) -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as resp:
+        families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+    passes = {s.labels["result"]: s.value for s in families["pdfleet_operator_reconcile_passes"].samples
+              if s.name.endswith("_total")}
+    assert passes.get("ok", 0) >= 1
+    assert families["pdfleet_operator_reconcile_seconds"].samples

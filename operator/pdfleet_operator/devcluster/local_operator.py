@@ -31,6 +31,7 @@ class LocalOperator:
     cluster: LocalCluster
     state_dir: Path
     port: int = 0
+    metrics_port: int = 0
     args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -51,12 +52,13 @@ class LocalOperator:
     def start(self, *args: str, timeout: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
-        self.port, self.args = free_port(), args
+        self.port, self.metrics_port, self.args = free_port(), free_port(), args
         cmd = [
             sys.executable, "-m", "pdfleet_operator", "--standalone",
             "--dev-webhook", f"127.0.0.1:{self.port}",
             "--webhook-cert-dir", str(self.state_dir / "webhook"),
             "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
+            "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             *args,
         ]  # fmt: skip
         env = {**os.environ, **self.extra_env, "KUBECONFIG": str(self.cluster.kubeconfig)}
