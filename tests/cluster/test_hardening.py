@@ -31,6 +31,14 @@ def _bodies(ns: str, spec: PDDeploymentSpec) -> list[dict]:
             if a.body is not None and a.kind is not ActionKind.PATCH_LABELS]
 
 
+def _create_service_account(cluster: LocalCluster, bodies: list[dict]) -> None:
+    """Really create the runtime ServiceAccount, without the owner reference: its owner does not
+    exist here, and the garbage collector would delete it under the test."""
+    sa = copy.deepcopy(next(b for b in bodies if b["kind"] == "ServiceAccount"))
+    sa["metadata"].pop("ownerReferences")
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(sa))
+
+
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
 def test_generated_objects_pass_server_side_dry_run(cluster: LocalCluster, namespace: str, path: Path) -> None:
     spec = PDDeploymentSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
@@ -38,8 +46,7 @@ def test_generated_objects_pass_server_side_dry_run(cluster: LocalCluster, names
     others = [b for b in bodies if b["kind"] != "Pod"]
     pods = [b for b in bodies if b["kind"] == "Pod"]
     # The pods' ServiceAccount must exist for the ServiceAccount admission plugin; the rest is dry-run.
-    sa = next(b for b in others if b["kind"] == "ServiceAccount")
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(sa))
+    _create_service_account(cluster, others)
     for batch in (others, pods):
         out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(batch), check=False)
         assert out.returncode == 0, out.stderr
@@ -51,8 +58,7 @@ def test_pod_privileges_follow_the_protocol(cluster: LocalCluster, namespace: st
     raw = copy.deepcopy(BASE["spec"])
     raw["transfer"] = {"backend": PROTOCOLS[protocol], "protocol": protocol}
     pods = [b for b in _bodies(namespace, PDDeploymentSpec.model_validate(raw)) if b["kind"] == "Pod"]
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(
-        next(b for b in _bodies(namespace, PDDeploymentSpec.model_validate(raw)) if b["kind"] == "ServiceAccount")))
+    _create_service_account(cluster, _bodies(namespace, PDDeploymentSpec.model_validate(raw)))
     out = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
                           input=yaml.safe_dump_all(pods))
     served = json.loads(out.stdout)
