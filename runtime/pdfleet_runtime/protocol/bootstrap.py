@@ -1,0 +1,395 @@
+"""The prefill pod's bootstrap endpoint: where its ranks register and decode ranks find them.
+
+Two layers, as kopf splits admission: ``BootstrapState`` is a pure, synchronous function of the
+authenticated messages (registry, per-rank event logs, status fan-in; clock injected), and
+``BootstrapServer`` is the aiohttp shell (one POST endpoint, signatures, size limit, long polls).
+A message that is refused raises ``ProtocolError`` before anything is changed.
+
+Flow: prefill ranks ``PrefillRegister`` then ``PrefillPoll`` (heartbeat + events, acknowledged by
+sequence number, so a lost reply is re-sent). A decode rank says ``Hello`` (version check),
+``DecodeRegister`` (refused as ``not_ready`` until every prefill rank registered), then per request
+``TransferRequest``; it is queued to every source rank the decode rank pairs with. Source ranks
+answer with ``StatusReports``, including ranks that send nothing; the decode rank's
+``StatusQuery`` collects them. A source rank that stops polling for ``lease_s`` is reported
+``Failed (peer_lost)`` for every request it has not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from pdfleet_runtime.planner import PlanError, check_shapes, source_ranks
+from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION
+
+from .auth import SIGNATURE_HEADER, Codec, ProtocolError
+from .discovery import Endpoint
+from .messages import (
+    WIRE,
+    Ack,
+    Body,
+    Cancel,
+    DecodeRegister,
+    DecodeRegistered,
+    Hello,
+    PrefillPoll,
+    PrefillRegister,
+    PrefillWork,
+    RankKey,
+    RefusalCode,
+    StatusQuery,
+    StatusReply,
+    StatusReport,
+    StatusReports,
+    TransferRequest,
+    Welcome,
+    WorkEvent,
+    parse_wire,
+)
+from .states import FailureReason, RequestState
+
+__all__ = ["MESSAGES_PATH", "BootstrapLimits", "BootstrapServer", "BootstrapState"]
+
+MESSAGES_PATH = "/v1/messages"
+_STATUS = {
+    RefusalCode.MALFORMED: 400, RefusalCode.TOO_LARGE: 413, RefusalCode.UNSIGNED: 401,
+    RefusalCode.BAD_SIGNATURE: 401, RefusalCode.REPLAYED: 409, RefusalCode.STALE: 401, RefusalCode.VERSION: 409,
+    RefusalCode.NOT_READY: 503, RefusalCode.UNKNOWN_PEER: 404, RefusalCode.CONFLICT: 409, RefusalCode.BUSY: 503,
+    RefusalCode.UNEXPECTED: 422,
+}
+
+Pair = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class BootstrapLimits:
+    """Bounds on what one pod holds; the defaults fit thousands of requests in flight.
+
+    ``lease_s``: a prefill rank silent that long is lost (ranks poll at least every second).
+    ``retain_s``: finished requests stay queryable that long.
+    """
+
+    lease_s: float = 5.0
+    retain_s: float = 60.0
+    max_requests: int = 50_000
+    max_decode_ranks: int = 4096
+    max_events: int = 100_000
+
+
+@dataclass
+class _Pending:
+    request: TransferRequest
+    sources: tuple[Pair, ...]
+    created: float
+    reports: dict[Pair, StatusReport] = field(default_factory=dict)
+    finished: float | None = None
+
+
+class BootstrapState:
+    """The registry and mailboxes of one prefill pod (pure; one instance per pod incarnation)."""
+
+    def __init__(self, prefill: ParallelShape, *, limits: BootstrapLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.prefill, self.limits, self._clock = prefill, limits or BootstrapLimits(), clock
+        self.ranks: dict[Pair, PrefillRegister] = {}
+        self.last_seen: dict[Pair, float] = {}
+        self.decodes: dict[tuple[str, Pair], DecodeRegister] = {}
+        self._events: dict[Pair, list[WorkEvent]] = {}
+        self._seq: dict[Pair, int] = {}
+        self.pending: dict[tuple[str, str, Pair], _Pending] = {}
+        self.version = 0
+        """Bumped on every change (long polls wait for it)."""
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle(self, body: Body) -> Body:
+        """Apply one authenticated message; the reply, or ``ProtocolError`` with nothing changed."""
+        self._purge()
+        match body:
+            case Hello():
+                return self.hello(body)
+            case PrefillRegister():
+                return self.prefill_register(body)
+            case PrefillPoll():
+                return self.prefill_poll(body)
+            case DecodeRegister():
+                return self.decode_register(body)
+            case TransferRequest():
+                return self.transfer_request(body)
+            case StatusReports():
+                return self.status_reports(body)
+            case StatusQuery():
+                return self.status_query(body)
+            case Cancel():
+                return self.cancel(body)
+        raise ProtocolError(RefusalCode.UNEXPECTED, f"a bootstrap endpoint does not take {body.type!r} messages")
+
+    @property
+    def ready(self) -> bool:
+        return len(self.ranks) == self.prefill.world
+
+    # ------------------------------------------------------------------ handlers
+
+    def hello(self, msg: Hello) -> Welcome:
+        try:
+            theirs = parse_wire(msg.wire)
+        except ValueError as e:
+            raise ProtocolError(RefusalCode.MALFORMED, str(e)) from None
+        if not WIRE.talks_to(theirs):
+            raise ProtocolError(RefusalCode.VERSION, f"{msg.role.value} {msg.instance} (runtime {msg.runtime_version}) "
+                                f"speaks wire protocol {theirs}; this prefill pod (runtime "
+                                f"{CURRENT_RUNTIME_VERSION}) speaks {WIRE}")
+        return Welcome(runtime_version=CURRENT_RUNTIME_VERSION, wire=str(WIRE), prefill_tp=self.prefill.tp,
+                       prefill_pp=self.prefill.pp, ready=self.ready)
+
+    def prefill_register(self, msg: PrefillRegister) -> Ack:
+        key = msg.rank.rank.pair
+        if msg.rank.shape != self.prefill:
+            raise ProtocolError(RefusalCode.CONFLICT, f"rank registers shape {msg.rank.shape}, this pod is "
+                                f"{self.prefill}")
+        if key in self.ranks:
+            # A rank registers once per coordinator: again means it restarted (or lost its state), so
+            # what was queued for the old one is void and it must learn every decode rank anew.
+            self._fail_source(key, FailureReason.PEER_RESTARTED, f"prefill rank {key} registered again "
+                              "(restarted): its unfinished requests are lost")
+        self.ranks[key] = msg
+        self.last_seen[key] = self._clock()
+        self._events[key] = []
+        self._seq.setdefault(key, 0)
+        for (_inst, dst), dec in self.decodes.items():
+            if key in self._sources(dec.rank.shape, dst):
+                self._push(key, decode=dec)
+        self._changed()
+        return Ack()
+
+    def prefill_poll(self, msg: PrefillPoll) -> PrefillWork:
+        key = msg.rank.pair
+        if key not in self.ranks:
+            raise ProtocolError(RefusalCode.UNKNOWN_PEER, f"prefill rank {key} has not registered")
+        self.last_seen[key] = self._clock()
+        log = self._events[key]
+        if log and msg.ack >= log[0].seq:
+            self._events[key] = log = [e for e in log if e.seq > msg.ack]
+        return PrefillWork(siblings=tuple(self.ranks[k] for k in sorted(self.ranks)), events=tuple(log))
+
+    def decode_register(self, msg: DecodeRegister) -> DecodeRegistered:
+        if not self.ready:
+            raise ProtocolError(RefusalCode.NOT_READY, f"{len(self.ranks)} of {self.prefill.world} prefill ranks "
+                                "registered")
+        shape, dst = msg.rank.shape, msg.rank.rank.pair
+        try:
+            sources = self._sources(shape, dst)
+        except PlanError as e:
+            raise ProtocolError(RefusalCode.CONFLICT, f"decode shape {shape} cannot pair with prefill "
+                                f"{self.prefill}: {e}") from None
+        for (inst, _), other in self.decodes.items():
+            if inst == msg.instance and other.rank.shape != shape:
+                raise ProtocolError(RefusalCode.CONFLICT, f"decode instance {inst} registered shape "
+                                    f"{other.rank.shape} before, now {shape}")
+        key = (msg.instance, dst)
+        if key not in self.decodes and len(self.decodes) >= self.limits.max_decode_ranks:
+            raise ProtocolError(RefusalCode.BUSY, f"{len(self.decodes)} decode ranks registered")
+        if self.decodes.get(key) != msg:
+            self.decodes[key] = msg
+            for src in sources:
+                self._push(src, decode=msg)
+            self._changed()
+        return DecodeRegistered(sources=tuple(RankKey(tp=t, pp=p) for t, p in sources))
+
+    def transfer_request(self, msg: TransferRequest) -> Ack:
+        dst = msg.dst.pair
+        dec = self.decodes.get((msg.instance, dst))
+        if dec is None:
+            raise ProtocolError(RefusalCode.UNKNOWN_PEER, f"decode rank {dst} of {msg.instance} has not registered")
+        key = (msg.instance, msg.request_id, dst)
+        have = self.pending.get(key)
+        if have is not None:
+            if have.request != msg:
+                raise ProtocolError(RefusalCode.CONFLICT, f"request {msg.request_id} was sent before with other "
+                                    "indices")
+            return Ack()
+        if len(self.pending) >= self.limits.max_requests:
+            raise ProtocolError(RefusalCode.BUSY, f"{len(self.pending)} requests pending")
+        sources = self._sources(dec.rank.shape, dst)
+        if sum(len(v) for v in self._events.values()) + len(sources) > self.limits.max_events:
+            raise ProtocolError(RefusalCode.BUSY, "event queues are full")
+        self.pending[key] = _Pending(msg, sources, self._clock())
+        for src in sources:
+            self._push(src, request=msg)
+        self._changed()
+        return Ack()
+
+    def status_reports(self, msg: StatusReports) -> Ack:
+        for r in msg.reports:  # check all first: a refused batch changes nothing
+            p = self.pending.get((r.instance, r.request_id, r.dst.pair))
+            if p is None or r.src.pair not in p.sources:
+                raise ProtocolError(RefusalCode.UNEXPECTED, f"no pending request {r.request_id} from "
+                                    f"{r.src.pair} to {r.dst.pair} of {r.instance}")
+        for r in msg.reports:
+            p = self.pending[(r.instance, r.request_id, r.dst.pair)]
+            prev = p.reports.get(r.src.pair)
+            if prev is None or not prev.state.terminal:  # the first outcome stands
+                p.reports[r.src.pair] = r
+            self._mark_finished(p)
+        self._changed()
+        return Ack()
+
+    def status_query(self, msg: StatusQuery) -> StatusReply:
+        now, out = self._clock(), []
+        for rid in msg.request_ids:
+            p = self.pending.get((msg.instance, rid, msg.dst.pair))
+            if p is None:
+                continue
+            for src in p.sources:
+                r = p.reports.get(src)
+                if (r is None or not r.state.terminal) and now - self.last_seen.get(src, 0.0) > self.limits.lease_s:
+                    r = StatusReport(request_id=rid, instance=msg.instance, src=RankKey(tp=src[0], pp=src[1]),
+                                     dst=msg.dst, state=RequestState.FAILED, failure=FailureReason.PEER_LOST,
+                                     reason=f"prefill rank {src} stopped polling the bootstrap for more than "
+                                     f"{self.limits.lease_s:.1f}s (process gone?)")
+                if r is not None:
+                    out.append(r)
+        return StatusReply(reports=tuple(out))
+
+    def cancel(self, msg: Cancel) -> Ack:
+        hits = [p for (inst, rid, _), p in self.pending.items() if inst == msg.instance and rid == msg.request_id]
+        if not hits:
+            raise ProtocolError(RefusalCode.UNEXPECTED, f"no pending request {msg.request_id} of {msg.instance}")
+        for src in sorted({s for p in hits for s in p.sources}):
+            self._push(src, cancel=msg)
+        self._changed()
+        return Ack()
+
+    # ------------------------------------------------------------------ internals
+
+    def _sources(self, decode: ParallelShape, dst: Pair) -> tuple[Pair, ...]:
+        check_shapes(self.prefill, decode)
+        if not (0 <= dst[0] < decode.tp and 0 <= dst[1] < decode.pp):
+            raise PlanError(f"decode rank {dst} is outside {decode}")
+        return tuple(sorted(source_ranks(self.prefill, decode, dst[0], dst[1])))
+
+    def _push(self, src: Pair, **kind: object) -> None:
+        if src not in self._events:
+            return  # not registered yet: it gets the decodes on registration, requests need it registered
+        self._seq[src] += 1
+        self._events[src].append(WorkEvent(seq=self._seq[src], **kind))  # type: ignore[arg-type]
+
+    def _fail_source(self, src: Pair, failure: FailureReason, reason: str) -> None:
+        for (inst, rid, dst), p in self.pending.items():
+            r = p.reports.get(src)
+            if src in p.sources and (r is None or not r.state.terminal):
+                p.reports[src] = StatusReport(request_id=rid, instance=inst, src=RankKey(tp=src[0], pp=src[1]),
+                                              dst=RankKey(tp=dst[0], pp=dst[1]), state=RequestState.FAILED,
+                                              failure=failure, reason=reason)
+                self._mark_finished(p)
+
+    def _mark_finished(self, p: _Pending) -> None:
+        if p.finished is None and all(s in p.reports and p.reports[s].state.terminal for s in p.sources):
+            p.finished = self._clock()
+
+    def _purge(self) -> None:
+        now = self._clock()
+        keep = self.limits.retain_s
+        gone = [k for k, p in self.pending.items()
+                if (p.finished is not None and now - p.finished > keep)
+                or now - p.created > p.request.timeout_s + keep]
+        for k in gone:
+            del self.pending[k]
+
+    def _changed(self) -> None:
+        self.version += 1
+
+
+class BootstrapServer:
+    """aiohttp shell around ``BootstrapState``: authenticates, applies, signs the reply, serves long polls."""
+
+    def __init__(self, state: BootstrapState, codec: Codec, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.state, self.codec, self.host, self.port = state, codec, host, port
+        self._cond: asyncio.Condition | None = None
+        self._runner: web.AppRunner | None = None
+        self.refused: dict[RefusalCode, int] = {}
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.host, self.port)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.codec.max_bytes)
+        app.router.add_post(MESSAGES_PATH, self._messages)
+        app.router.add_get("/v1/healthz", self._healthz)
+        return app
+
+    async def start(self) -> Endpoint:
+        self._cond = asyncio.Condition()
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        # Bind here so that port 0 (tests) yields the chosen port; the fixed port in pods.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+        return self.endpoint
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"ready": self.state.ready, "boot": self.codec.boot})
+
+    def _reply(self, body: Body, status: int, reply_to: str | None) -> web.Response:
+        raw, sig, _ = self.codec.seal(body, reply_to=reply_to)
+        return web.Response(body=raw, status=status, content_type="application/json",
+                            headers={SIGNATURE_HEADER: sig})
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        reply_to = None
+        try:
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise ProtocolError(RefusalCode.TOO_LARGE, f"message over {self.codec.max_bytes} bytes") from None
+            opened = self.codec.open(raw, request.headers.get(SIGNATURE_HEADER))
+            reply_to = opened.envelope.nonce
+            body = opened.body
+            before = self.state.version
+            reply = self.state.handle(body)
+            if self.state.version != before:
+                await self._notify()
+            if isinstance(body, PrefillPoll | StatusQuery) and body.wait_s > 0 and _empty(reply):
+                await self._wait(body.wait_s)
+                reply = self.state.handle(body)
+            return self._reply(reply, 200, reply_to)
+        except ProtocolError as e:
+            self.refused[e.code] = self.refused.get(e.code, 0) + 1
+            return self._reply(e.refusal(), _STATUS[e.code], reply_to)
+
+    async def _wait(self, seconds: float) -> None:
+        assert self._cond is not None
+        start = self.state.version
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds), self._cond:
+                await self._cond.wait_for(lambda: self.state.version != start)
+
+    async def _notify(self) -> None:
+        assert self._cond is not None
+        async with self._cond:
+            self._cond.notify_all()
+
+
+def _empty(reply: Body) -> bool:
+    if isinstance(reply, PrefillWork):
+        return not reply.events
+    if isinstance(reply, StatusReply):
+        return not reply.reports or not all(r.state.terminal for r in reply.reports)
+    return False

@@ -1,0 +1,293 @@
+"""The decode rank's side: find the prefill pod, handshake, register once, then per request send indices
+and wait until every source rank it pairs with reported.
+
+Per request (``DecodeRank.transfer``): Bootstrapping (resolve, ``Hello``, ``DecodeRegister``; the
+link is kept for later requests) -> WaitingForInput (sending the destination indices) ->
+Transferring (long-polling statuses) -> Success once *every* source rank reported Success (ranks
+that send nothing report too) | Failed with a kind and a reason: a source failed, the pod is
+unreachable for ``unreachable_grace_s``, the pod restarted (its ``boot`` id changed), or the
+request's deadline passed. On failure the request's destination items are released at once and
+the pod is told to drop the request (best effort); the link is dropped so the next request
+re-resolves the Service and handshakes with whatever pod answers now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pdfleet_runtime.engines.base import PeerInfo
+from pdfleet_runtime.records import RankRegistration, RequestIndices
+from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION
+
+from .auth import Codec, ProtocolError
+from .client import BootstrapClient, BootstrapUnreachable, Reply
+from .discovery import Endpoint, ResolveError, Resolver
+from .messages import (
+    WIRE,
+    Cancel,
+    DecodeRegister,
+    DecodeRegistered,
+    Hello,
+    IndicesModel,
+    RankKey,
+    RankModel,
+    RefusalCode,
+    Role,
+    StatusQuery,
+    StatusReply,
+    StatusReport,
+    TransferRequest,
+    Welcome,
+    parse_wire,
+)
+from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
+
+__all__ = ["DecodeRank", "DecodeSettings", "HandshakeRefused", "TransferOutcome"]
+
+log = logging.getLogger(__name__)
+Pair = tuple[int, int]
+_SEND_ATTEMPTS = 3
+_RELINK = frozenset({FailureReason.PEER_UNREACHABLE, FailureReason.PEER_RESTARTED})
+
+
+class HandshakeRefused(ProtocolError):
+    """The prefill pod and this rank cannot talk (versions, shapes); the reason names both sides."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Timing of one decode rank. ``timeouts.transferring_s`` is the default request budget."""
+
+    timeouts: StateTimeouts = field(default_factory=StateTimeouts)
+    rpc_timeout_s: float = 5.0
+    status_wait_s: float = 1.0
+    unreachable_grace_s: float = 2.0
+    cancel_timeout_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class TransferOutcome:
+    request_id: str
+    state: RequestState
+    failure: FailureReason | None
+    reason: str
+    reports: tuple[StatusReport, ...]
+    seconds: float
+    endpoint: Endpoint | None = None
+
+
+class _Failed(Exception):
+    def __init__(self, failure: FailureReason, reason: str) -> None:
+        super().__init__(reason)
+        self.failure, self.reason = failure, reason
+
+
+@dataclass
+class _Link:
+    """A handshaken prefill pod: its address, its incarnation and the source ranks of this decode rank."""
+
+    endpoint: Endpoint
+    client: BootstrapClient
+    boot: str
+    sources: tuple[Pair, ...]
+    welcome: Welcome
+
+
+class DecodeRank:
+    """Coordinator of one decode rank. ``release(request_id)`` frees the request's pages, slots and rows."""
+
+    def __init__(self, registration: RankRegistration, engine_info: PeerInfo, resolver: Resolver, codec: Codec, *,
+                 instance: str, settings: DecodeSettings | None = None,
+                 release: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 runtime_version: str = CURRENT_RUNTIME_VERSION, wire: str = str(WIRE)) -> None:
+        self.registration, self.resolver, self.codec, self.instance = registration, resolver, codec, instance
+        self.settings = settings or DecodeSettings()
+        self.me: Pair = (registration.tp_rank, registration.pp_rank)
+        self._register_msg = DecodeRegister(instance=instance, rank=RankModel.of(registration),
+                                            engine=engine_info.to_wire())
+        self._release, self._clock = release, clock
+        self._runtime_version, self._wire = runtime_version, wire
+        self.tracker = RequestTracker(self.settings.timeouts, clock)
+        self._link: _Link | None = None
+        self._link_lock = asyncio.Lock()
+        self.handshakes = 0
+
+    async def close(self) -> None:
+        if self._link is not None:
+            await self._link.client.close()
+            self._link = None
+
+    @property
+    def link_endpoint(self) -> Endpoint | None:
+        return None if self._link is None else self._link.endpoint
+
+    # ------------------------------------------------------------------ handshake
+
+    async def connect(self, *, timeout_s: float | None = None) -> None:
+        """Handshake now (also done lazily by ``transfer``); raises ``HandshakeRefused`` or ``_Failed``."""
+        deadline = self._clock() + (timeout_s or self.settings.timeouts.bootstrapping_s)
+        await self._ensure_link(deadline)
+
+    async def _ensure_link(self, deadline: float) -> _Link:
+        async with self._link_lock:
+            if self._link is not None:
+                return self._link
+            delay, last = 0.05, "no attempt"
+            while self._clock() < deadline:
+                try:
+                    endpoints = await asyncio.to_thread(self.resolver.resolve)
+                    self._link = await self._handshake(endpoints[0], deadline)
+                    return self._link
+                except (ResolveError, BootstrapUnreachable) as e:
+                    last = str(e)
+                except ProtocolError as e:
+                    if e.code is RefusalCode.VERSION:
+                        raise HandshakeRefused(e.code, e.reason) from None
+                    if not e.code.retryable:
+                        raise _Failed(FailureReason.REFUSED, f"prefill pod refused the handshake: {e}") from None
+                    last = str(e)
+                await asyncio.sleep(min(delay, max(0.0, deadline - self._clock())))
+                delay = min(delay * 2, 0.5)
+            raise _Failed(FailureReason.PEER_UNREACHABLE, f"no prefill pod handshake before the deadline: {last}")
+
+    async def _handshake(self, endpoint: Endpoint, deadline: float) -> _Link:
+        client = BootstrapClient(endpoint, self.codec)
+        try:
+            hello = Hello(role=Role.DECODE, runtime_version=self._runtime_version, wire=self._wire,
+                          instance=self.instance)
+            reply = await client.call(hello, timeout_s=self._rpc(deadline))
+            welcome = reply.body
+            assert isinstance(welcome, Welcome)
+            theirs = parse_wire(welcome.wire)
+            if not parse_wire(self._wire).talks_to(theirs):
+                raise HandshakeRefused(RefusalCode.VERSION, f"prefill pod {endpoint} (runtime "
+                                       f"{welcome.runtime_version}) speaks wire protocol {theirs}; this decode "
+                                       f"rank (runtime {self._runtime_version}) speaks {self._wire}")
+            reg = await client.call(self._register_msg, timeout_s=self._rpc(deadline))
+            assert isinstance(reg.body, DecodeRegistered)
+            if reg.boot != reply.boot:
+                raise BootstrapUnreachable(f"prefill pod {endpoint} restarted during the handshake")
+        except BaseException:
+            await client.close()
+            raise
+        self.handshakes += 1
+        return _Link(endpoint, client, reply.boot, tuple(s.pair for s in reg.body.sources), welcome)
+
+    async def _drop_link(self, link: _Link) -> None:
+        async with self._link_lock:
+            if self._link is link:
+                self._link = None
+        await link.client.close()
+
+    def _rpc(self, deadline: float) -> float:
+        return max(0.05, min(self.settings.rpc_timeout_s, deadline - self._clock()))
+
+    # ------------------------------------------------------------------ requests
+
+    async def transfer(self, request_id: str, indices: RequestIndices, *,
+                       timeout_s: float | None = None) -> TransferOutcome:
+        """Move one request's state into this rank's items ``indices``; never raises for a failed transfer."""
+        t0 = self._clock()
+        budget = timeout_s or self.settings.timeouts.transferring_s
+        deadline = t0 + budget
+        self.tracker.start(request_id, deadline=deadline)
+        reports: dict[Pair, StatusReport] = {}
+        link: _Link | None = None
+        try:
+            link = await self._ensure_link(deadline)
+            self.tracker.advance(request_id, RequestState.WAITING_FOR_INPUT, deadline=deadline)
+            idx = IndicesModel.of(indices)
+            for attempt in range(_SEND_ATTEMPTS):
+                req = TransferRequest(request_id=request_id, instance=self.instance,
+                                      dst=RankKey(tp=self.me[0], pp=self.me[1]), indices=idx,
+                                      timeout_s=max(0.001, deadline - self._clock()))
+                try:
+                    await self._call(link, req, deadline, grace_s=0.0)
+                    break
+                except _Failed as e:
+                    # Nobody accepted the request yet, so another pod may take it: a kept link to a pod that
+                    # restarted or moved is dropped, the Service re-resolved and the handshake redone.
+                    if e.failure not in _RELINK or attempt == _SEND_ATTEMPTS - 1:
+                        raise
+                    log.info("decode rank %s: %s; re-resolving", self.me, e.reason)
+                    link = await self._ensure_link(deadline)
+            self.tracker.advance(request_id, RequestState.TRANSFERRING, deadline=deadline)
+            await self._collect(link, request_id, reports, deadline)
+            self.tracker.advance(request_id, RequestState.SUCCESS)
+        except _Failed as e:
+            self.tracker.fail(request_id, e.failure, e.reason)
+        except HandshakeRefused as e:
+            self.tracker.fail(request_id, FailureReason.REFUSED, e.reason)
+        except ProtocolError as e:
+            self.tracker.fail(request_id, FailureReason.REFUSED, f"prefill pod refused: {e}")
+        rec = self.tracker.get(request_id)
+        if rec.state is RequestState.FAILED:
+            await self._after_failure(link, request_id, rec.reason)
+        return TransferOutcome(request_id, rec.state, rec.failure, rec.reason, tuple(reports.values()),
+                               self._clock() - t0, link.endpoint if link else None)
+
+    async def _call(self, link: _Link, body: TransferRequest | StatusQuery, deadline: float,
+                    grace_s: float | None = None) -> Reply:
+        """One call with retries on ``busy``; unreachable past the grace period or a new boot id fails it."""
+        grace = self.settings.unreachable_grace_s if grace_s is None else grace_s
+        down_since: float | None = None
+        while True:
+            if self._clock() >= deadline:
+                raise _Failed(FailureReason.TIMEOUT, f"deadline passed waiting for prefill pod {link.endpoint}")
+            try:
+                reply = await link.client.call(body, timeout_s=self._rpc(deadline) + getattr(body, "wait_s", 0.0))
+            except BootstrapUnreachable as e:
+                now = self._clock()
+                down_since = down_since if down_since is not None else now
+                if now - down_since >= grace:
+                    await self._drop_link(link)
+                    raise _Failed(FailureReason.PEER_UNREACHABLE, f"prefill pod {link.endpoint} unreachable for "
+                                  f"{now - down_since:.1f}s: {e}") from None
+                await asyncio.sleep(0.1)
+                continue
+            except ProtocolError as e:
+                if e.code.retryable:
+                    await asyncio.sleep(0.05)
+                    continue
+                if e.code is RefusalCode.UNKNOWN_PEER:  # the pod lost our registration: it restarted
+                    await self._drop_link(link)
+                    raise _Failed(FailureReason.PEER_RESTARTED, f"prefill pod {link.endpoint} forgot this rank: "
+                                  f"{e.reason}") from None
+                raise
+            if reply.boot != link.boot:
+                await self._drop_link(link)
+                raise _Failed(FailureReason.PEER_RESTARTED, f"prefill pod {link.endpoint} restarted (boot "
+                              f"{link.boot} -> {reply.boot}); its state for this request is gone")
+            return reply
+
+    async def _collect(self, link: _Link, request_id: str, reports: dict[Pair, StatusReport],
+                       deadline: float) -> None:
+        query_dst = RankKey(tp=self.me[0], pp=self.me[1])
+        while True:
+            wait = max(0.0, min(self.settings.status_wait_s, deadline - self._clock() - 0.05))
+            reply = await self._call(link, StatusQuery(instance=self.instance, dst=query_dst,
+                                                       request_ids=(request_id,), wait_s=wait), deadline)
+            assert isinstance(reply.body, StatusReply)
+            for r in reply.body.reports:
+                if r.request_id == request_id and r.src.pair in link.sources:
+                    reports[r.src.pair] = r
+            failed = [r for r in reports.values() if r.state is RequestState.FAILED]
+            if failed:
+                f = failed[0]
+                raise _Failed(FailureReason.SOURCE_FAILED, f"prefill rank {f.src.pair} reported "
+                              f"{f.failure.value if f.failure else 'failure'}: {f.reason}")
+            if all(s in reports and reports[s].state is RequestState.SUCCESS for s in link.sources):
+                return
+
+    async def _after_failure(self, link: _Link | None, request_id: str, reason: str) -> None:
+        if link is not None and self._link is link:
+            with contextlib.suppress(BootstrapUnreachable, ProtocolError):
+                await link.client.call(Cancel(request_id=request_id, instance=self.instance, reason=reason[:3000]),
+                                       timeout_s=self.settings.cancel_timeout_s)
+        if self._release is not None:
+            self._release(request_id)

@@ -1,0 +1,422 @@
+"""The prefill rank's transfer coordinator: register, take work from the pod's bootstrap, plan, write, report.
+
+One asyncio task polls the bootstrap (heartbeat and events), one sends status reports, one
+expires deadlines; writes run on a worker thread (engines are blocking), one at a time per engine.
+A request becomes known either from the local scheduler (``add_request``: its state is ready in
+this rank's pools) or from a decode rank's ``TransferRequest``; it moves
+Bootstrapping -> WaitingForInput (every decode rank it serves sent indices) -> Transferring ->
+Success | Failed. Every decode rank this source pairs with gets a status, also when this rank's
+plan holds no block for it (not elected, or a PP stage without that layer). When the request is
+terminal its source items are released (``release`` callback), whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pdfleet_runtime.engines.base import PeerId, PeerInfo, TransferEngine
+from pdfleet_runtime.engines.errors import EngineError
+from pdfleet_runtime.layouts import StateType
+from pdfleet_runtime.planner import (
+    STATE_ORDER,
+    Blocks,
+    PairPlan,
+    PlanError,
+    compile_destination,
+    source_ranks,
+)
+from pdfleet_runtime.records import RankRegistration, RequestIndices
+
+from .auth import ProtocolError
+from .client import BootstrapClient, BootstrapUnreachable
+from .messages import (
+    Cancel,
+    DecodeRegister,
+    PrefillPoll,
+    PrefillRegister,
+    PrefillWork,
+    RankKey,
+    RankModel,
+    StatusReport,
+    StatusReports,
+    TransferRequest,
+)
+from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
+
+__all__ = ["PrefillRank", "PrefillSettings"]
+
+log = logging.getLogger(__name__)
+Pair = tuple[int, int]
+LegKey = tuple[str, Pair]  # (decode instance, decode rank)
+
+
+@dataclass(frozen=True)
+class PrefillSettings:
+    """Timing of one prefill rank. ``poll_wait_s`` must stay well under the bootstrap's lease (5 s)."""
+
+    timeouts: StateTimeouts = field(default_factory=StateTimeouts)
+    poll_wait_s: float = 1.0
+    rpc_timeout_s: float = 5.0
+    register_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
+    tick_s: float = 0.1
+
+
+@dataclass
+class _Decode:
+    msg: DecodeRegister
+    registration: RankRegistration
+    peer: PeerId | None = None
+    plan: PairPlan | None = None
+    error: str = ""
+
+
+@dataclass
+class _Leg:
+    request: TransferRequest
+    state: RequestState = RequestState.WAITING_FOR_INPUT
+    report: StatusReport | None = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    src: RequestIndices | None = None
+    legs: dict[LegKey, _Leg] = field(default_factory=dict)
+    expected: frozenset[LegKey] | None = None
+    released: bool = False
+    writing: bool = False
+    """A write task runs: source items are freed only after it returns (the engine may still read them)."""
+
+
+class PrefillRank:
+    """Coordinator of one prefill rank (one process, one engine)."""
+
+    def __init__(self, registration: RankRegistration, engine: TransferEngine, engine_info: PeerInfo,
+                 client: BootstrapClient, *, settings: PrefillSettings | None = None,
+                 release: Callable[[str], None] | None = None,
+                 before_write: Callable[[str], Awaitable[None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registration, self.engine, self.client = registration, engine, client
+        self.settings = settings or PrefillSettings()
+        self.me: Pair = (registration.tp_rank, registration.pp_rank)
+        self._engine_info = engine_info
+        self._release, self._before_write = release, before_write
+        self.tracker = RequestTracker(self.settings.timeouts, clock)
+        self._clock = clock
+        self._siblings: dict[Pair, RankRegistration] = {}
+        self._decodes: dict[LegKey, _Decode] = {}
+        self._requests: dict[str, _Request] = {}
+        self._outbox: list[StatusReport] = []
+        self._outbox_event = asyncio.Event()
+        self._ack = 0
+        self._engine_lock = threading.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.polls_failed = 0
+
+    # ------------------------------------------------------------------ public
+
+    async def register(self) -> None:
+        """Register with the pod's bootstrap, retrying while it is not up (bounded)."""
+        msg = PrefillRegister(rank=RankModel.of(self.registration), engine=self._engine_info.to_wire())
+        deadline = self._clock() + self.settings.register_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                await self.client.call(msg, timeout_s=self.settings.rpc_timeout_s)
+                return
+            except BootstrapUnreachable:
+                if self._clock() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def add_request(self, request_id: str, indices: RequestIndices) -> RequestState:
+        """The local scheduler says: this request's state is in the pools at ``indices``; they are ours now.
+
+        A request the decode side already gave up on (cancelled, timed out) is released at once and
+        reported Failed, so its items never leak.
+        """
+        req = self._request(request_id)
+        if req is None:
+            if self._release is not None:
+                self._release(request_id)
+            return RequestState.FAILED
+        if req.src is not None:
+            raise ValueError(f"request {request_id} was added twice")
+        req.src = indices
+        self._progress(req)
+        return self.tracker.get(request_id).state
+
+    def outcome(self, request_id: str) -> RequestState | None:
+        return self.tracker.get(request_id).state if request_id in self.tracker else None
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for r in self._requests.values() if not r.released)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll, report and expire until ``stop`` is set (then flush reports for a moment)."""
+        tasks = [asyncio.create_task(self._poll_loop(stop)), asyncio.create_task(self._report_loop(stop)),
+                 asyncio.create_task(self._tick_loop(stop))]
+        try:
+            await stop.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._flush(), timeout=self.settings.rpc_timeout_s)
+            for t in [*tasks, *self._tasks]:
+                t.cancel()
+            await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ loops
+
+    async def _poll_loop(self, stop: asyncio.Event) -> None:
+        delay = 0.05
+        while not stop.is_set():
+            try:
+                reply = await self.client.call(
+                    PrefillPoll(rank=RankKey(tp=self.me[0], pp=self.me[1]), ack=self._ack,
+                                wait_s=self.settings.poll_wait_s),
+                    timeout_s=self.settings.poll_wait_s + self.settings.rpc_timeout_s)
+            except (BootstrapUnreachable, ProtocolError) as e:
+                self.polls_failed += 1
+                log.warning("prefill rank %s: poll failed: %s", self.me, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.05
+            assert isinstance(reply.body, PrefillWork)
+            await self._apply(reply.body)
+
+    async def _report_loop(self, stop: asyncio.Event) -> None:
+        delay = 0.05
+        while not stop.is_set():
+            await self._outbox_event.wait()
+            self._outbox_event.clear()
+            try:
+                await self._flush()
+                delay = 0.05
+            except (BootstrapUnreachable, ProtocolError) as e:  # kept: sent again when the pod answers
+                log.warning("prefill rank %s: status report failed: %s", self.me, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                self._outbox_event.set()
+
+    async def _flush(self) -> None:
+        """Send queued statuses in batches; a batch the pod refuses for good is retried one by one and
+        the refused reports dropped (for example a request the pod already forgot), never retried forever."""
+        while self._outbox:
+            batch = self._outbox[:512]
+            try:
+                await self.client.call(StatusReports(reports=tuple(batch)), timeout_s=self.settings.rpc_timeout_s)
+            except ProtocolError as e:
+                if e.code.retryable:
+                    raise
+                for r in batch:
+                    try:
+                        await self.client.call(StatusReports(reports=(r,)), timeout_s=self.settings.rpc_timeout_s)
+                    except ProtocolError as one:
+                        if one.code.retryable:
+                            raise
+                        log.warning("prefill rank %s: pod refused status of %s: %s", self.me, r.request_id, one)
+                    self._outbox.remove(r)
+                continue
+            del self._outbox[: len(batch)]
+
+    async def _tick_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for rec in self.tracker.expire():
+                req = self._requests.get(rec.request_id)
+                if req is not None:
+                    self._fail_request(req, FailureReason.TIMEOUT, rec.reason)
+            self.tracker.purge()
+            await asyncio.sleep(self.settings.tick_s)
+
+    # ------------------------------------------------------------------ events
+
+    async def _apply(self, work: PrefillWork) -> None:
+        for sib in work.siblings:
+            self._siblings[sib.rank.rank.pair] = sib.rank.registration()
+        for ev in work.events:
+            if ev.seq <= self._ack:
+                continue  # re-sent after a lost reply: already applied
+            if ev.decode is not None:
+                await self._on_decode(ev.decode)
+            elif ev.request is not None:
+                self._on_request(ev.request)
+            elif ev.cancel is not None:
+                self._on_cancel(ev.cancel)
+            self._ack = ev.seq
+
+    async def _on_decode(self, msg: DecodeRegister) -> None:
+        key = (msg.instance, msg.rank.rank.pair)
+        old = self._decodes.get(key)
+        if old is not None and old.msg == msg:
+            return
+        dec = _Decode(msg, msg.rank.registration())
+        self._decodes[key] = dec
+        if old is not None and old.peer is not None:
+            await asyncio.to_thread(self._locked, self.engine.forget, old.peer)
+        try:
+            dec.peer = await asyncio.to_thread(self._locked, self.engine.connect, PeerInfo.from_wire(msg.engine))
+        except EngineError as e:
+            dec.error = f"cannot connect to decode rank {key[1]} of {key[0]}: {e}"
+            log.warning("prefill rank %s: %s", self.me, dec.error)
+
+    def _on_request(self, msg: TransferRequest) -> None:
+        leg_key = (msg.instance, msg.dst.pair)
+        req = self._request(msg.request_id, deadline=self._clock() + msg.timeout_s)
+        if req is None or leg_key in req.legs:
+            return
+        req.legs[leg_key] = _Leg(msg)
+        if req.expected is None:
+            dec = self._decodes.get(leg_key)
+            if dec is None:
+                self._report(req, _Leg(msg), RequestState.FAILED, FailureReason.PLAN,
+                             f"decode rank {leg_key[1]} of {msg.instance} sent a request before registering")
+                return
+            shape = dec.registration.shape
+            P = self.registration.shape
+            req.expected = frozenset(
+                (msg.instance, d) for d in shape.coords() if self.me in source_ranks(P, shape, d[0], d[1]))
+        self._progress(req)
+
+    def _on_cancel(self, msg: Cancel) -> None:
+        req = self._requests.get(msg.request_id)
+        if req is not None:
+            self._fail_request(req, FailureReason.CANCELLED, f"decode cancelled: {msg.reason or 'no reason given'}")
+
+    # ------------------------------------------------------------------ request progress
+
+    def _request(self, request_id: str, *, deadline: float | None = None) -> _Request | None:
+        req = self._requests.get(request_id)
+        if req is None:
+            if request_id in self.tracker:
+                return None  # finished and released earlier
+            self.tracker.start(request_id, deadline=deadline)
+            req = self._requests[request_id] = _Request(request_id)
+        return req
+
+    def _progress(self, req: _Request) -> None:
+        rec = self.tracker.get(req.request_id)
+        if rec.state is RequestState.BOOTSTRAPPING and req.expected is not None and req.expected <= set(req.legs):
+            self.tracker.advance(req.request_id, RequestState.WAITING_FOR_INPUT)
+            rec = self.tracker.get(req.request_id)
+        if rec.state is RequestState.WAITING_FOR_INPUT and req.src is not None:
+            self.tracker.advance(req.request_id, RequestState.TRANSFERRING)
+            task = asyncio.get_running_loop().create_task(self._transfer(req))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _transfer(self, req: _Request) -> None:
+        req.writing = True
+        try:
+            if self._before_write is not None:
+                await self._before_write(req.request_id)
+            for key, leg in sorted(req.legs.items()):
+                if self.tracker.get(req.request_id).state.terminal:
+                    break  # failed meanwhile (timeout or cancel): every leg was reported
+                leg.state = RequestState.TRANSFERRING
+                await self._write_leg(req, key, leg)
+            else:
+                self._finish(req)
+        finally:
+            req.writing = False
+            if self.tracker.get(req.request_id).state.terminal:
+                self._free(req)
+
+    async def _write_leg(self, req: _Request, key: LegKey, leg: _Leg) -> None:
+        dec = self._decodes.get(key)
+        if dec is None or dec.peer is None:
+            why = dec.error if dec is not None else f"decode rank {key[1]} of {key[0]} is not registered"
+            self._report(req, leg, RequestState.FAILED, FailureReason.PEER_UNREACHABLE, why)
+            return
+        t0 = time.perf_counter()
+        try:
+            if dec.plan is None:
+                dec.plan = self._compile(key, dec)
+            assert req.src is not None
+            blocks = dec.plan.plan(req.src, leg.request.indices.indices())
+        except PlanError as e:
+            self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"planning for {key[1]}: {e}")
+            return
+        t1 = time.perf_counter()
+        if blocks.descriptors:
+            try:
+                await asyncio.to_thread(self._locked, self.engine.write, dec.peer, blocks,
+                                        timeout_s=self.settings.write_timeout_s)
+            except EngineError as e:
+                failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
+                           else FailureReason.ENGINE)
+                self._report(req, leg, RequestState.FAILED, failure, f"write to decode rank {key[1]}: {e}")
+                return
+        self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
+                     write_s=time.perf_counter() - t1)
+
+    def _compile(self, key: LegKey, dec: _Decode) -> PairPlan:
+        P, D = self.registration.shape, dec.registration.shape
+        wanted = source_ranks(P, D, key[1][0], key[1][1])
+        missing = [s for s in wanted if s not in self._siblings]
+        if missing:
+            raise PlanError(f"prefill ranks {missing} have not registered with the pod")
+        dest = compile_destination(dec.registration, [self._siblings[s] for s in wanted])
+        mine = [p for p in dest.pairs if p.src_rank == self.registration.rank]
+        if len(mine) != 1:
+            raise PlanError(f"rank {self.me} is not a source of decode rank {key[1]}")
+        return mine[0]
+
+    def _report(self, req: _Request, leg: _Leg, state: RequestState, failure: FailureReason | None, reason: str,
+                *, blocks: Blocks | None = None, plan_s: float = 0.0, write_s: float = 0.0) -> None:
+        if leg.report is not None:
+            return  # one status per leg
+        leg.state = state
+        m = leg.request
+        by_state, desc_by_state = {}, {}
+        if blocks is not None and blocks.descriptors:
+            by_state = {StateType(k): v for k, v in blocks.bytes_by_state().items()}
+            codes, counts = np.unique(blocks.state, return_counts=True)
+            desc_by_state = {STATE_ORDER[int(c)]: int(n) for c, n in zip(codes, counts, strict=True)}
+        leg.report = StatusReport(
+            request_id=m.request_id, instance=m.instance, src=RankKey(tp=self.me[0], pp=self.me[1]), dst=m.dst,
+            state=state, failure=failure, reason=reason, bytes=blocks.bytes if blocks is not None else 0,
+            descriptors=blocks.descriptors if blocks is not None else 0, bytes_by_state=by_state,
+            descriptors_by_state=desc_by_state, plan_seconds=plan_s, write_seconds=write_s)
+        self._outbox.append(leg.report)
+        self._outbox_event.set()
+
+    def _finish(self, req: _Request) -> None:
+        reports = [leg.report for leg in req.legs.values()]
+        failed = [r for r in reports if r is None or r.state is RequestState.FAILED]
+        if failed:
+            first = failed[0]
+            self.tracker.fail(req.request_id, first.failure if first and first.failure else FailureReason.ENGINE,
+                              first.reason if first else "a leg ended without a status")
+        else:
+            self.tracker.advance(req.request_id, RequestState.SUCCESS)
+        self._free(req)
+
+    def _fail_request(self, req: _Request, failure: FailureReason, reason: str) -> None:
+        self.tracker.fail(req.request_id, failure, reason)
+        for leg in req.legs.values():
+            if leg.report is None:
+                self._report(req, leg, RequestState.FAILED, failure, reason)
+        self._free(req)
+
+    def _free(self, req: _Request) -> None:
+        if not req.released and not req.writing:
+            req.released = True
+            self._requests.pop(req.request_id, None)
+            if req.src is not None and self._release is not None:
+                self._release(req.request_id)
+
+    def _locked(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+        with self._engine_lock:
+            return fn(*args, **kwargs)
