@@ -67,6 +67,12 @@ class Writer:
                 content_type="application/merge-patch+json", field_manager=FIELD_MANAGER,
             )
             return Outcome(action, changed=True)
+        if action.kind is ActionKind.PATCH_META:
+            self._dyn.patch(
+                res, body={"metadata": action.body}, name=action.name, namespace=namespace,
+                content_type="application/merge-patch+json", field_manager=FIELD_MANAGER,
+            )
+            return Outcome(action, changed=True)
         if action.kind is ActionKind.DELETE:
             try:
                 self._dyn.delete(res, name=action.name, namespace=namespace)

@@ -15,7 +15,13 @@ from kubernetes.client.exceptions import ApiException
 from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.placement import NodeFacts, node_facts
 from pdfleet_operator.plan import ObservedPod, Owner, Snapshot
-from pdfleet_operator.resources.names import LABEL_INDEX, secret_name
+from pdfleet_operator.resources.names import (
+    ANNOTATION_DRAIN,
+    CONDITION_DRAINED,
+    LABEL_INDEX,
+    LABEL_ROUTABLE,
+    secret_name,
+)
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 
 __all__ = ["observe", "observe_nodes", "observed_pod"]
@@ -32,13 +38,16 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         return None
     role, revision, index = Role(parts[0]), parts[1], int(parts[2])
     labels = meta.get("labels") or {}
+    drain_started = _epoch((meta.get("annotations") or {}).get(ANNOTATION_DRAIN))
     labels_ok = (
         labels.get(LABEL_ROLE) == role.value
         and labels.get(LABEL_REVISION) == revision
         and labels.get(LABEL_INDEX) == str(index)
+        and labels.get(LABEL_ROUTABLE) == ("false" if drain_started is not None else "true")
     )
     conditions = (pod.get("status") or {}).get("conditions") or ()
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    drained = any(c.get("type") == CONDITION_DRAINED and c.get("status") == "True" for c in conditions)
     return ObservedPod(
         name=meta["name"],
         role=role,
@@ -47,7 +56,20 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         labels_ok=labels_ok,
+        drain_started=drain_started,
+        drained=drained,
     )
+
+
+def _epoch(value: object) -> float | None:
+    """The drain annotation's epoch seconds; an unreadable value counts as 'draining since 0'
+    (its deadline has passed), so a mangled annotation cannot keep a pod half-drained forever."""
+    if value is None:
+        return None
+    try:
+        return float(str(value))
+    except ValueError:
+        return 0.0
 
 
 def observe(api: ApiClient, owner: Owner) -> Snapshot:

@@ -13,13 +13,12 @@ maxUnavailable``); drains and the rollout step planner refine it (rollout issues
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pdfleet_operator.api.constants import API_VERSION, KIND, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.resources.names import secret_name
+from pdfleet_operator.resources.names import ANNOTATION_DRAIN, LABEL_ROUTABLE, secret_name
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
@@ -27,6 +26,7 @@ from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret
 from pdfleet_operator.resources.services import headless_service
+from pdfleet_operator.rollout import PodView, StepKind, plan_steps
 
 __all__ = [
     "Action",
@@ -36,6 +36,7 @@ __all__ = [
     "Snapshot",
     "budgets",
     "desired_children",
+    "drain_metadata",
     "plan",
 ]
 
@@ -44,6 +45,7 @@ class ActionKind(StrEnum):
     APPLY = "apply"  # server-side apply (create or restore drifted fields)
     CREATE = "create"  # create only if missing (pods, the auth secret)
     PATCH_LABELS = "patch-labels"  # restore a pod's identity labels
+    PATCH_META = "patch-meta"  # merge-patch a pod's metadata (drain start and cancel)
     DELETE = "delete"
 
 
@@ -75,6 +77,8 @@ class ObservedPod:
     ready: bool
     deleting: bool = False
     labels_ok: bool = True  # False when a user edited the identity labels away
+    drain_started: float | None = None  # epoch seconds of the drain annotation; None: not draining
+    drained: bool = False  # the runtime set the pdfleet.io/drained condition True
 
 
 @dataclass(frozen=True)
@@ -133,55 +137,48 @@ def budgets(spec: PDDeploymentSpec, replicas: int) -> tuple[int, int]:
     return surge, unavailable
 
 
-def _removal_order(pods: Iterable[ObservedPod]) -> list[ObservedPod]:
-    """Not-ready pods first, then the highest index: the cheapest pods to lose."""
-    return sorted(pods, key=lambda p: (p.ready, -p.index, p.name))
+def drain_metadata(now: float | None) -> dict:
+    """Pod metadata of a started (``now``) or cancelled (``None``) drain, as a merge patch."""
+    if now is None:
+        return {"labels": {LABEL_ROUTABLE: "true"}, "annotations": {ANNOTATION_DRAIN: None}}
+    return {"labels": {LABEL_ROUTABLE: "false"}, "annotations": {ANNOTATION_DRAIN: f"{now:.3f}"}}
 
 
-def _role_pod_actions(owner: Owner, spec: PDDeploymentSpec, role: Role, pods: list[ObservedPod]) -> list[Action]:
-    replicas = role_spec(spec, role).replicas
+def _role_pod_actions(
+    owner: Owner, spec: PDDeploymentSpec, role: Role, pods: list[ObservedPod], now: float
+) -> list[Action]:
+    rs = role_spec(spec, role)
     revision = role_revision(spec, role)
-    surge, unavailable = budgets(spec, replicas)
-    live = [p for p in pods if not p.deleting]
-    current = [p for p in live if p.revision == revision]
-    old = [p for p in live if p.revision != revision]
+    surge, unavailable = budgets(spec, rs.replicas)
     actions: list[Action] = []
-
-    def delete(p: ObservedPod, why: str) -> None:
-        actions.append(Action(ActionKind.DELETE, "v1", "Pod", p.name, reason=why))
-
-    for p in live:
-        if not p.labels_ok:
-            body = runtime_pod(owner.name, owner.namespace, spec, role, p.revision, p.index)["metadata"]["labels"]
-            actions.append(Action(ActionKind.PATCH_LABELS, "v1", "Pod", p.name, body=body, reason="labels edited"))
-
-    surplus = len(current) - replicas
-    for p in _removal_order(current)[: max(0, surplus)]:
-        delete(p, f"scale down {role.value} to {replicas}")
-
-    missing = replicas - len(current)
-    room = replicas + surge - len(pods)  # terminating pods still hold GPUs
-    if missing > 0 and room > 0:
-        used = {p.index for p in pods}
-        free = (i for i in range(len(pods) + replicas + 1) if i not in used)
-        for _ in range(min(missing, room)):
-            idx = next(free)
-            body = _owned(runtime_pod(owner.name, owner.namespace, spec, role, revision, idx), owner)
+    for p in pods:
+        if not p.labels_ok and not p.deleting:
+            labels = runtime_pod(owner.name, owner.namespace, spec, role, p.revision, p.index)["metadata"]["labels"]
+            if p.drain_started is not None:
+                labels[LABEL_ROUTABLE] = "false"
+            actions.append(Action(ActionKind.PATCH_LABELS, "v1", "Pod", p.name, body=labels, reason="labels edited"))
+    views = [PodView(p.name, p.revision, p.index, p.ready, p.deleting, p.drain_started, p.drained) for p in pods]
+    steps = plan_steps(views, replicas=rs.replicas, revision=revision, surge=surge, unavailable=unavailable,
+                       drain_timeout=spec.rollout.drain_timeout_seconds, now=now, paused=spec.rollout.paused)
+    for s in steps:
+        if s.kind is StepKind.CREATE:
+            assert s.index is not None
+            body = _owned(runtime_pod(owner.name, owner.namespace, spec, role, revision, s.index), owner)
             actions.append(Action(ActionKind.CREATE, "v1", "Pod", body["metadata"]["name"], body=body,
-                                  reason=f"{role.value} replica {idx} of revision {revision}"))
-
-    ready = sum(p.ready for p in current) + sum(p.ready for p in old)
-    removable_ready = ready - (replicas - unavailable)
-    for p in _removal_order(old):
-        if not p.ready:
-            delete(p, f"outdated revision {p.revision} (not ready)")
-        elif removable_ready > 0:
-            removable_ready -= 1
-            delete(p, f"outdated revision {p.revision}")
+                                  reason=f"{role.value} {s.reason}"))
+        elif s.kind is StepKind.START_DRAIN:
+            actions.append(Action(ActionKind.PATCH_META, "v1", "Pod", s.pod or "", body=drain_metadata(now),
+                                  reason=f"drain started ({s.reason}): unroutable, finishing in-flight transfers"))
+        elif s.kind is StepKind.CANCEL_DRAIN:
+            actions.append(Action(ActionKind.PATCH_META, "v1", "Pod", s.pod or "", body=drain_metadata(None),
+                                  reason=f"drain cancelled ({s.reason}): routable again"))
+        else:
+            actions.append(Action(ActionKind.DELETE, "v1", "Pod", s.pod or "",
+                                  reason=("FORCED after the drain deadline" if s.forced else "drained")))
     return actions
 
 
-def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot) -> list[Action]:
+def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0) -> list[Action]:
     """All actions of one reconcile pass, children first, then the secret, then pods."""
     actions = [
         Action(ActionKind.APPLY, o["apiVersion"], o["kind"], o["metadata"]["name"], body=o)
@@ -192,5 +189,5 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot) -> list[Actio
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", secret_name(owner.name), body=body,
                               reason="per-deployment transfer authentication key"))
     for role in Role:
-        actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role])
+        actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now)
     return actions

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -78,7 +79,8 @@ class Reconciler:
         if result.body is not None:
             for o in result.outcomes:
                 if o.changed and o.action.kind is not ActionKind.APPLY:
-                    verb = {"create": "Created", "delete": "Deleted", "patch-labels": "Relabelled"}[o.action.kind]
+                    verb = {"create": "Created", "delete": "Deleted", "patch-labels": "Relabelled",
+                            "patch-meta": "Drain"}[o.action.kind]
                     kopf.info(result.body, reason=verb, message=f"{verb} {o.action.object_kind.lower()} "
                               f"{o.action.name}" + (f": {o.action.reason}" if o.action.reason else ""))
             for ctype, status, reason, message in result.transitions:
@@ -116,7 +118,7 @@ class Reconciler:
         snapshot = observe(self._api, owner)
         problems = check_placement(spec, observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
-        actions = plan(owner, spec, snapshot)
+        actions = plan(owner, spec, snapshot, now=time.time())
         if not _admitted(admission):
             # A stored spec the running matrix rejects: keep what runs, start nothing new.
             actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]

@@ -119,6 +119,17 @@ def test_scale_subresource_scales_decode(cluster: LocalCluster, fleet: str) -> N
     cluster.kubectl("-n", ns, "scale", "pdd/llama-dense", "--replicas=3")
     wait_until(lambda: len(_pods(cluster, ns, "decode")) == 3, what="3 decode pods", timeout=30)
     cluster.kubectl("-n", ns, "scale", "pdd/llama-dense", "--replicas=1")
+    # Scale-down drains first: the surplus pods turn unroutable and wait for the runtime to report
+    # drained; here the test reports it in the runtime's place.
+    draining = wait_until(lambda: [p for p in _pods(cluster, ns, "decode")
+                                   if p["metadata"]["labels"].get("pdfleet.io/routable") == "false"],
+                          what="surplus decode pods draining", timeout=30)
+    assert len(draining) == 2 and all("pdfleet.io/drain-started" in p["metadata"]["annotations"] for p in draining)
+    assert len(_pods(cluster, ns, "decode")) == 3  # nothing deleted before it is drained
+    for pod in draining:
+        patch = {"status": {"conditions": [{"type": "pdfleet.io/drained", "status": "True"}]}}
+        cluster.kubectl("-n", ns, "patch", "pod", pod["metadata"]["name"], "--subresource=status",
+                        "--type=strategic", "-p", json.dumps(patch))
     wait_until(lambda: len(_pods(cluster, ns, "decode")) == 1, what="1 decode pod", timeout=30)
     scale = json.loads(cluster.kubectl("-n", ns, "get", "--raw",
                                        f"/apis/pdfleet.io/v1alpha1/namespaces/{ns}/pddeployments/llama-dense/scale").stdout)

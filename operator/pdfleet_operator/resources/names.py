@@ -11,7 +11,10 @@ import hashlib
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
 
 __all__ = [
+    "ANNOTATION_DRAIN",
+    "CONDITION_DRAINED",
     "LABEL_INDEX",
+    "LABEL_ROUTABLE",
     "MANAGED_BY",
     "config_name",
     "owner_labels",
@@ -24,6 +27,12 @@ __all__ = [
 ]
 
 LABEL_INDEX = f"{GROUP}/index"
+# Routers send new requests only to pods labelled routable=true; a drain sets it false first.
+LABEL_ROUTABLE = f"{GROUP}/routable"
+# Epoch seconds when the operator started draining the pod; the runtime stops admitting on it.
+ANNOTATION_DRAIN = f"{GROUP}/drain-started"
+# Pod condition the runtime sets True once a drained pod has no transfer in flight.
+CONDITION_DRAINED = f"{GROUP}/drained"
 MANAGED_BY = "pdfleet-operator"
 MAX_LABEL = 63
 
@@ -72,6 +81,7 @@ def pod_labels(deployment: str, role: Role, revision: str, index: int) -> dict[s
         LABEL_ROLE: role.value,
         LABEL_REVISION: revision,
         LABEL_INDEX: str(index),
+        LABEL_ROUTABLE: "true",
         "app.kubernetes.io/name": "pdfleet-runtime",
         "app.kubernetes.io/component": role.value,
     }
