@@ -20,7 +20,6 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -32,8 +31,8 @@ from pdfleet_operator.api.crd import crd_yaml
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
+from pdfleet_operator.devcluster.standin import RuntimeStandIn
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan
-from pdfleet_runtime.config import READINESS_GATE
 
 TARGET = 1.5
 SPEC = {
@@ -42,29 +41,6 @@ SPEC = {
     "prefill": {"replicas": 1, "parallelism": {"tensor": 1}, "image": "ghcr.io/pdfleet/runtime:0.1.0"},
     "decode": {"replicas": 1, "parallelism": {"tensor": 1}, "image": "ghcr.io/pdfleet/runtime:0.1.0"},
 }
-
-
-class GateSetter(threading.Thread):
-    """Sets the transfer-path condition on Running pods of the benchmark, in the runtime's place."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        super().__init__(daemon=True)
-        from kubernetes.client import CoreV1Api
-
-        self.core = CoreV1Api(cluster.api_client())
-        self.stop = threading.Event()
-        self.done: set[str] = set()
-
-    def run(self) -> None:
-        body = {"status": {"conditions": [{"type": READINESS_GATE, "status": "True", "reason": "BenchStandIn"}]}}
-        while not self.stop.is_set():
-            pods = self.core.list_pod_for_all_namespaces(label_selector="app.kubernetes.io/managed-by=pdfleet-operator")
-            for p in pods.items:
-                key = f"{p.metadata.namespace}/{p.metadata.name}/{p.metadata.uid}"
-                if p.status.phase == "Running" and key not in self.done:
-                    self.core.patch_namespaced_pod_status(p.metadata.name, p.metadata.namespace, body)
-                    self.done.add(key)
-            self.stop.wait(0.1)
 
 
 def _wait(cond, timeout: float = 600.0) -> float:
@@ -165,7 +141,7 @@ def main() -> int:
         cluster.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml())
         cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pdfleet.io", "--timeout=60s")
         op.start("--resync-seconds", "30")
-        gates = GateSetter(cluster)
+        gates = RuntimeStandIn(cluster.api_client(), reason="BenchStandIn")
         gates.start()
         # One unmeasured deployment first: the operator's first pass discovers the API (about a
         # second, once per process); reported, but kept out of the per-size rows.
@@ -178,7 +154,7 @@ def main() -> int:
             print(f"{n:4d} deployments: operator {r['operator_seconds']:7.2f}s  direct kubectl "
                   f"{r['direct_apply_seconds']:7.2f}s  ratio {r['ratio']:.2f} (target <= {TARGET})  "
                   f"cpu/pass {r['cpu_seconds_per_pass']}s over {r['reconcile_passes']} passes", flush=True)
-        gates.stop.set()
+        gates.stop()
     finally:
         op.stop()
         cluster.stop()

@@ -2,14 +2,13 @@
 maxSurge 2 / maxUnavailable 0, as seen by a watch started before the rollout; and an operator
 killed mid-rollout resumes without double or lost drains.
 
-A stand-in for the runtime (named as such) sets each Running pod's transfer-path gate and reports
-a draining pod drained shortly after its drain starts; the pod-runner tests use real runtimes.
+``RuntimeStandIn`` (a stand-in for the runtime, named as such) sets each Running pod's
+transfer-path gate and reports a draining pod drained shortly after its drain starts.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,14 +17,13 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
 from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_operator.devcluster.standin import DRAIN_ANNOTATION, RuntimeStandIn
 from pdfleet_runtime.config import READINESS_GATE
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
 
-DRAINED = "pdfleet.io/drained"
-DRAIN_ANNOTATION = "pdfleet.io/drain-started"
 
 
 def manifest(ns: str, image: str, replicas: int = 8) -> dict:
@@ -41,31 +39,6 @@ def manifest(ns: str, image: str, replicas: int = 8) -> dict:
             "rollout": {"maxSurge": 2, "maxUnavailable": 0, "drainTimeoutSeconds": 60},
         },
     }
-
-
-class RuntimeStandIn(threading.Thread):
-    """In the runtime's place: gate True on Running pods; drained 0.3 s after a drain starts."""
-
-    def __init__(self, core: CoreV1Api, ns: str) -> None:
-        super().__init__(daemon=True)
-        self.core, self.ns, self.stop = core, ns, threading.Event()
-
-    def _condition(self, pod, kind: str) -> None:
-        body = {"status": {"conditions": [{"type": kind, "status": "True"}]}}
-        self.core.patch_namespaced_pod_status(pod.metadata.name, self.ns, body)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for pod in self.core.list_namespaced_pod(self.ns).items:
-                if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
-                    continue
-                conds = {c.type: c.status for c in pod.status.conditions or ()}
-                if conds.get(READINESS_GATE) != "True":
-                    self._condition(pod, READINESS_GATE)
-                started = (pod.metadata.annotations or {}).get(DRAIN_ANNOTATION)
-                if started and conds.get(DRAINED) != "True" and time.time() - float(started) > 0.3:
-                    self._condition(pod, DRAINED)
-            self.stop.wait(0.1)
 
 
 @dataclass
@@ -132,13 +105,13 @@ class Watcher:
 def fleet(cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> Iterator[tuple[str, CoreV1Api]]:
     api = cluster.api_client()
     core = CoreV1Api(api)
-    standin = RuntimeStandIn(core, namespace)
+    standin = RuntimeStandIn(api, namespace)
     standin.start()
     CustomObjectsApi(api).create_namespaced_custom_object(
         "pdfleet.io", "v1alpha1", namespace, "pddeployments", manifest(namespace, "example.invalid/rt:1"))
     wait_until(lambda: _available(cluster, namespace), what="8 decode pods Available", timeout=120)
     yield namespace, core
-    standin.stop.set()
+    standin.stop()
 
 
 def _available(cluster: LocalCluster, ns: str) -> bool:

@@ -1,0 +1,73 @@
+"""A stand-in for the runtime on kwok nodes, named as such wherever it is used.
+
+Nothing runs in a kwok pod, so tests, benchmarks and the demo that do not start real runtimes use
+this thread to do the two things a runtime does to its pod through the API: set the
+``pdfleet.io/transfer-path`` readiness-gate condition once the pod runs (a real runtime does so
+only after a verified canary transfer), and report ``pdfleet.io/drained`` a moment after the
+operator starts draining it (a real runtime does so once no transfer is in flight).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pdfleet_runtime.config import READINESS_GATE
+
+__all__ = ["DRAINED_CONDITION", "RuntimeStandIn"]
+
+DRAINED_CONDITION = "pdfleet.io/drained"
+DRAIN_ANNOTATION = "pdfleet.io/drain-started"
+
+
+class RuntimeStandIn(threading.Thread):
+    """Polls pods (one namespace, or all with the managed-by label) and sets the two conditions."""
+
+    def __init__(self, api_client: Any, namespace: str | None = None, drain_delay: float = 0.3,
+                 interval: float = 0.1, reason: str = "RuntimeStandIn") -> None:
+        super().__init__(daemon=True)
+        from kubernetes.client import CoreV1Api
+
+        self.core = CoreV1Api(api_client)
+        self.namespace, self.drain_delay, self.interval, self.reason = namespace, drain_delay, interval, reason
+        self.stop_event = threading.Event()
+        self.gated = 0
+        self.drained = 0
+        self.errors: list[str] = []  # e.g. a pod deleted between list and patch; retried next round
+
+    def _list(self) -> list[Any]:
+        selector = "app.kubernetes.io/managed-by=pdfleet-operator"
+        if self.namespace:
+            return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return self.core.list_pod_for_all_namespaces(label_selector=selector).items
+
+    def _set(self, pod: Any, kind: str) -> None:
+        body = {"status": {"conditions": [{"type": kind, "status": "True", "reason": self.reason,
+                                           "message": "set by a stand-in for the runtime"}]}}
+        self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+
+    def step(self) -> None:
+        for pod in self._list():
+            if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
+                continue
+            conds = {c.type: c.status for c in pod.status.conditions or ()}
+            if conds.get(READINESS_GATE) != "True":
+                self._set(pod, READINESS_GATE)
+                self.gated += 1
+            started = (pod.metadata.annotations or {}).get(DRAIN_ANNOTATION)
+            if started and conds.get(DRAINED_CONDITION) != "True" and time.time() - float(started) >= self.drain_delay:
+                self._set(pod, DRAINED_CONDITION)
+                self.drained += 1
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.step()
+            except Exception as exc:
+                self.errors.append(repr(exc))
+            self.stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=5)
