@@ -8,8 +8,9 @@ recognised and its labels restored.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
@@ -23,6 +24,8 @@ from pdfleet_operator.resources.names import (
     secret_name,
 )
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
+from pdfleet_operator.resources.revisions import parse_revisions
+from pdfleet_runtime.config import READINESS_GATE
 
 __all__ = ["observe", "observe_nodes", "observed_pod"]
 
@@ -48,6 +51,10 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
     conditions = (pod.get("status") or {}).get("conditions") or ()
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     drained = any(c.get("type") == CONDITION_DRAINED and c.get("status") == "True" for c in conditions)
+    gate = next((c for c in conditions if c.get("type") == READINESS_GATE), {})
+    status = pod.get("status") or {}
+    restarts = sum(int(s.get("restartCount") or 0) for s in status.get("containerStatuses") or ())
+    running_since = _rfc3339(status.get("startTime")) if status.get("phase") == "Running" else None
     return ObservedPod(
         name=meta["name"],
         role=role,
@@ -58,7 +65,18 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         labels_ok=labels_ok,
         drain_started=drain_started,
         drained=drained,
+        gate=gate.get("status"),
+        gate_message=": ".join(x for x in (gate.get("reason"), gate.get("message")) if x),
+        restarts=restarts,
+        running_since=running_since,
     )
+
+
+def _rfc3339(value: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _epoch(value: object) -> float | None:
@@ -86,7 +104,13 @@ def observe(api: ApiClient, owner: Owner) -> Snapshot:
         if exc.status != 404:
             raise
         secret_exists = False
-    return Snapshot(pods=tuple(sorted(pods, key=lambda p: p.name)), secret_exists=secret_exists)
+    revisions = AppsV1Api(api).list_namespaced_controller_revision(
+        owner.namespace, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}", _preload_content=False
+    )
+    owned = [r for r in json.loads(revisions.data)["items"]
+             if any(ref.get("uid") == owner.uid for ref in r["metadata"].get("ownerReferences") or ())]
+    return Snapshot(pods=tuple(sorted(pods, key=lambda p: p.name)), secret_exists=secret_exists,
+                    revisions=parse_revisions(owned))
 
 
 def observe_nodes(api: ApiClient) -> tuple[NodeFacts, ...]:

@@ -13,6 +13,7 @@ maxUnavailable``); drains and the rollout step planner refine it (rollout issues
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -23,6 +24,7 @@ from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import role_revision
+from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret
 from pdfleet_operator.resources.services import headless_service
@@ -38,6 +40,7 @@ __all__ = [
     "desired_children",
     "drain_metadata",
     "plan",
+    "spec_targets",
 ]
 
 
@@ -79,14 +82,20 @@ class ObservedPod:
     labels_ok: bool = True  # False when a user edited the identity labels away
     drain_started: float | None = None  # epoch seconds of the drain annotation; None: not draining
     drained: bool = False  # the runtime set the pdfleet.io/drained condition True
+    gate: str | None = None  # the transfer-path condition's status: "True", "False" or None (unknown)
+    gate_message: str = ""  # its reason and message, for a failed gate
+    restarts: int = 0  # container restarts, summed
+    running_since: float | None = None  # epoch seconds the pod started running; None: not running
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What observe saw: owned pods and whether the auth secret exists."""
+    """What observe saw: owned pods, whether the auth secret exists, and the stored revisions
+    (``(role, revision) -> spec`` from the deployment's ControllerRevisions)."""
 
     pods: tuple[ObservedPod, ...] = ()
     secret_exists: bool = False
+    revisions: Mapping[tuple[Role, str], PDDeploymentSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,16 +113,35 @@ def _owned(obj: dict, owner: Owner) -> dict:
     return obj
 
 
-def desired_children(owner: Owner, spec: PDDeploymentSpec) -> list[dict]:
-    """Every non-pod child, owned and complete (they are server-side applied each pass)."""
+Targets = Mapping[Role, tuple[str, PDDeploymentSpec]]
+
+
+def spec_targets(spec: PDDeploymentSpec) -> dict[Role, tuple[str, PDDeploymentSpec]]:
+    """Each role rolling towards the spec's own revision (no rollback in progress)."""
+    return {role: (role_revision(spec, role), spec) for role in Role}
+
+
+def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | None = None,
+                     targets: Targets | None = None) -> list[dict]:
+    """Every non-pod child, owned and complete (they are server-side applied each pass).
+
+    Runtime ConfigMaps exist for each role's target revision and for every revision that still
+    has pods (from its stored spec), so no pod loses its config during a rollout or a rollback."""
     n, ns = owner.name, owner.namespace
+    targets = targets or spec_targets(spec)
     objs = [runtime_service_account(n, ns), runtime_role(n, ns), runtime_role_binding(n, ns)]
     max_ranks = 1
     for role in Role:
         rs = role_spec(spec, role)
         ranks = rs.parallelism.tensor * rs.parallelism.pipeline
         max_ranks = max(max_ranks, ranks)
-        objs.append(runtime_configmap(n, ns, spec, role))
+        configs = {targets[role][0]: targets[role][1]}
+        for pod in snapshot.pods if snapshot else ():
+            stored = snapshot.revisions.get((role, pod.revision)) if snapshot else None
+            if pod.role is role and stored is not None:
+                configs.setdefault(pod.revision, stored)
+        for revision, rev_spec in sorted(configs.items()):
+            objs.append(runtime_configmap(n, ns, rev_spec, role, revision))
         objs.append(headless_service(n, ns, role, ranks))
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
     objs.append(network_policy(n, ns, max_ranks))
@@ -145,25 +173,30 @@ def drain_metadata(now: float | None) -> dict:
 
 
 def _role_pod_actions(
-    owner: Owner, spec: PDDeploymentSpec, role: Role, pods: list[ObservedPod], now: float
+    owner: Owner, spec: PDDeploymentSpec, role: Role, pods: list[ObservedPod], now: float,
+    target: tuple[str, PDDeploymentSpec],
 ) -> list[Action]:
+    """Budgets, replicas, drains and pause come from the user's spec; the pods built come from the
+    target revision's spec (the spec itself, or the stable revision's while rolling back)."""
     rs = role_spec(spec, role)
-    revision = role_revision(spec, role)
+    revision, target_spec = target
     surge, unavailable = budgets(spec, rs.replicas)
+    rolling_forward = revision == role_revision(spec, role)
     actions: list[Action] = []
     for p in pods:
         if not p.labels_ok and not p.deleting:
-            labels = runtime_pod(owner.name, owner.namespace, spec, role, p.revision, p.index)["metadata"]["labels"]
+            labels = runtime_pod(owner.name, owner.namespace, target_spec, role, p.revision, p.index)["metadata"]["labels"]
             if p.drain_started is not None:
                 labels[LABEL_ROUTABLE] = "false"
             actions.append(Action(ActionKind.PATCH_LABELS, "v1", "Pod", p.name, body=labels, reason="labels edited"))
     views = [PodView(p.name, p.revision, p.index, p.ready, p.deleting, p.drain_started, p.drained) for p in pods]
     steps = plan_steps(views, replicas=rs.replicas, revision=revision, surge=surge, unavailable=unavailable,
-                       drain_timeout=spec.rollout.drain_timeout_seconds, now=now, paused=spec.rollout.paused)
+                       drain_timeout=spec.rollout.drain_timeout_seconds, now=now, paused=spec.rollout.paused,
+                       canary=spec.rollout.canary_replicas if rolling_forward else None)
     for s in steps:
         if s.kind is StepKind.CREATE:
             assert s.index is not None
-            body = _owned(runtime_pod(owner.name, owner.namespace, spec, role, revision, s.index), owner)
+            body = _owned(runtime_pod(owner.name, owner.namespace, target_spec, role, revision, s.index), owner)
             actions.append(Action(ActionKind.CREATE, "v1", "Pod", body["metadata"]["name"], body=body,
                                   reason=f"{role.value} {s.reason}"))
         elif s.kind is StepKind.START_DRAIN:
@@ -178,16 +211,26 @@ def _role_pod_actions(
     return actions
 
 
-def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0) -> list[Action]:
-    """All actions of one reconcile pass, children first, then the secret, then pods."""
+def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0,
+         targets: Targets | None = None) -> list[Action]:
+    """All actions of one reconcile pass: children, stored revisions, the secret, then pods."""
+    targets = targets or spec_targets(spec)
     actions = [
         Action(ActionKind.APPLY, o["apiVersion"], o["kind"], o["metadata"]["name"], body=o)
-        for o in desired_children(owner, spec)
+        for o in desired_children(owner, spec, snapshot, targets)
     ]
+    for role in Role:
+        revision = role_revision(spec, role)
+        if (role, revision) not in snapshot.revisions:
+            number = 1 + sum(r is role for r, _ in snapshot.revisions)
+            body = _owned(controller_revision(owner.name, owner.namespace, role, revision, spec, number), owner)
+            actions.append(Action(ActionKind.CREATE, "apps/v1", "ControllerRevision", body["metadata"]["name"],
+                                  body=body, reason=f"{role.value} revision {revision} stored"))
     if not snapshot.secret_exists:
         body = _owned(auth_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", secret_name(owner.name), body=body,
                               reason="per-deployment transfer authentication key"))
     for role in Role:
-        actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now)
+        actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now,
+                                     targets[role])
     return actions

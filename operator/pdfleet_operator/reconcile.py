@@ -28,6 +28,12 @@ from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes
 from pdfleet_operator.placement import check_placement
 from pdfleet_operator.plan import ActionKind, Owner, plan
+from pdfleet_operator.rollout_state import (
+    decide_rollouts,
+    rollout_status,
+    rollout_targets,
+    with_rollout_failures,
+)
 from pdfleet_operator.status import compute_status, with_placement
 
 __all__ = ["PassResult", "Reconciler", "register"]
@@ -118,7 +124,11 @@ class Reconciler:
         snapshot = observe(self._api, owner)
         problems = check_placement(spec, observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
-        actions = plan(owner, spec, snapshot, now=time.time())
+        now = time.time()
+        decisions = decide_rollouts(spec, snapshot, old_status.get("rollout") or {}, now)
+        targets = rollout_targets(spec, snapshot, decisions)
+        admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
+        actions = plan(owner, spec, snapshot, now=now, targets=targets)
         if not _admitted(admission):
             # A stored spec the running matrix rejects: keep what runs, start nothing new.
             actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]
@@ -128,12 +138,20 @@ class Reconciler:
         status = compute_status(
             spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC)
         )
+        status["rollout"] = rollout_status(spec, decisions)
+        phase_before = (old_status.get("rollout") or {}).get("phase")
         before = {c.get("type"): c for c in old_status.get("conditions") or ()}
         transitions = [
             (c["type"], c["status"], c.get("reason", ""), c.get("message", ""))
             for c in status["conditions"]
             if before.get(c["type"], {}).get("status") != c["status"]
         ]
+        if status["rollout"]["phase"] != phase_before:
+            transitions.append(("Rollout", status["rollout"]["phase"], "Rollout" + status["rollout"]["phase"],
+                                status["rollout"].get("message") or ""))
+        for role, d in decisions.items():
+            if d.failure:
+                transitions.append((ConditionType.DEGRADED.value, "True", "RolloutFailed", f"{role.value}: {d.message}"))
         self._writer.patch_status(namespace, name, {**status, **extra_status})
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"])
 
@@ -149,7 +167,6 @@ CHILD_KINDS = (
     ("v1", "pods"),
     ("v1", "services"),
     ("v1", "configmaps"),
-    ("v1", "secrets"),
     ("v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "rolebindings"),

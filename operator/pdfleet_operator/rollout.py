@@ -80,8 +80,12 @@ def plan_steps(
     drain_timeout: float,
     now: float,
     paused: bool = False,
+    canary: int | None = None,
 ) -> list[Step]:
-    """The steps of one pass for one role (see the module docstring for the rules)."""
+    """The steps of one pass for one role (see the module docstring for the rules).
+
+    ``canary``: while pods of other revisions remain, at most this many pods of ``revision``; the
+    old pods beyond ``replicas - canary`` are replaced and the rest kept (a canary hold)."""
     draining = [p for p in pods if p.draining]
     # 1. Finish committed drains (allowed even when paused).
     finished = [
@@ -104,8 +108,10 @@ def plan_steps(
     if paused:
         return []
 
-    # 3. New side: create into the surge room.
-    missing = replicas - len(live_new)
+    # 3. New side: create into the surge room (up to the canary while old pods remain).
+    old = [p for p in pods if p.revision != revision and not p.deleting and not p.draining]
+    new_cap = min(replicas, canary) if canary is not None and old else replicas
+    missing = new_cap - len(live_new)
     room = replicas + surge - len(pods)
     if missing > 0 and room > 0:
         used = {p.index for p in pods}
@@ -115,10 +121,11 @@ def plan_steps(
 
     # 4. Old side: drain outdated pods and surplus new ones, keeping routable ready pods at the floor.
     surplus = removal_order(live_new)[: max(0, len(live_new) - replicas)]
-    old = [p for p in pods if p.revision != revision and not p.deleting and not p.draining]
+    keep_old = max(0, replicas - max(new_cap, len(live_new)))
+    outdated = removal_order(old)[: max(0, len(old) - keep_old)]
     budget = sum(p.routable_ready for p in pods) - (replicas - unavailable)
     steps = []
-    for p in removal_order([*old, *surplus]):
+    for p in removal_order([*outdated, *surplus]):
         if not p.ready:
             steps.append(Step(StepKind.START_DRAIN, p.name, reason="not ready"))
         elif budget > 0:

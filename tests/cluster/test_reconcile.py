@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "valid" / "llama-dense.yaml"
 CHILD_KINDS = ("configmaps", "services", "secrets", "serviceaccounts", "roles", "rolebindings",
-               "networkpolicies", "poddisruptionbudgets", "pods")
+               "networkpolicies", "poddisruptionbudgets", "controllerrevisions", "pods")
 
 
 def _json(cluster: LocalCluster, ns: str, *args: str) -> dict:
@@ -104,9 +104,10 @@ def test_drift_is_undone(cluster: LocalCluster, fleet: str) -> None:
     cluster.kubectl("-n", ns, "delete", "service", "llama-dense-decode")
     wait_until(lambda: cluster.kubectl("-n", ns, "get", "service", "llama-dense-decode", check=False).returncode == 0,
                what="deleted Service restored", timeout=30)
-    cluster.kubectl("-n", ns, "patch", "configmap", "llama-dense-decode-runtime", "--type=merge",
+    config = _json(cluster, ns, "configmaps", "-l", "pdfleet.io/role=decode")["items"][0]["metadata"]["name"]
+    cluster.kubectl("-n", ns, "patch", "configmap", config, "--type=merge",
                     "-p", json.dumps({"data": {"runtime.yaml": "tampered: true\n"}}))
-    wait_until(lambda: "tampered" not in _json(cluster, ns, "configmap", "llama-dense-decode-runtime")["data"]["runtime.yaml"],
+    wait_until(lambda: "tampered" not in _json(cluster, ns, "configmap", config)["data"]["runtime.yaml"],
                what="edited ConfigMap restored", timeout=30)
     victim = _pods(cluster, ns, "decode")[0]["metadata"]["name"]
     cluster.kubectl("-n", ns, "delete", "pod", victim, "--wait=true", timeout=60)

@@ -27,6 +27,7 @@ __all__ = [
     "PDDeploymentStatus",
     "Parallelism",
     "PoolSpec",
+    "RoleRollout",
     "RoleSpec",
     "RoleStatus",
     "RolloutSpec",
@@ -259,16 +260,44 @@ class RoleStatus(ApiModel):
     selector: str | None = Field(None, description="Label selector of the role's pods (scale subresource).")
 
 
+class RoleRollout(ApiModel):
+    """One role's rollout: which revision it runs, rolls to, trusts and refuses."""
+
+    current_revision: str | None = Field(None, description="Revision of the role in the spec now.")
+    target_revision: str | None = Field(
+        None, description="Revision the role's pods roll to: the current one, or the stable one while rolling back."
+    )
+    stable_revision: str | None = Field(
+        None, description="Last revision whose rollout completed (written last: the commit point)."
+    )
+    failed_revisions: list[str] | None = Field(
+        None, max_length=64, description="Revisions marked failed; not tried again until the spec changes."
+    )
+    updated: int = Field(0, ge=0, description="Pods on the target revision.")
+    ready: int = Field(0, ge=0, description="Routable ready pods (transfer-path gate True, not draining).")
+    draining: int = Field(0, ge=0, description="Pods draining in-flight transfers before they go.")
+    last_progress_time: AwareDatetime | None = Field(
+        None, description="When the rollout last made progress (a target pod ready, or a drain finished)."
+    )
+    failure_reason: str | None = Field(
+        None, max_length=4096, description="Why the spec's revision was marked failed (kept while it stays failed)."
+    )
+    progress: str | None = Field(
+        None, description="Target pods ready / pods of other revisions, as of the last pass; a change is progress."
+    )
+    message: str | None = Field(None, max_length=32768, description="Why the role's rollout is where it is.")
+
+
 class RolloutStatus(ApiModel):
-    """Where the rollout stands; the stable revision is written last (the commit point)."""
+    """Where the rollout stands, per role; state lives here and on the pods, never in memory."""
 
     phase: RolloutPhase = Field(
         RolloutPhase.IDLE,
         description="Idle, Progressing, CanaryHold, Paused, RollingBack, Failed or Complete.",
     )
-    stable_revision: str | None = Field(None, description="Revision hash known to serve.")
-    target_revision: str | None = Field(None, description="Revision hash being rolled out.")
     message: str | None = Field(None, max_length=32768, description="Why the rollout is where it is.")
+    prefill: RoleRollout | None = Field(None, description="The prefill role's rollout.")
+    decode: RoleRollout | None = Field(None, description="The decode role's rollout.")
 
 
 class PDDeploymentStatus(ApiModel):

@@ -25,12 +25,15 @@ class RuntimeStandIn(threading.Thread):
     """Polls pods (one namespace, or all with the managed-by label) and sets the two conditions."""
 
     def __init__(self, api_client: Any, namespace: str | None = None, drain_delay: float = 0.3,
-                 interval: float = 0.1, reason: str = "RuntimeStandIn") -> None:
+                 interval: float = 0.1, reason: str = "RuntimeStandIn", failing_images: frozenset[str] = frozenset()) -> None:
         super().__init__(daemon=True)
         from kubernetes.client import CoreV1Api
 
         self.core = CoreV1Api(api_client)
         self.namespace, self.drain_delay, self.interval, self.reason = namespace, drain_delay, interval, reason
+        # Pods of these images fail their canary: the gate goes False with a reason, as a runtime
+        # that cannot complete a verified transfer reports it.
+        self.failing_images = failing_images
         self.stop_event = threading.Event()
         self.gated = 0
         self.drained = 0
@@ -42,9 +45,9 @@ class RuntimeStandIn(threading.Thread):
             return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         return self.core.list_pod_for_all_namespaces(label_selector=selector).items
 
-    def _set(self, pod: Any, kind: str) -> None:
-        body = {"status": {"conditions": [{"type": kind, "status": "True", "reason": self.reason,
-                                           "message": "set by a stand-in for the runtime"}]}}
+    def _set(self, pod: Any, kind: str, status: str = "True", message: str = "set by a stand-in for the runtime") -> None:
+        body = {"status": {"conditions": [{"type": kind, "status": status, "reason": self.reason,
+                                           "message": message}]}}
         self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
 
     def step(self) -> None:
@@ -52,7 +55,10 @@ class RuntimeStandIn(threading.Thread):
             if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
                 continue
             conds = {c.type: c.status for c in pod.status.conditions or ()}
-            if conds.get(READINESS_GATE) != "True":
+            if pod.spec.containers[0].image in self.failing_images:
+                if conds.get(READINESS_GATE) != "False":
+                    self._set(pod, READINESS_GATE, "False", "canary transfer failed (stand-in: failing image)")
+            elif conds.get(READINESS_GATE) != "True":
                 self._set(pod, READINESS_GATE)
                 self.gated += 1
             started = (pod.metadata.annotations or {}).get(DRAIN_ANNOTATION)

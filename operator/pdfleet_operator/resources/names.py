@@ -50,8 +50,9 @@ def service_name(deployment: str, role: Role) -> str:
     return _fit(f"{deployment}-{role.value}")
 
 
-def config_name(deployment: str, role: Role) -> str:
-    return _fit(f"{deployment}-{role.value}-runtime", 253)
+def config_name(deployment: str, role: Role, revision: str) -> str:
+    """One runtime ConfigMap per revision: a rollback's pods must get their own revision's config."""
+    return _fit(f"{deployment}-{role.value}-{revision[:10]}-runtime", 253)
 
 
 def secret_name(deployment: str) -> str:

@@ -119,7 +119,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "terminationGracePeriodSeconds": spec.rollout.drain_timeout_seconds + EXIT_GRACE_SECONDS,
         "containers": [container],
         "volumes": [
-            {"name": "config", "configMap": {"name": config_name(name, role)}},
+            {"name": "config", "configMap": {"name": config_name(name, role, revision)}},
             {"name": "auth", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],

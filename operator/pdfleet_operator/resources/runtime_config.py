@@ -6,7 +6,7 @@ The operator writes the same model the runtime reads, so the file cannot drift f
 
 from __future__ import annotations
 
-from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.resources.names import config_name, owner_labels, service_name
 from pdfleet_runtime.config import RoleShape, RuntimeConfig
@@ -41,10 +41,11 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
     )
 
 
-def runtime_configmap(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> dict:
+def runtime_configmap(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": config_name(name, role), "namespace": namespace, "labels": owner_labels(name)},
+        "metadata": {"name": config_name(name, role, revision), "namespace": namespace,
+                     "labels": {**owner_labels(name), LABEL_ROLE: role.value, LABEL_REVISION: revision}},
         "data": {CONFIG_FILE: runtime_config(name, namespace, spec, role).to_yaml()},
     }

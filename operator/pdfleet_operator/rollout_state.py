@@ -1,0 +1,236 @@
+"""Pure rollout bookkeeping per role: target, stable and failed revisions, progress, failure.
+
+Each pass computes, from the role's previous ``status.rollout.<role>`` and its observed pods:
+
+* the target revision: the spec's, unless the spec's revision failed, then the stable one (a
+  rollback within the same budgets: the step planner simply rolls towards the target);
+* failure of a rollout towards the spec's revision: a target pod's transfer-path gate is False,
+  or unknown for longer than the gate timeout after it started running, or its containers
+  restarted too often, or no progress (a target pod became ready, or an old pod went) for
+  ``progressDeadlineSeconds``;
+* the stable revision, committed only when every pod is on the target, ready and not draining
+  (the commit point; until then the previous stable revision stays);
+* canary hold: with ``canaryReplicas`` set and old pods left, the new revision stops there.
+
+Failed revisions are remembered only while the spec still names them: a spec change clears the
+memory, so a revision is not tried again until the spec changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pdfleet_operator.api.constants import ConditionType, Role, RolloutPhase
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.plan import ObservedPod, Snapshot
+from pdfleet_operator.resources.pods import role_spec
+from pdfleet_operator.resources.revision import role_revision
+
+__all__ = [
+    "MAX_RESTARTS",
+    "RoleDecision",
+    "decide",
+    "decide_rollouts",
+    "rollout_status",
+    "rollout_targets",
+    "with_rollout_failures",
+]
+
+MAX_RESTARTS = 3
+GATE_TIMEOUT_CAP = 300.0
+
+
+@dataclass(frozen=True)
+class RoleDecision:
+    target: str
+    stable: str | None
+    failed: tuple[str, ...]
+    rolling_back: bool
+    canary_hold: bool
+    complete: bool
+    failure: str | None  # set on the pass that marks the spec's revision failed
+    failure_reason: str | None  # why the spec's revision failed, kept while it stays failed
+    last_progress: float
+    progress_mark: str
+    updated: int
+    ready: int
+    draining: int
+    message: str
+
+    def status(self, current: str) -> dict:
+        return {
+            "currentRevision": current,
+            "targetRevision": self.target,
+            "stableRevision": self.stable,
+            "failedRevisions": list(self.failed) or None,
+            "failureReason": self.failure_reason,
+            "updated": self.updated,
+            "ready": self.ready,
+            "draining": self.draining,
+            "lastProgressTime": datetime.fromtimestamp(self.last_progress, UTC).isoformat().replace("+00:00", "Z"),
+            "progress": self.progress_mark,
+            "message": self.message,
+        }
+
+
+def _epoch(value: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeout: float) -> str | None:
+    for p in pods:
+        if p.revision != revision or p.deleting:
+            continue
+        if p.gate == "False":
+            return f"pod {p.name} failed its transfer-path gate" + (f" ({p.gate_message})" if p.gate_message else "")
+        if p.gate is None and p.running_since is not None and now - p.running_since > gate_timeout:
+            return f"pod {p.name}'s transfer-path gate stayed unknown for {now - p.running_since:.0f}s"
+        if p.restarts >= MAX_RESTARTS:
+            return f"pod {p.name} restarted {p.restarts} times"
+    return None
+
+
+def decide(
+    previous: Mapping | None,
+    *,
+    spec_revision: str,
+    replicas: int,
+    pods: Sequence[ObservedPod],
+    now: float,
+    progress_deadline: float,
+    canary: int | None,
+    can_roll_back_to: set[str],
+) -> RoleDecision:
+    """One role's bookkeeping for this pass; ``can_roll_back_to`` are revisions whose spec is stored."""
+    prev = previous or {}
+    stable = prev.get("stableRevision")
+    failed = tuple(r for r in prev.get("failedRevisions") or () if r == spec_revision)
+    live = [p for p in pods if not p.deleting]
+    rollback_ok = stable is not None and stable != spec_revision and stable in can_roll_back_to
+    target = stable if spec_revision in failed and rollback_ok else spec_revision
+    on_target = [p for p in live if p.revision == target and p.drain_started is None]
+    updated_ready = sum(p.ready for p in on_target)
+    others = [p for p in live if p.revision != target]
+    draining = sum(p.drain_started is not None for p in live)
+    ready = sum(p.ready and p.drain_started is None for p in live)
+    complete = (len(on_target) == replicas and updated_ready == replicas and not others and not draining)
+
+    mark = f"{updated_ready}/{len(others)}"
+    last_progress = _epoch(prev.get("lastProgressTime")) or now
+    if prev.get("targetRevision") != target or prev.get("progress") != mark:
+        last_progress = now  # the target changed, or a pod became ready or went: progress
+    failure = None
+    if target == spec_revision and spec_revision not in failed and not complete:
+        failure = _failure(pods, spec_revision, now, min(GATE_TIMEOUT_CAP, progress_deadline))
+        if failure is None and now - last_progress > progress_deadline:
+            failure = f"no progress for {now - last_progress:.0f}s (progressDeadlineSeconds {progress_deadline:.0f})"
+        if failure is not None:
+            failed = (*failed, spec_revision)
+            if rollback_ok:
+                target, last_progress = stable, now
+    if complete:
+        stable = target
+    failure_reason = failure or (prev.get("failureReason") if spec_revision in failed else None)
+    canary_hold = (canary is not None and target == spec_revision and bool(others)
+                   and len(on_target) >= canary)
+    rolling_back = target != spec_revision
+    if complete and not rolling_back:
+        message = f"revision {target} rolled out"
+    elif complete:
+        message = f"rolled back to {target}; revision {spec_revision} failed"
+    elif rolling_back:
+        message = f"rolling back to {target}: revision {spec_revision} failed"
+    elif spec_revision in failed:
+        message = f"revision {spec_revision} failed and there is no stable revision to roll back to"
+    elif canary_hold:
+        message = f"canary: {len(on_target)} pods on {target}, holding until canaryReplicas is raised or cleared"
+    else:
+        message = f"rolling out {target}: {updated_ready}/{replicas} ready, {len(others)} old left"
+    if failure_reason:
+        message = f"{message}: {failure_reason}"
+    return RoleDecision(
+        target=target, stable=stable, failed=failed, rolling_back=rolling_back, canary_hold=canary_hold,
+        complete=complete, failure=failure, failure_reason=failure_reason, last_progress=last_progress, progress_mark=mark,
+        updated=len(on_target), ready=ready, draining=draining, message=message,
+    )
+
+
+# -- glue for a reconcile pass (pure) ----------------------------------------------------------
+
+
+def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: Mapping, now: float) -> dict[Role, RoleDecision]:
+    out = {}
+    for role in Role:
+        rs = role_spec(spec, role)
+        out[role] = decide(
+            previous.get(role.value),
+            spec_revision=role_revision(spec, role),
+            replicas=rs.replicas,
+            pods=[p for p in snapshot.pods if p.role is role],
+            now=now,
+            progress_deadline=float(spec.rollout.progress_deadline_seconds),
+            canary=spec.rollout.canary_replicas,
+            can_roll_back_to={rev for (r, rev) in snapshot.revisions if r is role},
+        )
+    return out
+
+
+def rollout_targets(spec: PDDeploymentSpec, snapshot: Snapshot,
+                    decisions: Mapping[Role, RoleDecision]) -> dict[Role, tuple[str, PDDeploymentSpec]]:
+    """The revision each role's new pods are built from, with the spec that revision came from."""
+    targets = {}
+    for role, d in decisions.items():
+        stored = snapshot.revisions.get((role, d.target))
+        targets[role] = (d.target, spec if d.target == role_revision(spec, role) or stored is None else stored)
+    return targets
+
+
+def _phase(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> RolloutPhase:
+    ds = decisions.values()
+    if any(d.rolling_back and not d.complete for d in ds):
+        return RolloutPhase.ROLLING_BACK
+    if any(d.failed and not d.rolling_back for d in ds):
+        return RolloutPhase.FAILED
+    if all(d.complete for d in ds):
+        return RolloutPhase.COMPLETE
+    if spec.rollout.paused:
+        return RolloutPhase.PAUSED
+    if any(d.canary_hold for d in ds):
+        return RolloutPhase.CANARY_HOLD
+    return RolloutPhase.PROGRESSING
+
+
+def rollout_status(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> dict:
+    phase = _phase(spec, decisions)
+    return {
+        "phase": phase.value,
+        "message": "; ".join(f"{role.value}: {d.message}" for role, d in decisions.items()),
+        **{role.value: d.status(role_revision(spec, role)) for role, d in decisions.items()},
+    }
+
+
+def with_rollout_failures(admission: Sequence[dict], decisions: Mapping[Role, RoleDecision],
+                          spec: PDDeploymentSpec, generation: int) -> list[dict]:
+    """``Degraded`` while a role's spec revision is marked failed (rolled back, or nowhere to go)."""
+    failed = [(role, d) for role, d in decisions.items() if role_revision(spec, role) in d.failed]
+    if not failed:
+        return list(admission)
+    text = "; ".join(f"{role.value}: {d.message}" for role, d in failed)
+    out, found = [], False
+    for cond in admission:
+        if cond.get("type") == ConditionType.DEGRADED.value:
+            found = True
+            if cond.get("status") == "True":
+                cond = {**cond, "message": f"{cond.get('message', '')}\n{text}"}
+            else:
+                cond = {**cond, "status": "True", "reason": "RolloutFailed", "message": text}
+        out.append(cond)
+    if not found:
+        out.append({"type": ConditionType.DEGRADED.value, "status": "True", "reason": "RolloutFailed",
+                    "message": text, "observedGeneration": generation})
+    return out
