@@ -78,8 +78,9 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
 def test_runtime_config_round_trips_through_the_runtime_model(path: Path) -> None:
     spec = load_spec(path)
     for role in Role:
+        rev = role_revision(spec, role)
         cm = next(o for o in desired_children(OWNER, spec)
-                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"demo-{role.value}-runtime")
+                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"demo-{role.value}-{rev}-runtime")
         parsed = RuntimeConfig.model_validate(yaml.safe_load(cm["data"]["runtime.yaml"]))
         assert parsed == runtime_config("demo", "ns", spec, role)
         assert parsed.role.value == role.value
@@ -93,7 +94,11 @@ def test_second_pass_is_idempotent() -> None:
     created = [observed_pod({**p, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, "uid-1")
                for p in pods_of(first)]
     second = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True))
-    assert [a.kind for a in second] == [ActionKind.APPLY] * len(desired_children(OWNER, spec))
+    assert [a.kind for a in second] == [ActionKind.APPLY] * len(desired_children(OWNER, spec)) + [ActionKind.CREATE] * 2
+    assert {a.object_kind for a in second if a.kind is ActionKind.CREATE} == {"ControllerRevision"}
+    stored = {(r, role_revision(spec, r)): spec for r in Role}
+    third = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True, revisions=stored))
+    assert [a.kind for a in third] == [ActionKind.APPLY] * len(desired_children(OWNER, spec))
 
 
 def drains(actions) -> list[str]:
