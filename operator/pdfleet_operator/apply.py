@@ -46,6 +46,8 @@ class Writer:
         return [self.one(owner.namespace, a) for a in actions]
 
     def one(self, namespace: str, action: Action) -> Outcome:
+        if action.kind is ActionKind.HOLD:
+            return Outcome(action, changed=False)
         res = self._resource(action.api_version, action.object_kind)
         if action.kind is ActionKind.APPLY:
             self._dyn.server_side_apply(

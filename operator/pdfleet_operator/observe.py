@@ -19,6 +19,7 @@ from pdfleet_operator.plan import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
     CONDITION_DRAINED,
+    LABEL_COMPAT,
     LABEL_INDEX,
     LABEL_ROUTABLE,
     secret_name,
@@ -69,6 +70,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         gate_message=": ".join(x for x in (gate.get("reason"), gate.get("message")) if x),
         restarts=restarts,
         running_since=running_since,
+        compat=labels.get(LABEL_COMPAT, ""),
     )
 
 

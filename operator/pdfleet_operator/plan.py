@@ -23,7 +23,7 @@ from pdfleet_operator.resources.names import ANNOTATION_DRAIN, LABEL_ROUTABLE, s
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
-from pdfleet_operator.resources.revision import role_revision
+from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret
@@ -49,6 +49,7 @@ class ActionKind(StrEnum):
     CREATE = "create"  # create only if missing (pods, the auth secret)
     PATCH_LABELS = "patch-labels"  # restore a pod's identity labels
     PATCH_META = "patch-meta"  # merge-patch a pod's metadata (drain start and cancel)
+    HOLD = "hold"  # write nothing: the role waits, and status says why
     DELETE = "delete"
 
 
@@ -86,6 +87,7 @@ class ObservedPod:
     gate_message: str = ""  # its reason and message, for a failed gate
     restarts: int = 0  # container restarts, summed
     running_since: float | None = None  # epoch seconds the pod started running; None: not running
+    compat: str = ""  # the pdfleet.io/compat label
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def drain_metadata(now: float | None) -> dict:
 
 def _role_pod_actions(
     owner: Owner, spec: PDDeploymentSpec, role: Role, pods: list[ObservedPod], now: float,
-    target: tuple[str, PDDeploymentSpec],
+    target: tuple[str, PDDeploymentSpec], peers: list[ObservedPod],
 ) -> list[Action]:
     """Budgets, replicas, drains and pause come from the user's spec; the pods built come from the
     target revision's spec (the spec itself, or the stable revision's while rolling back)."""
@@ -190,6 +192,9 @@ def _role_pod_actions(
                 labels[LABEL_ROUTABLE] = "false"
             actions.append(Action(ActionKind.PATCH_LABELS, "v1", "Pod", p.name, body=labels, reason="labels edited"))
     views = [PodView(p.name, p.revision, p.index, p.ready, p.deleting, p.drain_started, p.drained) for p in pods]
+    hold = _compat_hold(role, target_spec, pods, peers)
+    if hold:
+        return [*actions, Action(ActionKind.HOLD, "v1", "Pod", "", reason=hold)]
     steps = plan_steps(views, replicas=rs.replicas, revision=revision, surge=surge, unavailable=unavailable,
                        drain_timeout=spec.rollout.drain_timeout_seconds, now=now, paused=spec.rollout.paused,
                        canary=spec.rollout.canary_replicas if rolling_forward else None)
@@ -209,6 +214,21 @@ def _role_pod_actions(
             actions.append(Action(ActionKind.DELETE, "v1", "Pod", s.pod or "",
                                   reason=("FORCED after the drain deadline" if s.forced else "drained")))
     return actions
+
+
+def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedPod],
+                 peers: list[ObservedPod]) -> str | None:
+    """A decode rollout to a key no ready prefill shares holds (its pods could pair with nobody).
+
+    Only during a rollout (old decode pods exist): a new deployment's pods start together."""
+    if role is not Role.DECODE:
+        return None
+    key = compat_key(target_spec, Role.DECODE)
+    if not any(p.compat and p.compat != key and not p.deleting for p in pods):  # "" = unlabelled, older pod
+        return None
+    if any(p.compat == key and p.ready and not p.deleting for p in peers):
+        return None
+    return f"decode revision holds: no ready prefill shares its compatibility key {key} (protocol, layout, TP/PP)"
 
 
 def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0,
@@ -232,5 +252,5 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
                               reason="per-deployment transfer authentication key"))
     for role in Role:
         actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now,
-                                     targets[role])
+                                     targets[role], [p for p in snapshot.pods if p.role is not role])
     return actions

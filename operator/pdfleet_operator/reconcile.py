@@ -139,6 +139,9 @@ class Reconciler:
             spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC)
         )
         status["rollout"] = rollout_status(spec, decisions)
+        holds = [a.reason for a in actions if a.kind is ActionKind.HOLD]
+        if holds:
+            status["rollout"]["message"] = "; ".join([*holds, status["rollout"]["message"]])
         phase_before = (old_status.get("rollout") or {}).get("phase")
         before = {c.get("type"): c for c in old_status.get("conditions") or ()}
         transitions = [

@@ -172,3 +172,18 @@ def test_prefill_rollout_drains_each_pod(cluster: LocalCluster, fleet: tuple[str
     deletes = [e for e in events if e["reason"] == "Deleted" and "prefill" in e["message"]]
     assert len(drains) >= 2 and len(deletes) >= 2
     assert all("FORCED" not in e["message"] for e in deletes)
+
+
+def test_decode_holds_without_a_compatible_prefill(cluster: LocalCluster, fleet: tuple[str, CoreV1Api]) -> None:
+    """A new pairing shape whose prefill pods never pass the gate: decode must not roll onto it."""
+    ns, core = fleet
+    _patch(cluster, ns, {"decode": {"parallelism": {"tensor": 2}}, "prefill": {"image": BAD}})
+    st = wait_until(lambda: (s := _pdd(cluster, ns)["status"]) and "decode revision holds" in
+                    (s.get("rollout") or {}).get("message", "") and s, what="decode hold", timeout=60)
+    assert "compatibility key" in st["rollout"]["message"]
+    import time
+
+    time.sleep(3)
+    pods = core.list_namespaced_pod(ns, label_selector="pdfleet.io/role=decode").items
+    assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1" for p in pods)  # still the old shape
+    assert len(pods) == REPLICAS

@@ -13,6 +13,7 @@ from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_REVISI
 __all__ = [
     "ANNOTATION_DRAIN",
     "CONDITION_DRAINED",
+    "LABEL_COMPAT",
     "LABEL_INDEX",
     "LABEL_ROUTABLE",
     "MANAGED_BY",
@@ -29,6 +30,8 @@ __all__ = [
 LABEL_INDEX = f"{GROUP}/index"
 # Routers send new requests only to pods labelled routable=true; a drain sets it false first.
 LABEL_ROUTABLE = f"{GROUP}/routable"
+# The pod's compatibility key (resources.revision.compat_key): decode pairs only with equal keys.
+LABEL_COMPAT = f"{GROUP}/compat"
 # Epoch seconds when the operator started draining the pod; the runtime stops admitting on it.
 ANNOTATION_DRAIN = f"{GROUP}/drain-started"
 # Pod condition the runtime sets True once a drained pod has no transfer in flight.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pdfleet_operator.api.constants import GROUP, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
 from pdfleet_operator.resources.names import (
+    LABEL_COMPAT,
     config_name,
     pod_labels,
     pod_name,
@@ -18,6 +19,7 @@ from pdfleet_operator.resources.names import (
     service_account_name,
     service_name,
 )
+from pdfleet_operator.resources.revision import compat_key
 from pdfleet_operator.resources.runtime_config import CONFIG_FILE, CONFIG_MOUNT, SECRET_MOUNT
 from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT, READINESS_GATE
 from pdfleet_runtime.transfer import Protocol
@@ -138,7 +140,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "metadata": {
             "name": pod,
             "namespace": namespace,
-            "labels": pod_labels(name, role, revision, index),
+            "labels": {**pod_labels(name, role, revision, index), LABEL_COMPAT: compat_key(spec, role)},
             # Identity survives a user editing the labels away; observe restores them from it.
             "annotations": {ANNOTATION_IDENTITY: f"{role.value}/{revision}/{index}"},
         },

@@ -12,8 +12,9 @@ import json
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_runtime.versions import release_of
 
-__all__ = ["role_revision"]
+__all__ = ["compat_key", "role_revision"]
 
 REVISION_LEN = 10
 
@@ -28,6 +29,22 @@ def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
         "self": mine.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"}),
         "peerShape": other.parallelism.model_dump(mode="json", by_alias=True),
         "drain": spec.rollout.drain_timeout_seconds,
+    }
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]
+
+
+def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
+    """Which pods may pair: protocol major version, layout (dtype, page size, state), backend and
+    both roles' TP/PP. A decode revision rolls out only once a ready prefill shares its key."""
+    mine = spec.prefill if role is Role.PREFILL else spec.decode
+    release = release_of(mine.runtime_version)
+    material = {
+        "wire": release.wire.major if release else mine.runtime_version,
+        "layout": spec.model.layout.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "backend": spec.transfer.backend.value,
+        "prefill": spec.prefill.parallelism.model_dump(mode="json", by_alias=True),
+        "decode": spec.decode.parallelism.model_dump(mode="json", by_alias=True),
     }
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]

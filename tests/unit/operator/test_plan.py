@@ -195,3 +195,23 @@ def test_long_names_fit_hostnames() -> None:
     pod = runtime_pod(owner.name, "ns", base_spec(), Role.DECODE, "abcdef1234", 17)
     assert len(pod["metadata"]["name"]) <= 63
     assert pod["spec"]["hostname"] == pod["metadata"]["name"]
+
+
+def test_decode_rollout_holds_until_a_ready_prefill_shares_its_key() -> None:
+    from pdfleet_operator.resources.revision import compat_key
+
+    old_spec = base_spec(replicas=1)
+    raw = old_spec.model_dump(mode="json", by_alias=True)
+    raw["decode"]["parallelism"]["tensor"] = 1  # a new pairing shape: a new compatibility key
+    new_spec = PDDeploymentSpec.model_validate(raw)
+    old_key, new_key = compat_key(old_spec, Role.DECODE), compat_key(new_spec, Role.DECODE)
+    assert old_key != new_key and compat_key(new_spec, Role.PREFILL) == new_key
+    decode = ObservedPod("d0", Role.DECODE, role_revision(old_spec, Role.DECODE), 0, True, compat=old_key)
+    old_prefill = ObservedPod("p0", Role.PREFILL, role_revision(old_spec, Role.PREFILL), 0, True, compat=old_key)
+    held = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill), secret_exists=True))
+    assert next(a.reason for a in held if a.kind is ActionKind.HOLD).startswith("decode revision holds")
+    assert not pods_of(held, Role.DECODE)
+    new_prefill = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, True, compat=new_key)
+    moving = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, new_prefill), secret_exists=True))
+    assert not [a for a in moving if a.kind is ActionKind.HOLD]
+    assert pods_of(moving, Role.DECODE)[0]["metadata"]["labels"]["pdfleet.io/compat"] == new_key
