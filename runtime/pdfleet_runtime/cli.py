@@ -1,6 +1,10 @@
 """`pdfleet-runtime`: the command the operator runs in each pod, plus offline tools.
 
 Sub-commands:
+  serve    the runtime pod: one process per local GPU rank, /healthz /readyz /metrics /drain and
+           /v1/synthetic on the HTTP port, the bootstrap endpoint on prefill pods; SIGTERM drains
+           then exits. Exit 0 after a clean stop, 1 when the ranks cannot start, 2 on a bad config.
+  synthetic  send synthetic requests to a decode pod's /v1/synthetic and print the results
   parity   build prefill and decode pools, transfer a seeded request set and compare every decode
            byte: in this process (--backend local, mori), or with every rank its own process on
            loopback through the real engine and the prefill/decode protocol (--backend mooncake, nixl). Exit 0 on parity, 1 on a mismatch (naming the first
@@ -14,6 +18,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pdfleet_runtime import __version__
 
@@ -36,9 +41,102 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--backend", default="local", choices=("local", "mooncake", "nixl", "mori"),
                      help="local: in-process copies, Mooncake's matrix column (default); mooncake, nixl: one "
                      "process per rank through the real engine and the protocol; mori: its column, in-process")
-    par.add_argument("--device", default="cpu", help="torch device of the pools (default cpu)")
+    par.add_argument("--device", default="cpu",
+                     help="torch device of the pools (default cpu); with mooncake/nixl, cuda spreads the rank "
+                     "processes over the host's GPUs (prefill rank r on GPU r %% n, decode rank r on (r+1) %% n)")
+    par.add_argument("--protocol", default=None, choices=("tcp", "nvlink", "rdma", "shm"),
+                     help="spec.transfer.protocol of mooncake/nixl (default tcp on cpu, nvlink on cuda)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
+    _serve_parser(sub)
+    syn = sub.add_parser("synthetic", help="send synthetic requests to a decode pod")
+    syn.add_argument("--url", required=True, help="the decode pod's HTTP base URL, e.g. http://127.0.0.1:8080")
+    syn.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
+    syn.add_argument("--count", type=int, default=1, help="requests (default 1)")
+    syn.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
+    syn.add_argument("--timeout", type=float, default=60.0, help="per request, seconds (default 60)")
+    syn.add_argument("--json", action="store_true", help="print one JSON line per request")
     return parser
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    srv = sub.add_parser("serve", help="run the runtime pod server")
+    srv.add_argument("--config", required=True, type=Path, help="the runtime config (the operator's ConfigMap)")
+    srv.add_argument("--port-offset", type=int, default=None,
+                     help="local runs: add N to the HTTP, bootstrap and engine ports (env PDFLEET_PORT_OFFSET)")
+    srv.add_argument("--prefill-addresses", default=None,
+                     help="local runs: prefill bootstrap addresses host:port,... instead of the headless Service "
+                     "(env PDFLEET_PREFILL_ADDRESSES)")
+    srv.add_argument("--bind", dest="bind_host", default=None, help="listen address (default 0.0.0.0)")
+    srv.add_argument("--kubeconfig", type=Path, default=None,
+                     help="write the readiness gate through this kubeconfig (default: in-cluster token if mounted)")
+    srv.add_argument("--no-gate", dest="gate", action="store_false", default=None,
+                     help="never write the readiness-gate condition")
+    srv.add_argument("--canary-tokens", type=int, default=None, help="tokens of each canary (default 64)")
+    srv.add_argument("--canary-period", dest="canary_period_s", type=float, default=None,
+                     help="re-check period while ready, seconds (default 10)")
+    srv.add_argument("--retry-period", dest="retry_period_s", type=float, default=None,
+                     help="re-check period while not ready, seconds (default 1)")
+    srv.add_argument("--canary-timeout", dest="canary_timeout_s", type=float, default=None,
+                     help="one canary's budget, seconds (default 10)")
+    srv.add_argument("--floor-gbps", dest="floor_gbps", type=float, default=None,
+                     help="canary throughput floor, GB/s (default: per protocol, docs/runtime-server.md)")
+    srv.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=None,
+                     help="default budget of one request, seconds (default 60)")
+    srv.add_argument("--write-timeout", dest="write_timeout_s", type=float, default=None,
+                     help="one engine write's budget, seconds (default 30)")
+    srv.add_argument("--fence-timeout", dest="fence_timeout_s", type=float, default=None,
+                     help="longest a failed request's items wait for the prefill's fence, seconds (default 35)")
+    srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    srv.add_argument("--fault-wire", default=None, help=argparse.SUPPRESS)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    from pdfleet_runtime.config import ConfigError, load_config
+    from pdfleet_runtime.server import FaultOptions, OptionsError, ServeOptions, serve
+
+    try:
+        cfg = load_config(args.config)
+        flags = {k: getattr(args, k) for k in (
+            "port_offset", "prefill_addresses", "bind_host", "kubeconfig", "gate", "canary_tokens", "canary_period_s",
+            "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s", "write_timeout_s",
+            "fence_timeout_s", "log_level")}
+        flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire)
+        flags["config_path"] = args.config
+        opts = ServeOptions.build(cfg, os.environ, **flags)
+    except (ConfigError, OptionsError) as e:
+        print(f"pdfleet-runtime serve: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    return serve(opts, in_cluster=bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
+
+
+def _synthetic(args: argparse.Namespace) -> int:
+    import concurrent.futures
+    import urllib.error
+    import urllib.request
+
+    def one(i: int) -> dict[str, object]:
+        data = json.dumps({"tokens": args.tokens, "timeoutS": args.timeout}).encode()
+        req = urllib.request.Request(f"{args.url.rstrip('/')}/v1/synthetic", data=data,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=args.timeout + 60) as resp:
+                return json.loads(resp.read())  # type: ignore[no-any-return]
+        except urllib.error.HTTPError as e:
+            return {"ok": False, "status": e.code, **json.loads(e.read() or b"{}")}
+
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.concurrency)) as pool:
+        for res in pool.map(one, range(args.count)):
+            failed += not res.get("ok")
+            if args.json:
+                print(json.dumps(res, sort_keys=True))
+            else:
+                print(f"{res.get('requestId', '-')}: {'ok' if res.get('ok') else 'FAILED'} {res.get('bytes', 0)} "
+                      f"bytes in {res.get('seconds', 0):.4f}s {res.get('reason') or res.get('error') or ''}")
+    return EXIT_OK if failed == 0 else EXIT_MISMATCH
 
 
 def _parity(args: argparse.Namespace) -> int:
@@ -51,6 +149,7 @@ def _parity(args: argparse.Namespace) -> int:
             layout=resolve_layout(args.layout), prefill=ParallelShape.parse(args.prefill),
             decode=ParallelShape.parse(args.decode), requests=args.requests, tokens=args.tokens,
             seed=args.seed, backend=args.backend, layout_name=args.layout, device=args.device,
+            protocol=args.protocol or ("tcp" if args.device == "cpu" else "nvlink"),
         )
         if args.requests < 1 or args.tokens < args.requests:
             raise LayoutError(f"need --tokens >= --requests >= 1, got {args.tokens} and {args.requests}")
@@ -88,4 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "parity":
         return _parity(args)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "synthetic":
+        return _synthetic(args)
     return 0

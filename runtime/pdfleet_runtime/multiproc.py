@@ -36,6 +36,7 @@ from typing import Any
 
 from pdfleet_runtime.layouts import resolve_layout
 from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.transfer import Protocol
 
 __all__ = [
     "CaseSpec",
@@ -43,6 +44,7 @@ __all__ = [
     "ProcessGroup",
     "RankProcess",
     "WorkerError",
+    "gpu_of",
     "run_group",
 ]
 
@@ -81,6 +83,23 @@ class GroupSpec:
     request_timeout_s: float = 60.0
     lease_s: float = 5.0
     write_timeout_s: float = 30.0
+    device: str = "cpu"
+    """``cpu``, or ``cuda``: each rank's pools on one GPU of the host (``gpu_of``)."""
+    protocol: Protocol = Protocol.TCP
+    engine_env: dict[str, str | None] = field(default_factory=dict)
+    """Overrides of the protocol table's engine environment (``EngineConfig.env``)."""
+    placement: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    """Explicit GPU per global rank (prefill, decode); empty means ``gpu_of``'s default spread."""
+
+
+def gpu_of(spec: GroupSpec, side: int, rank: int, count: int) -> int:
+    """The GPU of a rank (``side`` 1 prefill, 2 decode): the explicit placement, else prefill rank r on
+    GPU ``r % count`` and decode rank r on GPU ``(r + 1) % count``, so that with two GPUs an equal-TP
+    pair always crosses GPUs and a 2 -> 1 aggregation has one leg within a GPU and one across."""
+    explicit = spec.placement[side - 1]
+    if explicit:
+        return explicit[rank] % count
+    return (rank + (side - 1)) % count
 
 
 # --------------------------------------------------------------------------- processes
@@ -150,6 +169,8 @@ class ProcessGroup:
         self.prefill: list[RankProcess] = []
         self.decode: list[RankProcess] = []
         self.ready_seconds = 0.0
+        self.devices: dict[str, str] = {}
+        """Each rank process's torch device, by process name (what ``ready`` reported)."""
 
     def __enter__(self) -> ProcessGroup:
         t0 = time.monotonic()
@@ -159,7 +180,8 @@ class ProcessGroup:
             self.decode = [RankProcess(f"decode-{t}-{p}", _decode_main, self.spec, t, p, str(self.resolver_file))
                            for t, p in self.spec.decode.coords()]
             for w in [*self.prefill, *self.decode]:
-                w.recv(READY_TIMEOUT_S, expect="ready")
+                info = w.recv(READY_TIMEOUT_S, expect="ready")[1]
+                self.devices[w.name] = info.get("device", "cpu")
         except BaseException:
             self.close()
             raise
@@ -215,7 +237,7 @@ def run_group(spec: GroupSpec, workdir: Path) -> list[Any]:
     admitted = []
     for i, case in enumerate(spec.cases):
         cfg = ParityConfig(resolve_layout(case.layout_name), spec.prefill, spec.decode, case.requests, case.tokens,
-                           case.seed, spec.backend, case.layout_name)
+                           case.seed, spec.backend, case.layout_name, spec.device)
         rejection = check_matrix(cfg)
         if rejection is not None:
             results[i] = ParityResult(ok=False, rejection=rejection)
@@ -277,7 +299,7 @@ def run_case(group: ProcessGroup, case: int) -> Any:
         from pdfleet_runtime.parity import Mismatch
 
         result.first_mismatch = Mismatch(**first)
-    result.details = {"decode": decoded, "prefill": served}  # type: ignore[attr-defined]
+    result.details = {"decode": decoded, "prefill": served, "devices": dict(group.devices)}  # type: ignore[attr-defined]
     return result
 
 

@@ -9,6 +9,7 @@ logical bytes ``parity.logical_items`` derives from the seed, so both sides agre
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -19,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
-from pdfleet_runtime.layouts import IndexKind, resolve_layout
-from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, _commands
+from pdfleet_runtime.engines import cuda as cuda_facts
+from pdfleet_runtime.layouts import resolve_layout
+from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, _commands, gpu_of
 from pdfleet_runtime.parity import _compare, _fill_background, _write_requests, request_lengths
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
@@ -30,7 +32,6 @@ from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 from pdfleet_runtime.records import RequestIndices
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = ["DecodeWorker", "PrefillWorker"]
 
@@ -52,7 +53,7 @@ class _Case:
         return f"{self.spec.name}-{attempt}-{q}"
 
     def free_counts(self) -> dict[str, int]:
-        return {k.value: self.alloc._alloc[k].free_count for k in IndexKind}  # test harness: reads the free lists
+        return {k.value: n for k, n in self.alloc.free_counts().items()}
 
     def ensure(self, q: int, *, write: bool) -> RequestIndices:
         """Request ``q``'s items, allocated anew if an earlier attempt released them (and filled, on prefill)."""
@@ -62,6 +63,7 @@ class _Case:
             if write:
                 _write_requests([self.pools], self.spec.seed, [idx if i == q else _EMPTY
                                                                 for i in range(len(self.reqs))], None)
+                cuda_facts.synchronize(self.pools.region.device)  # engines may read on their own streams
         return idx
 
     def release(self, request_id: str) -> None:
@@ -74,19 +76,40 @@ class _Case:
             self.done.pop(q, None)
 
 
-def _build(case: CaseSpec, spec: GroupSpec, tp: int, pp: int, side: int) -> _Case:
+def _build(case: CaseSpec, spec: GroupSpec, tp: int, pp: int, side: int, device: str = "cpu") -> _Case:
     """Pools, background and allocations of one case on one rank, as ``parity.run_parity`` makes them."""
     layout = resolve_layout(case.layout_name)
     shape = spec.prefill if side == 1 else spec.decode
     cap = Capacity(case.requests, case.tokens)
-    pools = RankPools(layout, shape, tp, pp, cap)
+    pools = RankPools(layout, shape, tp, pp, cap, device)
     background = _fill_background(pools, case.seed, side)
     alloc = RequestAllocator(layout, cap, seed=case.seed * 2 + side)
     lengths = request_lengths(case.tokens, case.requests, case.seed)
     reqs: list[RequestIndices | None] = [alloc.allocate(n) for n in lengths]
     if side == 1:
         _write_requests([pools], case.seed, [r or _EMPTY for r in reqs], None)
+    cuda_facts.synchronize(device)  # engines may read (and UCX writes) on streams of their own
     return _Case(case, pools, alloc, lengths, reqs, background)
+
+
+def rank_device(spec: GroupSpec, side: int, tp: int, pp: int) -> str:
+    """This rank's torch device; on ``cuda`` also binds the process's threads to it.
+
+    Every GPU stays visible (CUDA IPC opens a peer's memory only on a device this process sees);
+    the runtime's current device is per thread, so the default executor (``asyncio.to_thread``, where
+    engine writes run) binds each new worker thread to the rank's GPU too.
+    """
+    if spec.device == "cpu":
+        return "cpu"
+    import torch
+
+    shape = spec.prefill if side == 1 else spec.decode
+    gpu = gpu_of(spec, side, shape.rank(tp, pp), torch.cuda.device_count())
+    device = f"cuda:{gpu}"
+    torch.cuda.set_device(gpu)
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
+        initializer=cuda_facts.bind_thread, initargs=(device,)))
+    return device
 
 
 class _Worker:
@@ -96,17 +119,19 @@ class _Worker:
         self.conn, self.spec, self.tp, self.pp = conn, spec, tp, pp
         self.cases: list[_Case] = []
         self.engine: TransferEngine | None = None
+        self.device = "cpu"
 
     async def main(self) -> None:
         t0 = time.perf_counter()
-        self.cases = [_build(c, self.spec, self.tp, self.pp, self.side) for c in self.spec.cases]
+        self.device = rank_device(self.spec, self.side, self.tp, self.pp)
+        self.cases = [_build(c, self.spec, self.tp, self.pp, self.side, self.device) for c in self.spec.cases]
         role = "prefill" if self.side == 1 else "decode"
-        self.engine = create_engine(EngineConfig(self.spec.backend, Protocol.TCP,
+        self.engine = create_engine(EngineConfig(self.spec.backend, self.spec.protocol, env=self.spec.engine_env,
                                                  name=f"{role}-{self.tp}-{self.pp}-{time.time_ns()}"))
         self.engine.start()
         self.info = self.engine.register([c.pools.region for c in self.cases],
                                          [r for c in self.cases for r in c.pools.records])
-        self.conn.send(("ready", {"seconds": time.perf_counter() - t0}))
+        self.conn.send(("ready", {"seconds": time.perf_counter() - t0, "device": self.device}))
         try:
             await _commands(self.conn, self.handle)
         finally:
@@ -223,7 +248,9 @@ class DecodeWorker(_Worker):
             timeouts = StateTimeouts(bootstrapping_s=30.0, transferring_s=self.spec.request_timeout_s)
             self.coords[case] = DecodeRank(
                 c.pools.registration(), self.info, self.resolver, Codec(self.spec.secret, f"decode-{self.tp}-{self.pp}"),
-                instance=f"decode-{c.spec.name}", settings=DecodeSettings(timeouts=timeouts), release=c.release)
+                instance=f"decode-{c.spec.name}", release=c.release,
+                # Held items of a failed request wait for the sources' fence, at most one write timeout.
+                settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=self.spec.write_timeout_s + 1.0))
         return self.coords[case]
 
     async def _transfer(self, case: int, qs: list[int] | None, timeout_s: float, attempt: str) -> None:
@@ -236,6 +263,7 @@ class DecodeWorker(_Worker):
         outcomes = await asyncio.gather(*(coord.transfer(c.rid(attempt, q), c.reqs[q], timeout_s=timeout_s)
                                           for q in qs))  # type: ignore[arg-type]
         seconds = time.perf_counter() - t0
+        await coord.wait_fenced(self.spec.write_timeout_s + 5.0)  # failed requests' items come back after the fence
         for q, o in zip(qs, outcomes, strict=True):
             if o.state is RequestState.SUCCESS:
                 c.done[q] = c.reqs[q]  # type: ignore[assignment]
@@ -261,7 +289,7 @@ class DecodeWorker(_Worker):
         (the expected bytes there are the actual ones) unless a later request succeeded into them.
         """
         expected = c.background.copy()
-        actual = c.pools.arena.numpy()
+        actual = c.pools.arena.cpu().numpy()
         base = c.pools.region.address
         for idx in c.dirty:
             for rec in c.pools.records:

@@ -81,6 +81,8 @@ class ParityConfig:
     backend: str = "local"
     layout_name: str = "inline"
     device: str = "cpu"
+    protocol: str = "tcp"
+    """The engine backends' ``spec.transfer.protocol`` (``tcp`` on host memory, ``nvlink`` on GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class ParityResult:
             "prefill": str(cfg.prefill),
             "decode": str(cfg.decode),
             "backend": cfg.backend,
+            "device": cfg.device,
+            "protocol": cfg.protocol,
             "bytes_moved": self.bytes_moved,
             "descriptors": self.descriptors,
             "mismatched_bytes": self.mismatched_bytes,
@@ -348,10 +352,11 @@ def run_parity_engine(cfg: ParityConfig, workdir: str | None = None) -> ParityRe
     rejection = precheck(cfg)
     if rejection is not None:
         return ParityResult(ok=False, rejection=rejection)
-    if cfg.device != "cpu":
-        raise ValueError("multi-process parity runs on cpu pools only")
+    from pdfleet_runtime.transfer import Protocol
+
     group = GroupSpec(cfg.backend, cfg.prefill, cfg.decode, (CaseSpec(cfg.layout_name, cfg.requests, cfg.tokens,
-                                                                      cfg.seed),))
+                                                                      cfg.seed),),
+                      device="cpu" if cfg.device == "cpu" else "cuda", protocol=Protocol(cfg.protocol))
     with tempfile.TemporaryDirectory(prefix="pdfleet-parity-", dir=workdir) as tmp:
         return run_group(group, Path(tmp))[0]  # type: ignore[no-any-return]
 

@@ -155,3 +155,7 @@ class RequestAllocator:
     def free(self, idx: RequestIndices) -> None:
         for kind in IndexKind:
             self._alloc[kind].free(idx.of(kind))
+
+    def free_counts(self) -> dict[IndexKind, int]:
+        """Free items per index kind (leak checks in tests and the server's pool gauges)."""
+        return {k: a.free_count for k, a in self._alloc.items()}

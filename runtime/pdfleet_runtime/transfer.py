@@ -110,7 +110,10 @@ ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
         Backend.NIXL,
         Protocol.NVLINK,
         "ucx",
-        env={"UCX_TLS": "cuda_ipc,cuda_copy"},
+        # cuda_ipc moves the bytes; tcp is only the active-message lane NIXL's UCX backend needs:
+        # with `cuda_ipc,cuda_copy` alone backend creation fails ("no active messages transport";
+        # nixl-cu13 1.5.1 on an H200 pair, 2026-11-30). With tcp listed, 1 GiB moved at 327 GB/s.
+        env={"UCX_TLS": "cuda_ipc,cuda_copy,tcp"},
         accepted_transports=frozenset({"cuda_ipc"}),
         same_host_only=True,
         needs_host_ipc=True,

@@ -13,6 +13,11 @@ Hazards of 0.3.13 (shared/engines.md) and how this adapter makes them impossible
   the adapter checks the engine's topology for ``rdma`` and the build for ``nvlink`` and raises
   ``TransportMismatch`` instead of running over TCP.
 * A dead peer returns -1 at once; a failed probe turns that into ``PeerUnreachable`` at once.
+* GPU memory (``nvlink_intra``, 0.3.14): the peer maps our IPC handle to the start of the allocation,
+  so whole allocations are registered (``cuda.allocation_range``), never a carved region; each
+  entry is a plain ``cudaMemcpy`` queued in the calling thread's current device, which returns
+  before a device-to-device copy ends, so calls bind the thread to the region's GPU and a
+  transfer is done only after that GPU is synchronized (``cuda.synchronize``).
 
 Rebuilding changes the engine's RPC port, so ``local_info`` changes: the runtime writes from
 prefill (the initiator, which rebuilds) to decode (the target, which never does).
@@ -26,6 +31,7 @@ from collections import deque
 from enum import StrEnum
 from typing import Any
 
+from pdfleet_runtime.engines import cuda
 from pdfleet_runtime.engines.base import (
     EngineCapabilities,
     PeerId,
@@ -105,6 +111,7 @@ class _MooncakeTransfer(Transfer):
             self._pipeline()
         if self._confirmed < len(self._chunks):
             return None
+        self._engine._fence()
         b = self.batch
         return TransferReport(self.peer, b.descriptors, b.bytes, self._calls, b.descriptors,
                               time.perf_counter() - self.started, self._recoveries, 0, b.descriptors)
@@ -155,6 +162,7 @@ class MooncakeEngine(TransferEngine):
         self.recoveries = 0
         self.engine_calls = 0
         self._poisoned = False
+        self._gpu: str | None = None
         self._engine = self._new_engine()
 
     @staticmethod
@@ -188,10 +196,27 @@ class MooncakeEngine(TransferEngine):
         return any(any(lists) for lists in topology.values() if isinstance(lists, list))
 
     def _register(self, regions: tuple[RegionRecord, ...]) -> None:
+        self._gpu = next((r.device for r in regions if cuda.is_cuda(r.device)), None)
+        spans: dict[int, tuple[int, str]] = {}
         for r in regions:
-            rc = self._engine.register_memory(r.address, r.total_bytes, _location(r.device))
+            if cuda.is_cuda(r.device):  # whole allocations: the peer maps IPC handles to their start
+                base, size = cuda.allocation_range(r.address, r.device)
+                spans[base] = (size, r.device)
+            else:
+                spans[r.address] = (r.total_bytes, r.device)
+        for address, (nbytes, device) in sorted(spans.items()):
+            rc = self._engine.register_memory(address, nbytes, _location(device))
             if rc != 0:
-                raise EngineStartError(f"mooncake register_memory({r.address:#x}, {r.total_bytes}) returned {rc}")
+                raise EngineStartError(f"mooncake register_memory({address:#x}, {nbytes}) returned {rc}")
+
+    def _bind(self) -> None:
+        if self._gpu is not None:
+            cuda.bind_thread(self._gpu)
+
+    def _fence(self) -> None:
+        """GPU copies are queued, not done, when the engine says success: wait for the local GPU."""
+        if self._gpu is not None:
+            cuda.synchronize(self._gpu)
 
     def _name(self) -> str:
         return f"{self.config.host}:{self._engine.get_rpc_port()}"
@@ -231,6 +256,7 @@ class MooncakeEngine(TransferEngine):
         self.engine_calls += 1
         if self._poisoned:
             return -1
+        self._bind()
         return int(self._engine.batch_transfer_sync_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
                                                           chunk.length.tolist()))
 
@@ -239,6 +265,7 @@ class MooncakeEngine(TransferEngine):
         self.engine_calls += 1
         if self._poisoned:
             return -1
+        self._bind()
         bid = self._engine.batch_transfer_async_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
                                                       chunk.length.tolist())
         return int(bid) if bid and bid > 0 else -1

@@ -12,6 +12,9 @@ sequence number, so a lost reply is re-sent). A decode rank says ``Hello`` (vers
 answer with ``StatusReports``, including ranks that send nothing; the decode rank's
 ``StatusQuery`` collects them. A source rank that stops polling for ``lease_s`` is reported
 ``Failed (peer_lost)`` for every request it has not finished.
+
+Draining (``drain()``): new request ids are refused with ``draining`` (a decode then tries another
+pod); requests already accepted go on until every source reported, which ``unfinished`` counts.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from aiohttp import web
 
 from pdfleet_runtime.planner import PlanError, check_shapes, source_ranks
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION
+from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, WireProtocol
 
 from .auth import SIGNATURE_HEADER, Codec, ProtocolError
 from .discovery import Endpoint
@@ -62,7 +65,7 @@ _STATUS = {
     RefusalCode.MALFORMED: 400, RefusalCode.TOO_LARGE: 413, RefusalCode.UNSIGNED: 401,
     RefusalCode.BAD_SIGNATURE: 401, RefusalCode.REPLAYED: 409, RefusalCode.STALE: 401, RefusalCode.VERSION: 409,
     RefusalCode.NOT_READY: 503, RefusalCode.UNKNOWN_PEER: 404, RefusalCode.CONFLICT: 409, RefusalCode.BUSY: 503,
-    RefusalCode.UNEXPECTED: 422,
+    RefusalCode.UNEXPECTED: 422, RefusalCode.DRAINING: 503,
 }
 
 Pair = tuple[int, int]
@@ -96,8 +99,9 @@ class BootstrapState:
     """The registry and mailboxes of one prefill pod (pure; one instance per pod incarnation)."""
 
     def __init__(self, prefill: ParallelShape, *, limits: BootstrapLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.prefill, self.limits, self._clock = prefill, limits or BootstrapLimits(), clock
+                 clock: Callable[[], float] = time.monotonic, wire: WireProtocol = WIRE) -> None:
+        self.prefill, self.limits, self._clock, self.wire = prefill, limits or BootstrapLimits(), clock, wire
+        self.draining = False
         self.ranks: dict[Pair, PrefillRegister] = {}
         self.last_seen: dict[Pair, float] = {}
         self.decodes: dict[tuple[str, Pair], DecodeRegister] = {}
@@ -135,6 +139,18 @@ class BootstrapState:
     def ready(self) -> bool:
         return len(self.ranks) == self.prefill.world
 
+    @property
+    def unfinished(self) -> int:
+        """Accepted requests (per decode rank) that some source rank has not reported terminal yet."""
+        self._purge()
+        return sum(1 for p in self.pending.values() if p.finished is None)
+
+    def drain(self, on: bool = True) -> None:
+        """Refuse new requests (``draining``) from now on; ``drain(False)`` takes them again."""
+        if self.draining != on:
+            self.draining = on
+            self._changed()
+
     # ------------------------------------------------------------------ handlers
 
     def hello(self, msg: Hello) -> Welcome:
@@ -142,11 +158,11 @@ class BootstrapState:
             theirs = parse_wire(msg.wire)
         except ValueError as e:
             raise ProtocolError(RefusalCode.MALFORMED, str(e)) from None
-        if not WIRE.talks_to(theirs):
+        if not self.wire.talks_to(theirs):
             raise ProtocolError(RefusalCode.VERSION, f"{msg.role.value} {msg.instance} (runtime {msg.runtime_version}) "
                                 f"speaks wire protocol {theirs}; this prefill pod (runtime "
-                                f"{CURRENT_RUNTIME_VERSION}) speaks {WIRE}")
-        return Welcome(runtime_version=CURRENT_RUNTIME_VERSION, wire=str(WIRE), prefill_tp=self.prefill.tp,
+                                f"{CURRENT_RUNTIME_VERSION}) speaks {self.wire}")
+        return Welcome(runtime_version=CURRENT_RUNTIME_VERSION, wire=str(self.wire), prefill_tp=self.prefill.tp,
                        prefill_pp=self.prefill.pp, ready=self.ready)
 
     def prefill_register(self, msg: PrefillRegister) -> Ack:
@@ -215,6 +231,9 @@ class BootstrapState:
                 raise ProtocolError(RefusalCode.CONFLICT, f"request {msg.request_id} was sent before with other "
                                     "indices")
             return Ack()
+        if self.draining:
+            raise ProtocolError(RefusalCode.DRAINING, f"prefill pod is draining: request {msg.request_id} refused, "
+                                "send it to another prefill pod")
         if len(self.pending) >= self.limits.max_requests:
             raise ProtocolError(RefusalCode.BUSY, f"{len(self.pending)} requests pending")
         sources = self._sources(dec.rank.shape, dst)
@@ -237,6 +256,8 @@ class BootstrapState:
             prev = p.reports.get(r.src.pair)
             if prev is None or not prev.state.terminal:  # the first outcome stands
                 p.reports[r.src.pair] = r
+            elif r.fenced and not prev.fenced:  # ... but a later fence (the write ended) is recorded
+                p.reports[r.src.pair] = prev.model_copy(update={"fenced": True})
             self._mark_finished(p)
         self._changed()
         return Ack()
@@ -345,7 +366,8 @@ class BootstrapServer:
             self._runner = None
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        return web.json_response({"ready": self.state.ready, "boot": self.codec.boot})
+        return web.json_response({"ready": self.state.ready, "boot": self.codec.boot,
+                                  "draining": self.state.draining})
 
     def _reply(self, body: Body, status: int, reply_to: str | None) -> web.Response:
         raw, sig, _ = self.codec.seal(body, reply_to=reply_to)

@@ -6,9 +6,17 @@ link is kept for later requests) -> WaitingForInput (sending the destination ind
 Transferring (long-polling statuses) -> Success once *every* source rank reported Success (ranks
 that send nothing report too) | Failed with a kind and a reason: a source failed, the pod is
 unreachable for ``unreachable_grace_s``, the pod restarted (its ``boot`` id changed), or the
-request's deadline passed. On failure the request's destination items are released at once and
-the pod is told to drop the request (best effort); the link is dropped so the next request
-re-resolves the Service and handshakes with whatever pod answers now.
+request's deadline passed. On failure the pod is told to drop the request (``Cancel``, best effort);
+the link is dropped so the next request re-resolves the Service and handshakes with whatever pod
+answers now.
+
+Fencing (the late-write hazard): a source may still be writing into the request's destination items
+when the decode gives up. The items are released only when it is safe: at once when no
+``TransferRequest`` was ever sent or every source already sent a *fenced* terminal status; else
+after every source fenced its status in answer to the ``Cancel`` (its write returned), polled in
+the background; else after ``fence_timeout_s`` (a source or pod that cannot answer: longer than any
+write may run). ``transfer`` returns the failure without waiting; ``wait_fenced`` waits for the
+releases.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from .messages import (
     StatusQuery,
     StatusReply,
     StatusReport,
+    SyntheticFill,
     TransferRequest,
     Welcome,
     parse_wire,
@@ -68,6 +77,10 @@ class DecodeSettings:
     status_wait_s: float = 1.0
     unreachable_grace_s: float = 2.0
     cancel_timeout_s: float = 1.0
+    fence_timeout_s: float = 35.0
+    """Longest a failed request's items stay held waiting for the sources' fence (the prefill's write
+    timeout, 30 s by default, plus a margin): after it no write can still be running."""
+    fence_poll_s: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -116,8 +129,25 @@ class DecodeRank:
         self._link: _Link | None = None
         self._link_lock = asyncio.Lock()
         self.handshakes = 0
+        self._fences: set[asyncio.Task[None]] = set()
+        self.fenced = {"at_once": 0, "ack": 0, "deadline": 0}
+        """How failed requests' items were released (counts): nothing in flight, sources' fence, deadline."""
+
+    @property
+    def fences_pending(self) -> int:
+        """Failed requests whose items are still held until their sources fence (or the deadline)."""
+        return len(self._fences)
+
+    async def wait_fenced(self, timeout_s: float | None = None) -> bool:
+        """Wait until every held item is released; False if ``timeout_s`` passed first."""
+        if not self._fences:
+            return True
+        _, pending = await asyncio.wait(set(self._fences), timeout=timeout_s)
+        return not pending
 
     async def close(self) -> None:
+        for task in list(self._fences):  # the process is leaving: its memory goes with it
+            task.cancel()
         if self._link is not None:
             await self._link.client.close()
             self._link = None
@@ -190,14 +220,18 @@ class DecodeRank:
     # ------------------------------------------------------------------ requests
 
     async def transfer(self, request_id: str, indices: RequestIndices, *,
-                       timeout_s: float | None = None) -> TransferOutcome:
-        """Move one request's state into this rank's items ``indices``; never raises for a failed transfer."""
+                       timeout_s: float | None = None, fill: SyntheticFill | None = None) -> TransferOutcome:
+        """Move one request's state into this rank's items ``indices``; never raises for a failed transfer.
+
+        ``fill`` makes it a synthetic request: the prefill makes seeded state instead of a scheduler's.
+        """
         t0 = self._clock()
         budget = timeout_s or self.settings.timeouts.transferring_s
         deadline = t0 + budget
         self.tracker.start(request_id, deadline=deadline)
         reports: dict[Pair, StatusReport] = {}
         link: _Link | None = None
+        sent = False
         try:
             link = await self._ensure_link(deadline)
             self.tracker.advance(request_id, RequestState.WAITING_FOR_INPUT, deadline=deadline)
@@ -205,7 +239,8 @@ class DecodeRank:
             for attempt in range(_SEND_ATTEMPTS):
                 req = TransferRequest(request_id=request_id, instance=self.instance,
                                       dst=RankKey(tp=self.me[0], pp=self.me[1]), indices=idx,
-                                      timeout_s=max(0.001, deadline - self._clock()))
+                                      timeout_s=max(0.001, deadline - self._clock()), fill=fill)
+                sent = True  # from here a source may write, even if the reply is lost
                 try:
                     await self._call(link, req, deadline, grace_s=0.0)
                     break
@@ -227,7 +262,7 @@ class DecodeRank:
             self.tracker.fail(request_id, FailureReason.REFUSED, f"prefill pod refused: {e}")
         rec = self.tracker.get(request_id)
         if rec.state is RequestState.FAILED:
-            await self._after_failure(link, request_id, rec.reason)
+            await self._after_failure(link, request_id, rec.reason, sent, reports)
         return TransferOutcome(request_id, rec.state, rec.failure, rec.reason, tuple(reports.values()),
                                self._clock() - t0, link.endpoint if link else None)
 
@@ -284,10 +319,50 @@ class DecodeRank:
             if all(s in reports and reports[s].state is RequestState.SUCCESS for s in link.sources):
                 return
 
-    async def _after_failure(self, link: _Link | None, request_id: str, reason: str) -> None:
+    async def _after_failure(self, link: _Link | None, request_id: str, reason: str, sent: bool,
+                             reports: dict[Pair, StatusReport]) -> None:
+        cancelled = False
         if link is not None and self._link is link:
             with contextlib.suppress(BootstrapUnreachable, ProtocolError):
                 await link.client.call(Cancel(request_id=request_id, instance=self.instance, reason=reason[:3000]),
                                        timeout_s=self.settings.cancel_timeout_s)
+                cancelled = True
+        sources = link.sources if link is not None else ()
+        if not sent or (sources and all(_fenced(reports.get(s)) for s in sources)):
+            self.fenced["at_once"] += 1
+            self._do_release(request_id)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._fence(link if cancelled else None, request_id, sources, self._clock() + self.settings.fence_timeout_s))
+        self._fences.add(task)
+        task.add_done_callback(self._fences.discard)
+
+    async def _fence(self, link: _Link | None, request_id: str, sources: tuple[Pair, ...], deadline: float) -> None:
+        """Release the items once every source fenced its status, or at ``deadline`` (never before)."""
+        query = StatusQuery(instance=self.instance, dst=RankKey(tp=self.me[0], pp=self.me[1]),
+                            request_ids=(request_id,))
+        while self._clock() < deadline:
+            if link is not None and self._link is link:
+                try:
+                    reply = await link.client.call(query, timeout_s=self._rpc(deadline))
+                except (BootstrapUnreachable, ProtocolError):
+                    reply = None
+                if reply is not None and reply.boot == link.boot and isinstance(reply.body, StatusReply):
+                    got = {r.src.pair: r for r in reply.body.reports if r.request_id == request_id}
+                    if all(_fenced(got.get(s)) for s in sources):
+                        self.fenced["ack"] += 1
+                        self._do_release(request_id)
+                        return
+            await asyncio.sleep(min(self.settings.fence_poll_s, max(0.0, deadline - self._clock())))
+        log.info("decode rank %s: request %s: no fence from its sources; items reused after %.0fs",
+                 self.me, request_id, self.settings.fence_timeout_s)
+        self.fenced["deadline"] += 1
+        self._do_release(request_id)
+
+    def _do_release(self, request_id: str) -> None:
         if self._release is not None:
             self._release(request_id)
+
+
+def _fenced(report: StatusReport | None) -> bool:
+    return report is not None and report.state.terminal and report.fenced

@@ -57,6 +57,7 @@ __all__ = [
     "StatusReply",
     "StatusReport",
     "StatusReports",
+    "SyntheticFill",
     "TransferRequest",
     "Welcome",
     "WorkEvent",
@@ -120,6 +121,8 @@ class RefusalCode(StrEnum):
     CONFLICT = "conflict"
     BUSY = "busy"
     UNEXPECTED = "unexpected"
+    DRAINING = "draining"
+    """The prefill pod is draining: it finishes what it accepted and takes nothing new (try another pod)."""
 
     @property
     def retryable(self) -> bool:
@@ -291,6 +294,14 @@ class DecodeRegistered(_Msg):
     """The prefill ranks this decode rank must hear a status from, for every request."""
 
 
+class SyntheticFill(_Msg):
+    """A synthetic request (smoke tests, canaries, benchmarks): the prefill allocates its own items and fills
+    ``tokens`` tokens of state drawn from ``seed``, which the decode re-derives to verify every byte."""
+
+    seed: int = Field(ge=0, lt=2**63)
+    tokens: int = Field(ge=1, le=1 << 22)
+
+
 class TransferRequest(_Msg):
     """Per request: the decode rank's destination indices; every source rank it pairs with answers."""
 
@@ -300,6 +311,8 @@ class TransferRequest(_Msg):
     dst: RankKey
     indices: IndicesModel
     timeout_s: float = Field(gt=0, le=3600)
+    fill: SyntheticFill | None = None
+    """Set for synthetic requests only: there is no local scheduler, the prefill rank makes the state."""
 
 
 class Cancel(_Msg):
@@ -328,6 +341,9 @@ class StatusReport(_Msg):
     descriptors_by_state: dict[StateType, Count] = Field(default_factory=dict, max_length=16)
     plan_seconds: float = Field(0.0, ge=0)
     write_seconds: float = Field(0.0, ge=0)
+    fenced: bool = False
+    """No write of this source to this destination is in flight or will start: the decode may reuse the
+    destination items. A Failed status sent while a write still runs is followed by the same status fenced."""
 
     @model_validator(mode="after")
     def _reason_on_failure(self) -> StatusReport:

@@ -8,6 +8,15 @@ Bootstrapping -> WaitingForInput (every decode rank it serves sent indices) -> T
 Success | Failed. Every decode rank this source pairs with gets a status, also when this rank's
 plan holds no block for it (not elected, or a PP stage without that layer). When the request is
 terminal its source items are released (``release`` callback), whatever the outcome.
+
+Fencing: a status sent while a write to that destination may still run (the request was cancelled
+or timed out mid-write) says ``fenced=False``; when the write has returned (finished, failed or
+timed out in the engine) the same status is sent again with ``fenced=True``. Only then may the
+decode reuse the destination items, so a late write can never land in pages given to another
+request. Every other status is fenced when sent.
+
+A synthetic request (``TransferRequest.fill``) has no local scheduler: the ``synthetic`` callback
+allocates and fills this rank's items, then the request proceeds as if ``add_request`` was called.
 """
 
 from __future__ import annotations
@@ -47,15 +56,20 @@ from .messages import (
     RankModel,
     StatusReport,
     StatusReports,
+    SyntheticFill,
     TransferRequest,
 )
 from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
 
-__all__ = ["PrefillRank", "PrefillSettings"]
+__all__ = ["PrefillRank", "PrefillSettings", "SyntheticError"]
 
 log = logging.getLogger(__name__)
 Pair = tuple[int, int]
 LegKey = tuple[str, Pair]  # (decode instance, decode rank)
+
+
+class SyntheticError(RuntimeError):
+    """The ``synthetic`` callback could not make a request's state (pools full); the request fails ``plan``."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,8 @@ class _Leg:
     request: TransferRequest
     state: RequestState = RequestState.WAITING_FOR_INPUT
     report: StatusReport | None = None
+    writing: bool = False
+    """The engine may still be writing to this destination (its status cannot be fenced yet)."""
 
 
 @dataclass
@@ -93,6 +109,8 @@ class _Request:
     legs: dict[LegKey, _Leg] = field(default_factory=dict)
     expected: frozenset[LegKey] | None = None
     released: bool = False
+    filling: bool = False
+    """A synthetic request's state is being made (``synthetic`` callback)."""
     writing: bool = False
     """A write task runs: source items are freed only after it returns (the engine may still read them)."""
 
@@ -104,12 +122,15 @@ class PrefillRank:
                  client: BootstrapClient, *, settings: PrefillSettings | None = None,
                  release: Callable[[str], None] | None = None,
                  before_write: Callable[[str], Awaitable[None]] | None = None,
+                 synthetic: Callable[[str, SyntheticFill], Awaitable[RequestIndices]] | None = None,
+                 on_report: Callable[[StatusReport], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registration, self.engine, self.client = registration, engine, client
         self.settings = settings or PrefillSettings()
         self.me: Pair = (registration.tp_rank, registration.pp_rank)
         self._engine_info = engine_info
         self._release, self._before_write = release, before_write
+        self._synthetic, self._on_report = synthetic, on_report
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._clock = clock
         self._siblings: dict[Pair, RankRegistration] = {}
@@ -277,6 +298,9 @@ class PrefillRank:
         if req is None or leg_key in req.legs:
             return
         req.legs[leg_key] = _Leg(msg)
+        if msg.fill is not None and req.src is None and not req.filling and self._synthetic is not None:
+            req.filling = True
+            self._spawn(self._fill(req, msg.fill))
         if req.expected is None:
             dec = self._decodes.get(leg_key)
             if dec is None:
@@ -288,6 +312,26 @@ class PrefillRank:
             req.expected = frozenset(
                 (msg.instance, d) for d in shape.coords() if self.me in source_ranks(P, shape, d[0], d[1]))
         self._progress(req)
+
+    async def _fill(self, req: _Request, fill: SyntheticFill) -> None:
+        assert self._synthetic is not None
+        try:
+            idx = await self._synthetic(req.request_id, fill)
+        except SyntheticError as e:
+            if not self.tracker.get(req.request_id).state.terminal:
+                self._fail_request(req, FailureReason.PLAN, f"synthetic request {req.request_id}: {e}")
+            return
+        req.src = idx
+        if req.released:  # cancelled or timed out while filling: give the items straight back
+            if self._release is not None:
+                self._release(req.request_id)
+            return
+        self._progress(req)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _on_cancel(self, msg: Cancel) -> None:
         req = self._requests.get(msg.request_id)
@@ -312,9 +356,7 @@ class PrefillRank:
             rec = self.tracker.get(req.request_id)
         if rec.state is RequestState.WAITING_FOR_INPUT and req.src is not None:
             self.tracker.advance(req.request_id, RequestState.TRANSFERRING)
-            task = asyncio.get_running_loop().create_task(self._transfer(req))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._transfer(req))
 
     async def _transfer(self, req: _Request) -> None:
         req.writing = True
@@ -330,6 +372,8 @@ class PrefillRank:
                 self._finish(req)
         finally:
             req.writing = False
+            for leg in req.legs.values():
+                self._fence(leg)
             if self.tracker.get(req.request_id).state.terminal:
                 self._free(req)
 
@@ -350,14 +394,19 @@ class PrefillRank:
             return
         t1 = time.perf_counter()
         if blocks.descriptors:
+            leg.writing = True
             try:
                 await asyncio.to_thread(self._locked, self.engine.write, dec.peer, blocks,
                                         timeout_s=self.settings.write_timeout_s)
             except EngineError as e:
+                leg.writing = False
                 failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
                            else FailureReason.ENGINE)
                 self._report(req, leg, RequestState.FAILED, failure, f"write to decode rank {key[1]}: {e}")
                 return
+            finally:
+                leg.writing = False
+                self._fence(leg)
         self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
                      write_s=time.perf_counter() - t1)
 
@@ -388,9 +437,18 @@ class PrefillRank:
             request_id=m.request_id, instance=m.instance, src=RankKey(tp=self.me[0], pp=self.me[1]), dst=m.dst,
             state=state, failure=failure, reason=reason, bytes=blocks.bytes if blocks is not None else 0,
             descriptors=blocks.descriptors if blocks is not None else 0, bytes_by_state=by_state,
-            descriptors_by_state=desc_by_state, plan_seconds=plan_s, write_seconds=write_s)
+            descriptors_by_state=desc_by_state, plan_seconds=plan_s, write_seconds=write_s, fenced=not leg.writing)
         self._outbox.append(leg.report)
         self._outbox_event.set()
+        if self._on_report is not None:
+            self._on_report(leg.report)
+
+    def _fence(self, leg: _Leg) -> None:
+        """The write to this leg's destination has returned: confirm a status that was sent unfenced."""
+        if leg.report is not None and not leg.report.fenced and not leg.writing:
+            leg.report = leg.report.model_copy(update={"fenced": True})
+            self._outbox.append(leg.report)
+            self._outbox_event.set()
 
     def _finish(self, req: _Request) -> None:
         reports = [leg.report for leg in req.legs.values()]

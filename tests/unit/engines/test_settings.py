@@ -16,7 +16,7 @@ from pdfleet_runtime.transfer import Protocol
         ("mooncake", Protocol.NVLINK, "nvlink_intra", {"MC_INTRANODE_NVLINK": "1"}),
         ("mooncake", Protocol.RDMA, "rdma", {"MC_LOG_LEVEL": "WARNING"}),
         ("nixl", Protocol.TCP, "ucx", {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN"}),
-        ("nixl", Protocol.NVLINK, "ucx", {"UCX_TLS": "cuda_ipc,cuda_copy"}),
+        ("nixl", Protocol.NVLINK, "ucx", {"UCX_TLS": "cuda_ipc,cuda_copy,tcp"}),
         ("nixl", Protocol.SHM, "ucx", {"UCX_TLS": "cma,tcp"}),
         ("nixl", Protocol.RDMA, "ucx", {"UCX_TLS": "rc,ud,cuda_copy"}),
     ],

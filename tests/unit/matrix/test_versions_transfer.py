@@ -64,7 +64,7 @@ def test_design_table_entries() -> None:
     assert nv is not None and nv.engine_protocol == "nvlink_intra" and nv.env["MC_INTRANODE_NVLINK"] == "1"
     assert nv.needs_host_ipc and nv.same_host_only
     assert engine_settings("nixl", "tcp").env["UCX_TLS"] == "tcp"  # type: ignore[union-attr]
-    assert engine_settings("nixl", "nvlink").env["UCX_TLS"] == "cuda_ipc,cuda_copy"  # type: ignore[union-attr]
+    assert engine_settings("nixl", "nvlink").env["UCX_TLS"] == "cuda_ipc,cuda_copy,tcp"  # type: ignore[union-attr]
     assert engine_settings("mooncake", "shm") is None
     assert engine_settings("bogus", "tcp") is None
     rdma = engine_settings("mooncake", "rdma")

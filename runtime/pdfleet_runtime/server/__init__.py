@@ -1,0 +1,47 @@
+"""``pdfleet-runtime serve``: the runtime pod server (one process per GPU rank, health, readiness, metrics, drain).
+
+Reading order: ``options`` (what a pod runs with, read once at start; the local-run overrides),
+``launcher`` (one spawned process per rank, supervised), ``ranks`` (a rank process: pools, engine,
+protocol coordinator), ``synthetic`` (seeded request state, filled and verified), ``readiness``
+(the pure verdict), ``metrics``, ``gate`` (the pod readiness-gate condition), ``app`` (HTTP, the
+canary loop, drain, SIGTERM), ``main``. docs/runtime-server.md describes endpoints, metrics,
+readiness and drain.
+
+Importing this package imports neither torch nor an engine: only the rank processes do.
+"""
+
+from __future__ import annotations
+
+from .app import DrainPhase, PodServer, SyntheticResult
+from .gate import GateWriter, KubeGate, NoGate, make_gate
+from .main import serve
+from .options import (
+    CANARY_FLOORS_GBPS,
+    ENV_PORT_OFFSET,
+    ENV_PREFILL_ADDRESSES,
+    FaultOptions,
+    OptionsError,
+    ServeOptions,
+)
+from .readiness import CanaryResult, Problem, Readiness, Verdict
+
+__all__ = [
+    "CANARY_FLOORS_GBPS",
+    "ENV_PORT_OFFSET",
+    "ENV_PREFILL_ADDRESSES",
+    "CanaryResult",
+    "DrainPhase",
+    "FaultOptions",
+    "GateWriter",
+    "KubeGate",
+    "NoGate",
+    "OptionsError",
+    "PodServer",
+    "Problem",
+    "Readiness",
+    "ServeOptions",
+    "SyntheticResult",
+    "Verdict",
+    "make_gate",
+    "serve",
+]

@@ -1,0 +1,233 @@
+"""The launcher: one spawned process per local rank (tp x pp per pod), supervised from the pod's event loop.
+
+Rank processes use the ``spawn`` context (a forked torch or engine is not safe), are daemons (they
+die with the pod process) and exit on EOF of their pipe (the pod process was killed). The pod
+process reads every pipe from its event loop (``add_reader``), so calls (``call``/``call_all``)
+are plain awaits with a timeout, and reports reach ``on_report`` without a thread. A rank that dies
+is noticed within ``watch_s`` and fails its pending calls; the pod then reports itself unhealthy
+(its container is restarted: a pod with a dead rank cannot serve).
+
+This module imports neither torch nor an engine: ``ranks`` is imported in the child only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from pdfleet_runtime.config import RuntimeConfig
+
+from .options import FaultOptions
+
+__all__ = ["LaunchError", "RankCallError", "RankLauncher", "RankSpec"]
+
+log = logging.getLogger(__name__)
+
+
+class LaunchError(RuntimeError):
+    """A rank process failed to start (its traceback or exit code is in the message)."""
+
+
+class RankCallError(RuntimeError):
+    """A call to a rank failed: it died, timed out, or the operation raised there."""
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What one rank process needs (pickled to the spawned process)."""
+
+    config: RuntimeConfig
+    tp: int
+    pp: int
+    secret: bytes = field(repr=False)
+    instance: str
+    host: str
+    bootstrap: tuple[str, int]
+    """Prefill: this pod's own bootstrap endpoint (loopback)."""
+    request_timeout_s: float = 60.0
+    write_timeout_s: float = 30.0
+    fence_timeout_s: float = 35.0
+    log_level: str = "INFO"
+    faults: FaultOptions = field(default_factory=FaultOptions)
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.role.value}[{self.tp},{self.pp}]"
+
+    @property
+    def index(self) -> int:
+        return self.pp * self.config.shape.tensor + self.tp
+
+
+def _entry(conn: Connection, spec: RankSpec) -> None:
+    from .ranks import rank_main  # torch and the engine are imported in the child only
+
+    rank_main(conn, spec)
+
+
+@dataclass
+class _Handle:
+    spec: RankSpec
+    proc: BaseProcess
+    conn: Connection
+    info: dict[str, Any] | None = None
+    error: str = ""
+    ready: asyncio.Future[None] | None = None
+
+
+class RankLauncher:
+    """Starts, talks to and stops the rank processes of one pod."""
+
+    def __init__(self, specs: list[RankSpec], *, on_report: Callable[[int, dict[str, Any]], None] | None = None,
+                 watch_s: float = 0.5) -> None:
+        self.specs = specs
+        self._on_report, self._watch_s = on_report, watch_s
+        self.handles: list[_Handle] = []
+        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._owner: dict[int, int] = {}
+        self._ids = itertools.count(1)
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.died: list[str] = []
+        """One line per rank process that exited while the pod was serving."""
+
+    @property
+    def up(self) -> int:
+        return sum(1 for h in self.handles if h.info is not None and h.proc.is_alive())
+
+    @property
+    def healthy(self) -> bool:
+        return not self.died
+
+    def transports(self) -> list[dict[str, Any]]:
+        return [h.info["transport"] for h in self.handles if h.info is not None]
+
+    async def start(self, timeout_s: float = 180.0) -> None:
+        """Spawn every rank and wait until each said ready; ``LaunchError`` (all stopped) otherwise."""
+        ctx = mp.get_context("spawn")
+        loop = asyncio.get_running_loop()
+        for spec in self.specs:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_entry, args=(child, spec), name=f"pdfleet-{spec.name}", daemon=True)
+            proc.start()
+            child.close()
+            h = _Handle(spec, proc, parent, ready=loop.create_future())
+            self.handles.append(h)
+            loop.add_reader(parent.fileno(), self._readable, len(self.handles) - 1)
+        self._watch = loop.create_task(self._watcher())
+        try:
+            async with asyncio.timeout(timeout_s):
+                for h in self.handles:
+                    assert h.ready is not None
+                    await h.ready
+        except (TimeoutError, LaunchError) as e:
+            await self.stop(5.0)
+            raise LaunchError(f"rank processes did not start: {e or f'not ready after {timeout_s:.0f}s'}") from None
+
+    async def call(self, rank: int, op: str, args: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        h = self.handles[rank]
+        if not h.proc.is_alive():
+            raise RankCallError(f"{h.spec.name} is not running ({h.error or f'exit code {h.proc.exitcode}'})")
+        call_id = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._calls[call_id], self._owner[call_id] = fut, rank
+        try:
+            h.conn.send(("call", call_id, op, args))
+            async with asyncio.timeout(timeout_s):
+                reply = await fut
+        except TimeoutError:
+            raise RankCallError(f"{h.spec.name} did not answer {op} within {timeout_s:.1f}s") from None
+        except OSError as e:
+            raise RankCallError(f"{h.spec.name} is gone: {e}") from None
+        finally:
+            self._calls.pop(call_id, None)
+            self._owner.pop(call_id, None)
+        if "error" in reply:
+            raise RankCallError(f"{h.spec.name}: {op} failed: {reply['error']}")
+        return reply
+
+    async def call_all(self, op: str, args: dict[str, Any], *, timeout_s: float) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(self.call(i, op, args, timeout_s=timeout_s)
+                                           for i in range(len(self.handles)))))
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask every rank to exit, wait up to ``timeout_s`` in all, then kill what is left."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        loop = asyncio.get_running_loop()
+        self._stopping = True
+        for h in self.handles:
+            with contextlib.suppress(OSError, ValueError):
+                h.conn.send(("exit",))
+        deadline = time.monotonic() + timeout_s
+        for h in self.handles:
+            await asyncio.to_thread(h.proc.join, max(0.1, deadline - time.monotonic()))
+            if h.proc.is_alive():
+                log.warning("%s did not exit in time: killed", h.spec.name)
+                h.proc.kill()
+                await asyncio.to_thread(h.proc.join, 5)
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(h.conn.fileno())
+            h.conn.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _readable(self, rank: int) -> None:
+        h = self.handles[rank]
+        try:
+            while h.conn.poll():
+                self._dispatch(rank, h, h.conn.recv())
+        except (EOFError, OSError):
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(h.conn.fileno())
+            self._gone(rank, h, h.error or "closed its pipe")
+
+    def _dispatch(self, rank: int, h: _Handle, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            h.info = msg[1]
+            if h.ready is not None and not h.ready.done():
+                h.ready.set_result(None)
+            log.info("%s ready (pid %s, engine %s, transport %s)", h.spec.name, h.info.get("pid"),
+                     h.info.get("engine"), h.info.get("transport", {}).get("effective"))
+        elif kind == "reply":
+            fut = self._calls.get(msg[1])
+            if fut is not None and not fut.done():
+                fut.set_result(msg[2])
+        elif kind == "report":
+            if self._on_report is not None:
+                self._on_report(rank, msg[1])
+        elif kind == "error":
+            h.error = msg[1].strip().splitlines()[-1] if msg[1].strip() else "failed"
+            log.error("%s failed:\n%s", h.spec.name, msg[1])
+
+    def _gone(self, rank: int, h: _Handle, why: str) -> None:
+        line = f"{h.spec.name} exited ({why}; exit code {h.proc.exitcode})"
+        if h.ready is not None and not h.ready.done():
+            h.ready.set_exception(LaunchError(line))
+        elif line not in self.died and not self._stopping:
+            self.died.append(line)
+            log.error("%s", line)
+        for call_id, owner in list(self._owner.items()):
+            fut = self._calls.get(call_id)
+            if owner == rank and fut is not None and not fut.done():
+                fut.set_result({"error": line})
+
+    async def _watcher(self) -> None:
+        while True:
+            await asyncio.sleep(self._watch_s)
+            for i, h in enumerate(self.handles):
+                if not h.proc.is_alive() and not any(line.startswith(h.spec.name) for line in self.died):
+                    self._gone(i, h, h.error or "died")

@@ -1,0 +1,180 @@
+"""``LocalPod``: one ``pdfleet-runtime serve`` as a local process on loopback, and its HTTP surface.
+
+For tests, benchmarks and the kwok pod runner: it writes a runtime config (as the operator would)
+and the deployment secret, starts ``python -m pdfleet_runtime serve`` in its own process group
+with a port offset (many pods share 127.0.0.1), keeps its log, and stops it (SIGTERM, then SIGKILL
+of the group after a bound, so no rank process outlives it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdfleet_runtime.config import BOOTSTRAP_PORT, HTTP_PORT, RuntimeConfig
+
+__all__ = ["REPO", "LocalPod", "free_offset", "http", "metric"]
+
+REPO = Path(__file__).resolve().parents[3]
+"""The source tree when run from a checkout (its runtime/ goes on the pod process's PYTHONPATH)."""
+
+
+def free_offset() -> int:
+    """A port offset whose HTTP and bootstrap ports are free now and whose engine ports stay valid
+    (best effort on a shared host: random, so concurrent tests rarely pick the same)."""
+    rng = random.Random()
+    for _ in range(200):
+        offset = rng.randrange(20_000, 40_000)
+        if _free(HTTP_PORT + offset) and _free(BOOTSTRAP_PORT + offset):
+            return offset
+    raise RuntimeError("no free port offset")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class LocalPod:
+    """One ``serve`` process; ``start`` returns it, ``stop`` ends it and its rank processes."""
+
+    def __init__(self, workdir: Path, name: str, cfg: RuntimeConfig, secret: bytes, *, offset: int | None = None,
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        self.name, self.workdir = name, workdir
+        self.offset = free_offset() if offset is None else offset
+        secret_file = workdir / "secret"
+        secret_file.write_bytes(secret)
+        self.cfg = cfg.model_copy(update={"secret_path": secret_file})
+        self.config_path = workdir / f"{name}.yaml"
+        self.config_path.write_text(self.cfg.to_yaml())
+        self.log_path = workdir / f"{name}.log"
+        self.args, self.extra_env = args, env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.cfg.http_port + self.offset}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.cfg.bootstrap_port + self.offset}"
+
+    def start(self) -> LocalPod:
+        path = os.pathsep.join(filter(None, [str(REPO / "runtime"), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path,
+               "POD_NAME": self.name, "PDFLEET_PORT_OFFSET": str(self.offset), "MC_LOG_LEVEL": "WARNING",
+               **self.extra_env}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pdfleet_runtime", "serve", "--config",
+                                      str(self.config_path), "--bind", "127.0.0.1", *self.args],
+                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL of the whole process group (the rank processes too)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            if self.wait(timeout_s) is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # a rank process left behind by a crash
+        self.proc = None
+
+    # ------------------------------------------------------------------ HTTP
+
+    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+        return http("GET", self.url + path, None, timeout_s)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> tuple[int, Any]:
+        return http("POST", self.url + path, body, timeout_s)
+
+    def synthetic(self, tokens: int = 32, timeout_s: float = 30.0, **kw: Any) -> tuple[int, Any]:
+        return self.post("/v1/synthetic", {"tokens": tokens, "timeoutS": timeout_s, **kw}, timeout_s + 30)
+
+    def readyz(self) -> dict[str, Any]:
+        code, body = self.get("/readyz")
+        return body if isinstance(body, dict) else {"ready": False, "reason": f"HTTP {code}: {body}"}
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample as ``name{label=value,...}`` -> value, through prometheus_client's text parser."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}"] = s.value
+        return out
+
+    def wait_ready(self, want: bool = True, timeout_s: float = 60.0,
+                   until: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                body = self.readyz()
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                body = {}
+            if body.get("ready") is want and (until is None or until(body)):
+                return body
+            time.sleep(0.2)
+        raise AssertionError(f"{self.name}: readiness never became {want} (last: {body})\n{self.log()[-3000:]}")
+
+
+def http(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+
+
+def metric(samples: dict[str, float], name: str, **labels: str) -> float:
+    """The value of one sample (0 when absent: a counter that never moved)."""
+    key = f"{name}{{{','.join(f'{k}={v}' for k, v in sorted(labels.items()))}}}"
+    return samples.get(key, 0.0)

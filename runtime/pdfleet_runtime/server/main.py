@@ -1,0 +1,21 @@
+"""``serve``: logging, the gate writer and the pod server's event loop, from ``ServeOptions``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .app import PodServer
+from .gate import make_gate
+from .options import ServeOptions
+
+__all__ = ["serve"]
+
+
+def serve(opts: ServeOptions, *, in_cluster: bool = False) -> int:
+    """Run one pod until SIGTERM (drained within ``drainTimeoutSeconds``); the process exit code."""
+    logging.basicConfig(level=opts.log_level, format="%(asctime)s %(levelname)s pod %(name)s: %(message)s")
+    cfg = opts.config
+    gate = make_gate(opts.gate and (in_cluster or opts.kubeconfig is not None), opts.pod_namespace or cfg.namespace,
+                     opts.pod_name, cfg.readiness_gate, opts.kubeconfig)
+    return asyncio.run(PodServer(opts, gate=gate).run())

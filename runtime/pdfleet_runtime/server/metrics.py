@@ -1,0 +1,67 @@
+"""The pod's Prometheus metrics (``GET /metrics``); names and labels are documented in docs/runtime-server.md.
+
+One registry per pod server (no global default registry: two servers in one test process must not
+share counters). The rank processes report to the pod process over their pipes; only the pod
+process touches these objects, so no multiprocess mode is needed.
+
+Roles count differently, as each sees a transfer: a decode pod counts a *request* (every rank of
+the pod, end to end, bytes verified); a prefill pod counts a *leg* (one source rank writing to one
+decode rank, as reported in its status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "ServerMetrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    """Every metric of one pod. ``kind`` is ``request`` or ``canary`` (the readiness check's own transfers)."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.transfers = Counter("pdfleet_transfers", "Transfers finished, by outcome (decode: requests; "
+                                 "prefill: legs written to one decode rank)", ["role", "kind", "outcome"], registry=r)
+        self.bytes = Counter("pdfleet_transfer_bytes", "Bytes moved by transfers that succeeded",
+                             ["role", "kind"], registry=r)
+        self.seconds = Histogram("pdfleet_transfer_seconds", "Transfer latency (decode: whole request; prefill: "
+                                 "engine write of one leg)", ["role", "kind"], buckets=LATENCY_BUCKETS, registry=r)
+        self.failures = Counter("pdfleet_transfer_failures", "Failed transfers by reason (the request state "
+                                "machine's FailureReason, or verify, busy, conflict, rank)", ["role", "reason"],
+                                registry=r)
+        self.in_flight = Gauge("pdfleet_transfers_in_flight", "Transfers accepted and not finished", ["role"],
+                               registry=r)
+        self.transport = Gauge("pdfleet_transport_info", "The transport each rank's engine runs (value 1)",
+                               ["rank", "backend", "requested", "engine_protocol", "effective", "pinned"], registry=r)
+        self.canary_gbps = Gauge("pdfleet_canary_throughput_gbps", "Engine write throughput of the last canary "
+                                 "per prefill pod (decode pods)", ["peer"], registry=r)
+        self.floor_gbps = Gauge("pdfleet_canary_floor_gbps", "Readiness floor of canary throughput for the "
+                                "configured protocol", registry=r)
+        self.ready = Gauge("pdfleet_ready", "1 when /readyz answers ready (the transfer-path gate)", registry=r)
+        self.draining = Gauge("pdfleet_draining", "1 while the pod drains", registry=r)
+        self.drains = Counter("pdfleet_drains", "Drains finished, by result (drained | forced: budget ran out)",
+                              ["result"], registry=r)
+        self.mismatched = Counter("pdfleet_verify_mismatched_bytes", "Bytes of synthetic requests that arrived "
+                                  "different from the seeded state (decode pods)", registry=r)
+        self.ranks_up = Gauge("pdfleet_rank_processes_up", "Rank processes running", registry=r)
+
+    def in_flight_from(self, fn: Callable[[], float]) -> None:
+        self.in_flight.labels(self.role).set_function(fn)
+
+    def transfer(self, kind: str, ok: bool, nbytes: int, seconds: float, reason: str | None = None) -> None:
+        self.transfers.labels(self.role, kind, "success" if ok else "failed").inc()
+        if ok:
+            self.bytes.labels(self.role, kind).inc(nbytes)
+            self.seconds.labels(self.role, kind).observe(seconds)
+        else:
+            self.failures.labels(self.role, reason or "unknown").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,163 @@
+"""What ``pdfleet-runtime serve`` runs with: the operator's config plus this process's surroundings.
+
+``RuntimeConfig`` is what the operator writes; ``ServeOptions`` adds what only the process can know
+(its pod's name and IP from the downward API, ports moved for local runs, the readiness floors) and
+is built once at start (``ServeOptions.build``), from the command line and the environment. Nothing
+deeper in the server reads an environment variable.
+
+Local runs (tests, benchmarks, the kwok pod runner) put many pods on 127.0.0.1, so two overrides
+exist, both named as such:
+
+- ``PDFLEET_PORT_OFFSET`` / ``--port-offset N``: adds N to the HTTP, bootstrap and engine ports;
+- ``PDFLEET_PREFILL_ADDRESSES`` / ``--prefill-addresses host:port,...``: the prefill pods' bootstrap
+  addresses, instead of resolving the headless Service ``prefillService`` through DNS.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+
+from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.transfer import Protocol
+
+__all__ = [
+    "CANARY_FLOORS_GBPS",
+    "ENV_PORT_OFFSET",
+    "ENV_PREFILL_ADDRESSES",
+    "FaultOptions",
+    "OptionsError",
+    "ServeOptions",
+    "parse_addresses",
+]
+
+ENV_PORT_OFFSET = "PDFLEET_PORT_OFFSET"
+ENV_PREFILL_ADDRESSES = "PDFLEET_PREFILL_ADDRESSES"
+
+CANARY_FLOORS_GBPS: Mapping[Protocol, float] = MappingProxyType({
+    # The lowest canary write throughput (engine write of the canary's bytes, GB/s) at which a pod is
+    # still ready. Far below what each link does when it works (TCP loopback ~1-2 GB/s on a 2-core host,
+    # RDMA 10-50, NVLink 100+), far above what the link does when it silently falls back to another path
+    # (Mooncake nvlink without MC_INTRANODE_NVLINK ran at 1.5 GB/s, shared/engines.md).
+    Protocol.TCP: 0.05,
+    Protocol.SHM: 0.5,
+    Protocol.RDMA: 5.0,
+    Protocol.NVLINK: 20.0,
+})
+
+
+class OptionsError(ValueError):
+    """A command-line flag or an environment override is malformed; the message names it."""
+
+
+def parse_addresses(text: str, what: str = ENV_PREFILL_ADDRESSES) -> tuple[tuple[str, int], ...]:
+    """``"127.0.0.1:18998,10.0.0.7:8998"`` -> ``(("127.0.0.1", 18998), ("10.0.0.7", 8998))``."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise OptionsError(f"{what}: {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise OptionsError(f"{what} is set but names no address")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    """Fault injection for tests only (flags hidden from ``--help``): never set in a pod.
+
+    ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
+    ``wire``: speak another wire version (an incompatible peer).
+    """
+
+    write_delay_s: float = 0.0
+    wire: str | None = None
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything the pod server needs, read once at start. Defaults are the pod's."""
+
+    config: RuntimeConfig
+    config_path: Path = Path("/etc/pdfleet/runtime.yaml")
+    pod_name: str = ""
+    pod_namespace: str = ""
+    pod_ip: str = ""
+    bind_host: str = "0.0.0.0"
+    port_offset: int = 0
+    prefill_addresses: tuple[tuple[str, int], ...] = ()
+    """Local-run override of prefill discovery (``PDFLEET_PREFILL_ADDRESSES``); empty: DNS."""
+    canary_tokens: int = 64
+    canary_period_s: float = 10.0
+    """Re-check period while ready; while not ready the check runs every ``retry_period_s``."""
+    retry_period_s: float = 1.0
+    canary_timeout_s: float = 10.0
+    floor_gbps: float | None = None
+    """Overrides the protocol's row of ``CANARY_FLOORS_GBPS``."""
+    failures_not_ready: int = 3
+    """This many transfers failed in a row make the pod not ready until a canary passes again."""
+    request_timeout_s: float = 60.0
+    write_timeout_s: float = 30.0
+    fence_timeout_s: float = 35.0
+    gate: bool = True
+    """Patch the readiness-gate condition when running in a cluster (or with ``kubeconfig``)."""
+    kubeconfig: Path | None = None
+    log_level: str = "INFO"
+    faults: FaultOptions = field(default_factory=FaultOptions)
+
+    @property
+    def http_port(self) -> int:
+        return self.config.http_port + self.port_offset
+
+    @property
+    def bootstrap_port(self) -> int:
+        return self.config.bootstrap_port + self.port_offset
+
+    @property
+    def engine_port(self) -> int:
+        return self.config.engine_port + self.port_offset
+
+    @property
+    def advertise_host(self) -> str:
+        """The address peers reach this pod's engines at: the pod IP, or loopback outside a cluster."""
+        return self.pod_ip or "127.0.0.1"
+
+    @property
+    def floor(self) -> float:
+        return self.floor_gbps if self.floor_gbps is not None else CANARY_FLOORS_GBPS[self.config.protocol]
+
+    @property
+    def instance(self) -> str:
+        """This pod's name in the protocol (decode instance, sender): the pod name, else a local one."""
+        return self.pod_name or f"{self.config.deployment}-{self.config.role.value}-{os.getpid()}"
+
+    @classmethod
+    def build(cls, config: RuntimeConfig, environ: Mapping[str, str], **flags: object) -> ServeOptions:
+        """Options from the config, the environment (downward API, local-run overrides) and flags.
+
+        A flag given (not None) wins over its environment variable.
+        """
+        offset = flags.pop("port_offset", None)
+        if offset is None:
+            raw = environ.get(ENV_PORT_OFFSET, "0")
+            if not raw.lstrip("-").isdigit():
+                raise OptionsError(f"{ENV_PORT_OFFSET}={raw!r} is not an integer")
+            offset = int(raw)
+        addresses = flags.pop("prefill_addresses", None) or environ.get(ENV_PREFILL_ADDRESSES, "")
+        opts = cls(config=config, pod_name=environ.get("POD_NAME", ""),
+                   pod_namespace=environ.get("POD_NAMESPACE", config.namespace), pod_ip=environ.get("POD_IP", ""),
+                   port_offset=int(offset),  # type: ignore[call-overload]
+                   prefill_addresses=parse_addresses(str(addresses)) if addresses else ())
+        opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
+        highest = max(opts.http_port, opts.bootstrap_port, opts.engine_port + config.shape.ranks - 1)
+        if min(opts.http_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
+            raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
+        if opts.canary_tokens < 1 or opts.canary_period_s <= 0 or opts.retry_period_s <= 0:
+            raise OptionsError("canary tokens and periods must be positive")
+        return opts

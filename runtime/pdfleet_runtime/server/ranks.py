@@ -1,0 +1,258 @@
+"""One rank process of a pod: its pools, its engine, its protocol coordinator, driven over a pipe.
+
+Started by ``launcher`` with the ``spawn`` context (one per local GPU rank, as a daemon). The pod's
+process never imports torch or an engine; this one does. Messages (tuples) on the pipe:
+
+- rank -> pod: ``("ready", info)`` once the engine is up (prefill: registered with the pod's
+  bootstrap), ``("reply", call_id, payload)``, ``("report", payload)`` per status a prefill rank
+  sends (metrics and readiness), ``("error", traceback)`` before dying;
+- pod -> rank: ``("call", call_id, op, args)`` and ``("exit",)``. EOF (the pod process died) ends
+  the rank at once.
+
+Decode ops: ``transfer`` (one synthetic request through this rank: allocate, ``DecodeRank.transfer``
+with a ``SyntheticFill``, verify every byte, free) and ``stats``. Prefill ops: ``stats``. A prefill
+rank makes a synthetic request's state when the decode's ``TransferRequest`` asks for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, cast
+
+from pdfleet_runtime.config import Role
+from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
+from pdfleet_runtime.layouts import resolve_layout
+from pdfleet_runtime.pools import Capacity, PoolExhausted, RankPools, RequestAllocator
+from pdfleet_runtime.protocol.auth import Codec
+from pdfleet_runtime.protocol.client import BootstrapClient
+from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
+from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
+from pdfleet_runtime.protocol.messages import StatusReport, SyntheticFill
+from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings, SyntheticError
+from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
+from pdfleet_runtime.records import ParallelShape, RequestIndices
+
+from .launcher import RankSpec
+from .synthetic import fill_request, verify_request
+
+__all__ = ["rank_main"]
+
+log = logging.getLogger("pdfleet_runtime.server.rank")
+
+
+def rank_main(conn: Connection, spec: RankSpec) -> None:
+    """Process entry point (spawned)."""
+    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s %(levelname)s {spec.name} %(name)s: %(message)s")
+    try:
+        asyncio.run(_Rank(conn, spec).main())
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        pass
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.send(("error", traceback.format_exc()))
+        raise
+
+
+class _DelayedWrites:
+    """Fault injection (tests): every write sleeps first, inside the time the coordinator measures."""
+
+    def __init__(self, engine: TransferEngine, delay_s: float) -> None:
+        self._engine, self._delay = engine, delay_s
+
+    def write(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self._delay)
+        return self._engine.write(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+class _Rank:
+    def __init__(self, conn: Connection, spec: RankSpec) -> None:
+        self.conn, self.spec = conn, spec
+        cfg = spec.config
+        self.shape = ParallelShape(cfg.shape.tensor, cfg.shape.pipeline)
+        self.held: dict[str, RequestIndices] = {}
+        self.stop = asyncio.Event()
+        self.in_flight = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def main(self) -> None:
+        cfg, spec = self.spec.config, self.spec
+        t0 = time.perf_counter()
+        device = "cpu" if cfg.device == "cpu" else f"cuda:{spec.index}"
+        layout = resolve_layout(cfg.layout)
+        cap = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
+        self.pools = RankPools(layout, self.shape, spec.tp, spec.pp, cap, device)
+        self.alloc = RequestAllocator(layout, cap)
+        self.engine = create_engine(EngineConfig(cfg.backend.value, cfg.protocol, host=spec.host,
+                                                 rdma_devices=cfg.rdma_devices,
+                                                 name=f"{spec.instance}-{cfg.role.value}-{spec.tp}-{spec.pp}"))
+        self.engine.start()
+        self.info = self.engine.register_rank(self.pools.registration())
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.conn.fileno(), self._readable)
+        self.tasks: set[asyncio.Task[None]] = set()
+        try:
+            if cfg.role is Role.PREFILL:
+                await self._prefill()
+            else:
+                await self._decode()
+        finally:
+            loop.remove_reader(self.conn.fileno())
+            for t in list(self.tasks):
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            self.engine.close()
+        log.info("rank stopped after %.1fs", time.perf_counter() - t0)
+
+    def _ready(self) -> None:
+        t = self.engine.transport()
+        self.conn.send(("ready", {
+            "rank": [self.spec.tp, self.spec.pp], "pid": os.getpid(), "engine": self.info.name,
+            "transport": {"requested": t.requested.value if t.requested else None, "engine_protocol": t.engine_protocol,
+                          "effective": t.effective, "pinned": t.pinned},
+            "pool_bytes": self.pools.region.total_bytes,
+        }))
+
+    def _readable(self) -> None:
+        try:
+            while self.conn.poll():
+                msg = self.conn.recv()
+                if msg[0] == "exit":
+                    self.stop.set()
+                elif msg[0] == "call":
+                    task = asyncio.get_running_loop().create_task(self._call(*msg[1:]))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+        except (EOFError, OSError):
+            os._exit(0)  # the pod process is gone: so is this rank
+
+    async def _call(self, call_id: int, op: str, args: dict[str, Any]) -> None:
+        try:
+            handler = getattr(self, f"op_{op}")
+            payload = await handler(**args)
+        except Exception as e:  # a bad call must not kill the rank: the pod sees the error
+            log.exception("call %s failed", op)
+            payload = {"error": f"{type(e).__name__}: {e}"}
+        with contextlib.suppress(OSError):
+            self.conn.send(("reply", call_id, payload))
+
+    # ------------------------------------------------------------------ prefill
+
+    async def _prefill(self) -> None:
+        spec = self.spec
+        engine = self.engine
+        if spec.faults.write_delay_s > 0:
+            engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
+        client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"))
+        timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
+        self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
+                                 settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
+                                 release=self._release, synthetic=self._synthetic, on_report=self._on_report)
+        await self.coord.register()
+        self._ready()
+        try:
+            await self.coord.run(self.stop)
+        finally:
+            await client.close()
+
+    async def _synthetic(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
+        try:
+            idx = self.alloc.allocate(fill.tokens)
+        except PoolExhausted as e:
+            raise SyntheticError(f"prefill pools are full: {e}") from None
+        self.held[request_id] = idx
+        await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
+        log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
+        return idx
+
+    def _release(self, request_id: str) -> None:
+        idx = self.held.pop(request_id, None)
+        if idx is not None:
+            self.alloc.free(idx)
+
+    def _on_report(self, r: StatusReport) -> None:
+        log.info("request %s -> %s%s: %s%s, %d bytes in %.4fs", r.request_id, r.instance, list(r.dst.pair),
+                 r.state.value, f" ({r.failure.value}: {r.reason})" if r.failure else "", r.bytes, r.write_seconds)
+        with contextlib.suppress(OSError):
+            self.conn.send(("report", {"request_id": r.request_id, "state": r.state.value,
+                                       "failure": r.failure.value if r.failure else None, "reason": r.reason,
+                                       "bytes": r.bytes, "write_s": r.write_seconds}))
+
+    # ------------------------------------------------------------------ decode
+
+    async def _decode(self) -> None:
+        self.coords: dict[Endpoint, DecodeRank] = {}
+        self._ready()
+        try:
+            await self.stop.wait()
+        finally:
+            for coord in self.coords.values():
+                await coord.close()
+
+    def _coord(self, ep: Endpoint) -> DecodeRank:
+        coord = self.coords.get(ep)
+        if coord is None:
+            spec = self.spec
+            timeouts = StateTimeouts(bootstrapping_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
+            wire = {"wire": spec.faults.wire} if spec.faults.wire else {}
+            coord = self.coords[ep] = DecodeRank(
+                self.pools.registration(), self.info, StaticResolver([ep]),
+                Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
+                settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
+                release=self._release, **wire)
+        return coord
+
+    async def op_transfer(self, request_id: str, host: str, port: int, tokens: int, seed: int, timeout_s: float,
+                          verify: bool = True) -> dict[str, Any]:
+        """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
+        if request_id in self.held:
+            return _failed(request_id, "conflict", f"request id {request_id} is already in flight on this rank")
+        try:
+            idx = self.alloc.allocate(tokens)
+        except PoolExhausted as e:
+            return _failed(request_id, "busy", f"decode pools are full: {e}")
+        self.held[request_id] = idx
+        self.in_flight += 1
+        try:
+            out = await self._coord(Endpoint(host, port)).transfer(
+                request_id, idx, timeout_s=timeout_s, fill=SyntheticFill(seed=seed, tokens=tokens))
+        finally:
+            self.in_flight -= 1
+        moved = sum(r.bytes for r in out.reports)
+        write_s = max((r.write_seconds for r in out.reports), default=0.0)
+        mismatched = -1
+        if out.state is RequestState.SUCCESS:
+            mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if verify else 0
+            self._release(request_id)
+        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
+                 out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
+                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
+        return {"request_id": request_id, "state": out.state.value,
+                "failure": out.failure.value if out.failure else None, "reason": out.reason, "bytes": moved,
+                "write_s": write_s, "seconds": out.seconds, "mismatched": mismatched}
+
+    async def op_stats(self) -> dict[str, Any]:
+        free = {k.value: v for k, v in self.alloc.free_counts().items()}
+        if self.spec.config.role is Role.PREFILL:
+            return {"in_flight": self.coord.in_flight, "held": len(self.held), "free": free}
+        fenced: dict[str, int] = {}
+        for c in self.coords.values():
+            for k, v in c.fenced.items():
+                fenced[k] = fenced.get(k, 0) + v
+        return {"in_flight": self.in_flight, "held": len(self.held), "free": free, "fenced": fenced,
+                "fences_pending": sum(c.fences_pending for c in self.coords.values()),
+                "handshakes": sum(c.handshakes for c in self.coords.values())}
+
+
+def _failed(request_id: str, failure: str, reason: str) -> dict[str, Any]:
+    return {"request_id": request_id, "state": RequestState.FAILED.value, "failure": failure, "reason": reason,
+            "bytes": 0, "write_s": 0.0, "seconds": 0.0, "mismatched": -1}

@@ -1,0 +1,144 @@
+"""The late-write hazard, in one process: a decode that gave up must not reuse its items while a prefill
+write into them may still land. A real bootstrap server on 127.0.0.1, the coordinators, the ``local``
+engine wrapped so that each write takes a second (a write still in flight when the decode fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdfleet_runtime.engines import EngineConfig, create_engine
+from pdfleet_runtime.layouts import PRESETS
+from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
+from pdfleet_runtime.protocol.auth import Codec
+from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
+from pdfleet_runtime.protocol.client import BootstrapClient
+from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
+from pdfleet_runtime.protocol.discovery import StaticResolver
+from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
+from pdfleet_runtime.protocol.states import FailureReason, RequestState
+from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.server.synthetic import fill_request, verify_request
+
+SECRET = b"fencing-test-secret-0123456789"
+WRITE_S = 1.0
+
+
+class SlowEngine:
+    """The local engine, with every write taking ``WRITE_S`` first; records when each write ended."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.ended: list[float] = []
+
+    def write(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(WRITE_S)
+        try:
+            return self.engine.write(*args, **kwargs)
+        finally:
+            self.ended.append(time.monotonic())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+@dataclass
+class Rig:
+    prefill: PrefillRank
+    decode: DecodeRank
+    slow: SlowEngine
+    dst: RankPools
+    dst_idx: Any
+    stop: asyncio.Event
+    released: list[tuple[str, float]] = field(default_factory=list)
+
+
+def run(body: Callable[[Rig], Awaitable[None]], *, fence_timeout_s: float = 10.0) -> None:
+    async def main() -> None:
+        lay, shape, cap = PRESETS["llama-dense"], ParallelShape(1), Capacity(2, 64)
+        server = BootstrapServer(BootstrapState(shape), Codec(SECRET, "pod"))
+        ep = await server.start()
+        src, dst = RankPools(lay, shape, 0, 0, cap), RankPools(lay, shape, 0, 0, cap)
+        src_idx = RequestAllocator(lay, cap).allocate(40)
+        dst_idx = RequestAllocator(lay, cap, seed=3).allocate(40)
+        fill_request(src, 11, src_idx)
+        engines = []
+        for pools in (src, dst):
+            eng = create_engine(EngineConfig("local"))
+            eng.start()
+            engines.append((eng, eng.register_rank(pools.registration())))
+        slow = SlowEngine(engines[0][0])
+        stop = asyncio.Event()
+        prefill = PrefillRank(src.registration(), slow, engines[0][1],  # type: ignore[arg-type]
+                              BootstrapClient(ep, Codec(SECRET, "p")), settings=PrefillSettings(poll_wait_s=0.2))
+        rig = Rig(prefill, None, slow, dst, dst_idx, stop)  # type: ignore[arg-type]
+        rig.decode = DecodeRank(dst.registration(), engines[1][1], StaticResolver([ep]), Codec(SECRET, "d"),
+                                instance="dec", release=lambda rid: rig.released.append((rid, time.monotonic())),
+                                settings=DecodeSettings(fence_timeout_s=fence_timeout_s))
+        await prefill.register()
+        prefill.add_request("q0", src_idx)
+        loop = asyncio.create_task(prefill.run(stop))
+        try:
+            await asyncio.wait_for(body(rig), 60)
+        finally:
+            stop.set()
+            await loop
+            await rig.decode.close()
+            await prefill.client.close()
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_items_are_held_until_the_prefill_confirms_its_write_ended() -> None:
+    async def body(r: Rig) -> None:
+        out = await r.decode.transfer("q0", r.dst_idx, timeout_s=0.4)  # gives up while the write runs
+        failed_at = time.monotonic()
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.TIMEOUT, out
+        assert r.released == [] and r.decode.fences_pending == 1  # the items are not reused yet
+        assert await r.decode.wait_fenced(10)
+        assert r.decode.fenced == {"at_once": 0, "ack": 1, "deadline": 0}
+        [(rid, released_at)] = r.released
+        assert rid == "q0" and r.slow.ended and released_at >= r.slow.ended[0] > failed_at
+        # The late write really landed after the decode gave up: without the fence it would have
+        # overwritten whatever request the decode had put in these pages meanwhile.
+        assert verify_request(r.dst, 11, r.dst_idx) == 0
+        assert released_at - failed_at < WRITE_S + 1.0  # the ack, not the 10 s deadline
+
+    run(body)
+
+
+def test_items_of_a_silent_prefill_come_back_at_the_fence_deadline_not_before() -> None:
+    async def body(r: Rig) -> None:
+        while not r.prefill._requests or not any(leg.writing for req in r.prefill._requests.values()
+                                                  for leg in req.legs.values()):
+            await asyncio.sleep(0.01)  # wait until the decode sent its indices and the write is in flight
+        r.stop.set()  # the prefill stops polling: it will never see the cancel
+
+    async def both(r: Rig) -> None:
+        transfer = asyncio.create_task(r.decode.transfer("q0", r.dst_idx, timeout_s=0.5))
+        await body(r)
+        out = await transfer
+        failed_at = time.monotonic()
+        assert out.state is RequestState.FAILED
+        assert r.released == []
+        assert await r.decode.wait_fenced(10)
+        assert r.decode.fenced["deadline"] == 1 and r.decode.fenced["ack"] == 0
+        assert r.released[0][1] - failed_at >= 1.5 - 0.1
+
+    run(both, fence_timeout_s=1.5)
+
+
+def test_a_failure_before_any_request_was_sent_releases_at_once() -> None:
+    async def body(r: Rig) -> None:
+        r.decode.resolver = StaticResolver([])  # no prefill pod to send to
+        r.decode._link = None
+        out = await r.decode.transfer("q1", r.dst_idx, timeout_s=0.3)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.PEER_UNREACHABLE
+        assert [rid for rid, _ in r.released] == ["q1"] and r.decode.fenced["at_once"] == 1
+
+    run(body)

@@ -1,0 +1,98 @@
+"""The readiness verdict (pure): which facts make a pod ready, which problem and reason it names otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdfleet_runtime.server.readiness import CanaryResult, Problem, Readiness, classify
+
+
+def decode(**kw: object) -> Readiness:
+    r = Readiness("decode", floor_gbps=1.0, failures_not_ready=3, clock=lambda: 0.0, ranks_total=2, ranks_up=2)
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+GOOD = CanaryResult(True, bytes=8_000_000, write_s=0.004)  # 2 GB/s
+
+
+def test_a_decode_is_ready_only_after_a_verified_canary_above_the_floor() -> None:
+    r = decode()
+    assert r.verdict() == r.verdict() and r.verdict().problem is Problem.WAITING and not r.verdict().ready
+    check = r.record_canary("10.0.0.1:8998", GOOD)
+    assert check.ok and check.gbps == pytest.approx(2.0)
+    v = r.verdict()
+    assert v.ready and v.problem is Problem.NONE and "10.0.0.1:8998" in v.reason
+
+
+def test_below_the_floor_is_not_ready_and_names_both_numbers() -> None:
+    r = decode()
+    r.record_canary("p:1", CanaryResult(True, bytes=8_000_000, write_s=0.016))  # 0.5 GB/s
+    v = r.verdict()
+    assert not v.ready and v.problem is Problem.SLOW and "0.5000 GB/s" in v.reason and "floor 1 GB/s" in v.reason
+
+
+@pytest.mark.parametrize(("failure", "reason", "problem"), [
+    ("peer_unreachable", "bootstrap 1.2.3.4:8998 unreachable", Problem.UNREACHABLE),
+    ("refused", "prefill pod speaks wire protocol 2.0; this decode rank speaks 1.0", Problem.INCOMPATIBLE),
+    ("refused", "prefill pod refused: draining: prefill pod is draining", Problem.PEER_DRAINING),
+    ("source_failed", "prefill rank (0, 0) reported plan: buffers differ", Problem.INCOMPATIBLE),
+    ("source_failed", "prefill rank (0, 0) reported engine: write failed", Problem.FAILING),
+    ("timeout", "deadline passed", Problem.FAILING),
+])
+def test_failed_canaries_are_classified(failure: str, reason: str, problem: Problem) -> None:
+    assert classify(failure, reason) is problem
+    r = decode()
+    r.record_canary("p:1", CanaryResult(False, failure, reason))
+    v = r.verdict()
+    assert not v.ready and v.problem is problem and reason in v.reason
+
+
+def test_one_good_prefill_pod_is_enough_and_bytes_that_differ_never_are() -> None:
+    r = decode()
+    r.record_canary("a:1", CanaryResult(False, "peer_unreachable", "gone"))
+    r.record_canary("b:1", GOOD)
+    assert r.verdict().ready
+    r.record_canary("b:1", CanaryResult(False, "verify", "12 bytes differ", mismatched=12))
+    assert r.verdict().problem is Problem.UNREACHABLE  # the first endpoint's problem leads; both are listed
+    assert "12 bytes differ" in r.verdict().reason and r.peers["b:1"].problem is Problem.CORRUPT
+
+
+def test_transfers_failing_in_a_row_make_it_not_ready_until_a_canary_passes() -> None:
+    r = decode()
+    r.record_canary("p:1", GOOD)
+    for _ in range(2):
+        r.record_transfer(False, "prefill rank (0, 0) reported engine: boom")
+    assert r.verdict().ready
+    r.record_transfer(False, "prefill rank (0, 0) reported engine: boom")
+    v = r.verdict()
+    assert not v.ready and v.problem is Problem.FAILING and "3 transfers failed in a row" in v.reason
+    r.record_canary("p:1", GOOD)
+    assert r.verdict().ready
+
+
+def test_draining_starting_and_dead_ranks_override_a_good_canary() -> None:
+    r = decode()
+    r.record_canary("p:1", GOOD)
+    assert decode(peers=r.peers, draining=True).verdict().problem is Problem.DRAINING
+    assert decode(peers=r.peers, ranks_up=1).verdict().problem is Problem.STARTING
+    died = decode(peers=r.peers, died=["decode[1,0] exited (killed; exit code -9)"]).verdict()
+    assert died.problem is Problem.RANK_DIED and "decode[1,0]" in died.reason
+
+
+def test_discovery_failure_is_the_reason_when_no_peer_is_known() -> None:
+    r = decode(discovery_error="cannot find prefill pods: NXDOMAIN")
+    assert r.verdict().problem is Problem.NO_PEER and "NXDOMAIN" in r.verdict().reason
+
+
+def test_a_prefill_is_ready_once_every_rank_registered_and_a_canary_was_written() -> None:
+    r = Readiness("prefill", floor_gbps=1.0, ranks_total=2, ranks_up=2)
+    assert r.verdict().problem is Problem.STARTING
+    r.bootstrap_registered = 2
+    assert r.verdict().problem is Problem.WAITING
+    r.canaries_served = 1
+    assert r.verdict().ready
+    for _ in range(3):
+        r.record_transfer(False, "write to decode rank (0, 0): peer unreachable")
+    assert r.verdict().problem is Problem.FAILING

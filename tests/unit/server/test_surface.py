@@ -1,0 +1,122 @@
+"""The server's small parts without processes: options and their local-run overrides, the gate writer,
+metrics rendering, seeded synthetic state, the allocator's public free counts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdfleet_runtime.config import RoleShape, RuntimeConfig
+from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
+from pdfleet_runtime.parity import LocalCopyExecutor
+from pdfleet_runtime.planner import Blocks, compile_destination
+from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
+from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.server.gate import KubeGate, NoGate, make_gate
+from pdfleet_runtime.server.metrics import ServerMetrics
+from pdfleet_runtime.server.options import OptionsError, ServeOptions, parse_addresses
+from pdfleet_runtime.server.synthetic import fill_request, request_bytes, request_seed, verify_request
+
+
+def cfg(**kw: Any) -> RuntimeConfig:
+    base = dict(deployment="d", namespace="ns", role="decode", runtime_version="0.1.0",
+                layout=LayoutRef(preset="llama-dense"), shape=RoleShape(tensor=2), peer_shape=RoleShape(tensor=1),
+                backend="mooncake", protocol="tcp", max_concurrent_requests=2, kv_tokens=128,
+                prefill_service="d-prefill", secret_path=Path("/s"))
+    return RuntimeConfig(**{**base, **kw})
+
+
+def test_options_take_the_local_overrides_from_the_environment_and_flags_win() -> None:
+    env = {"PDFLEET_PORT_OFFSET": "100", "PDFLEET_PREFILL_ADDRESSES": "127.0.0.1:9100, [::1]:9101",
+           "POD_NAME": "d-decode-abc-0", "POD_IP": "10.1.2.3"}
+    o = ServeOptions.build(cfg(), env)
+    assert (o.http_port, o.bootstrap_port, o.engine_port) == (8180, 9098, 17100)
+    assert o.prefill_addresses == (("127.0.0.1", 9100), ("::1", 9101))
+    assert o.instance == "d-decode-abc-0" and o.advertise_host == "10.1.2.3" and o.floor == 0.05
+    o = ServeOptions.build(cfg(protocol="rdma"), env, port_offset=5, floor_gbps=None, canary_tokens=8)
+    assert o.http_port == 8085 and o.floor == 5.0 and o.canary_tokens == 8
+
+
+@pytest.mark.parametrize(("env", "flags", "says"), [
+    ({"PDFLEET_PORT_OFFSET": "x"}, {}, "PDFLEET_PORT_OFFSET"),
+    ({}, {"port_offset": 60000}, "outside"),
+    ({"PDFLEET_PREFILL_ADDRESSES": "nohost"}, {}, "host:port"),
+    ({}, {"canary_tokens": 0}, "positive"),
+])
+def test_bad_overrides_are_refused_naming_them(env: dict[str, str], flags: dict[str, Any], says: str) -> None:
+    with pytest.raises(OptionsError, match=says):
+        ServeOptions.build(cfg(), env, **flags)
+    with pytest.raises(OptionsError):
+        parse_addresses(" , ")
+
+
+def test_the_gate_patches_its_condition_with_a_strategic_merge() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class Api:
+        def patch_namespaced_pod_status(self, *args: Any, **kwargs: Any) -> None:
+            calls.append((*args, kwargs))
+
+    gate = KubeGate(Api(), "ns", "pod-0", "pdfleet.io/transfer-path")
+    asyncio.run(gate.set(False, "BelowThroughputFloor", "canary 0.01 GB/s below 0.05"))
+    [(pod, ns, body, kwargs)] = calls
+    [cond] = body["status"]["conditions"]
+    assert (pod, ns) == ("pod-0", "ns") and kwargs == {"_content_type": "application/strategic-merge-patch+json"}
+    assert cond["type"] == "pdfleet.io/transfer-path" and cond["status"] == "False"
+    assert cond["reason"] == "BelowThroughputFloor" and "0.01" in cond["message"]
+
+
+def test_no_gate_is_written_without_a_pod_name_a_cluster_or_when_disabled(tmp_path: Path) -> None:
+    assert isinstance(make_gate(True, "ns", "", "g"), NoGate)
+    assert isinstance(make_gate(False, "ns", "p", "g", tmp_path / "kubeconfig"), NoGate)
+    assert isinstance(make_gate(True, "ns", "p", "g", token=tmp_path / "absent"), NoGate)
+
+
+def test_metrics_render_in_the_text_format_and_count() -> None:
+    m = ServerMetrics("decode")
+    m.in_flight_from(lambda: 2.0)
+    m.transfer("request", True, 1000, 0.02)
+    m.transfer("request", False, 0, 0.0, "source_failed")
+    fams = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    assert samples[("pdfleet_transfers_total", (("kind", "request"), ("outcome", "success"), ("role", "decode")))] == 1
+    assert samples[("pdfleet_transfer_bytes_total", (("kind", "request"), ("role", "decode")))] == 1000
+    assert samples[("pdfleet_transfer_failures_total", (("reason", "source_failed"), ("role", "decode")))] == 1
+    assert samples[("pdfleet_transfers_in_flight", (("role", "decode"),))] == 2.0
+    assert fams["pdfleet_transfer_seconds"].type == "histogram"
+
+
+def test_synthetic_state_verifies_on_another_shape_and_not_under_another_seed() -> None:
+    lay = PRESETS["qwen3-next-hybrid"]
+    cap = Capacity(2, 96)
+    a = RequestAllocator(lay, cap, seed=1).allocate(70)
+    b = RequestAllocator(lay, cap, seed=2).allocate(70)
+    seed = request_seed("r1")
+    assert seed != request_seed("r2") and 0 <= seed < 2**63
+    # Two TP ranks fill their shards; the planner moves them into one TP 1 rank, which must verify.
+    src = [RankPools(lay, ParallelShape(2), t, 0, cap) for t in range(2)]
+    for p in src:
+        fill_request(p, seed, a)
+    dst = RankPools(lay, ParallelShape(1), 0, 0, cap)
+    assert verify_request(dst, seed, b) > 0  # zeros are not the state
+    dest = compile_destination(dst.registration(), [p.registration() for p in src])
+    LocalCopyExecutor([p.arena for p in (*src, dst)]).execute(Blocks.concat(list(dest.plan(a, b).values())))
+    assert verify_request(dst, seed, b) == 0
+    assert verify_request(dst, request_seed("r2"), b) > 0
+    assert request_bytes(dst, b) > 0
+
+
+def test_free_counts_are_public_and_move_with_allocations() -> None:
+    lay, cap = PRESETS["llama-dense"], Capacity(2, 64)
+    alloc = RequestAllocator(lay, cap)
+    full = pool_counts(lay, 2, 64)
+    assert alloc.free_counts() == full
+    idx = alloc.allocate(20)
+    assert alloc.free_counts()[IndexKind.PAGE] == full[IndexKind.PAGE] - 2
+    assert alloc.free_counts()[IndexKind.SLOT] == full[IndexKind.SLOT] - 1
+    alloc.free(idx)
+    assert alloc.free_counts() == full
