@@ -132,11 +132,9 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
     n, ns = owner.name, owner.namespace
     targets = targets or spec_targets(spec)
     objs = [runtime_service_account(n, ns), runtime_role(n, ns), runtime_role_binding(n, ns)]
-    max_ranks = 1
     for role in Role:
         rs = role_spec(spec, role)
         ranks = rs.parallelism.tensor * rs.parallelism.pipeline
-        max_ranks = max(max_ranks, ranks)
         configs = {targets[role][0]: targets[role][1]}
         for pod in snapshot.pods if snapshot else ():
             stored = snapshot.revisions.get((role, pod.revision)) if snapshot else None
@@ -146,7 +144,7 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
             objs.append(runtime_configmap(n, ns, rev_spec, role, revision))
         objs.append(headless_service(n, ns, role, ranks))
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
-    objs.append(network_policy(n, ns, max_ranks))
+    objs.append(network_policy(n, ns))
     return [_owned(o, owner) for o in objs]
 
 

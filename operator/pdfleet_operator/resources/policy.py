@@ -1,8 +1,11 @@
 """Per-deployment NetworkPolicy and per-role PodDisruptionBudgets.
 
-The NetworkPolicy opens the bootstrap and engine ports only to pods of the same deployment
-(prompt state must not be reachable from elsewhere) and the HTTP port (health, metrics, drain)
-to anyone, since kubelet probes and Prometheus come from outside the deployment.
+The NetworkPolicy admits traffic to the deployment's pods from the same deployment's pods only
+(prompt state must not be reachable from elsewhere), plus the HTTP port (health, metrics, drain)
+from anywhere, since kubelet probes and Prometheus come from outside the deployment. It does not
+list the engine ports: Mooncake and NIXL pick their data ports themselves (UCX and Mooncake's TCP
+transport bind ephemeral ports), so a port list would silently block transfers; the pod selector
+is what scopes them.
 
 A PDB limits voluntary evictions (node drains) to ``max(1, maxUnavailable)`` pods per role;
 it never blocks the operator's own deletions, which follow the rollout's budgets.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.resources.names import owner_labels, role_selector
-from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT
+from pdfleet_runtime.config import HTTP_PORT
 
 __all__ = ["network_policy", "pdb_name", "pod_disruption_budget", "policy_name"]
 
@@ -25,7 +28,7 @@ def pdb_name(deployment: str, role: Role) -> str:
     return f"{deployment}-{role.value}"[:253]
 
 
-def network_policy(name: str, namespace: str, max_ranks: int) -> dict:
+def network_policy(name: str, namespace: str) -> dict:
     same_deployment = {"podSelector": {"matchLabels": owner_labels(name)}}
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -35,13 +38,7 @@ def network_policy(name: str, namespace: str, max_ranks: int) -> dict:
             "podSelector": {"matchLabels": owner_labels(name)},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {
-                    "from": [same_deployment],
-                    "ports": [
-                        {"protocol": "TCP", "port": BOOTSTRAP_PORT},
-                        {"protocol": "TCP", "port": ENGINE_PORT, "endPort": ENGINE_PORT + max(1, max_ranks) - 1},
-                    ],
-                },
+                {"from": [same_deployment]},  # bootstrap, handshake and the engines' own data ports
                 {"ports": [{"protocol": "TCP", "port": HTTP_PORT}]},
             ],
         },

@@ -78,3 +78,14 @@ def test_degraded_folds_placement_into_admission() -> None:
     kept = with_placement(rejected, problems, 1)[0]
     assert kept["reason"] == "MatrixRejects" and "needs 4 GPUs" in kept["message"]
     assert with_placement(admitted, [], 1) == admitted
+
+
+def test_network_policy_admits_only_the_deployment_and_http() -> None:
+    from pdfleet_operator.resources.policy import network_policy
+
+    spec_ = network_policy("demo", "ns")["spec"]
+    sources, http = spec_["ingress"]
+    assert sources == {"from": [{"podSelector": {"matchLabels": {
+        "pdfleet.io/deployment": "demo", "app.kubernetes.io/managed-by": "pdfleet-operator"}}}]}
+    assert "from" not in http and http["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert spec_["policyTypes"] == ["Ingress"]
