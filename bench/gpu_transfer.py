@@ -15,9 +15,10 @@ step for the request to the decode process seeing it complete), both read from C
   (Mooncake ``batch_transfer_sync_write``; NIXL ``initialize_xfer``), then completion;
 - ``adapter``: pdfleet's ``engine.write`` of the planner's blocks (checks, NIXL prepared lists,
   Mooncake's GPU fence);
-- ``staged``: ``pdfleet_runtime.staging``: gather into a staging ring, one engine write per chunk,
-  scatter on the decode GPU after each chunk landed (plan building on the prefill counted; the
-  decode's scatter plan is made when it sends its indices, before the request starts).
+- ``staged``: ``pdfleet_runtime.staging``: gather into a staging ring (Triton copy kernel), one
+  engine write per chunk, scatter on the decode GPU after each chunk landed (the prefill's plan is
+  built lazily, part by part, and counted; the decode's scatter plan is made when it sends its
+  indices, before the request starts). One mode per ``--staged`` configuration.
 
 Completion is signalled through shared-memory counters (microseconds), so the figures are the
 transfer path, not the HTTP status path of the protocol (parity covers that). After every mode the
@@ -35,6 +36,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -169,7 +171,8 @@ def _decode_body(conn: Connection, sig: Counters, args: argparse.Namespace, devi
             staged = cmd["mode"].startswith("staged")
             if staged:
                 cut = ring.reshaped(cmd["slots"], cmd["chunk"])
-                plan = staging.StagePlan.build(cmd["dst"], cmd["src"], cmd["length"], cut.slot_bytes)
+                plan = staging.StagePlan.build(cmd["dst"], cmd["length"], _chunk_bytes(cmd, int(cmd["length"].sum())),
+                                               cmd["piece"])
                 plan.materialize(device)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
@@ -279,15 +282,21 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
             raise RuntimeError(f"raw NIXL transfer ended {state}")
 
     cuts = [ring]
+    threaded = [False]
+    poster = _Poster(torch, staging, gpu) if args.engine == "mooncake" else None
+
+    def mooncake_write(address: int, dst: int, nbytes: int) -> Any:
+        rc = raw.transfer_sync_write(peer, address, dst, nbytes)
+        if rc != 0:
+            raise RuntimeError(f"mooncake chunk write returned {rc}")
+        return staging.Marker(torch.cuda.default_stream() if gpu else None)  # after the queued copy
 
     def post(k: int, address: int, nbytes: int) -> Any:
         dst = remote_ring + (k % cuts[0].slots) * cuts[0].slot_bytes
         if args.engine == "mooncake":
-            rc = raw.transfer_sync_write(peer, address, dst, nbytes)
-            if rc != 0:
-                raise RuntimeError(f"mooncake chunk write returned {rc}")
-            marker = staging.Marker(torch.cuda.default_stream() if gpu else None)  # after the queued copy
-            return marker.done
+            if threaded[0] and poster is not None:
+                return poster.submit(lambda: mooncake_write(address, dst, nbytes))
+            return mooncake_write(address, dst, nbytes).done
         loc = np.array([[address, nbytes, ldev]], dtype=np.uint64)
         rem = np.array([[dst, nbytes, rdev]], dtype=np.uint64)
         h = raw.initialize_xfer("WRITE", raw.get_xfer_descs(loc, mem), raw.get_xfer_descs(rem, mem), peer)
@@ -334,54 +343,110 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
         elif mode.startswith("staged"):
             cut = ring.reshaped(cmd["slots"], cmd["chunk"])
             cuts[0] = cut
+            threaded[0] = bool(cmd["threaded"])
             trace: list[tuple[int, str, float]] = []
-            plan = staging.StagePlan.build(b.src - regs[t].region.address,
-                                           b.dst - hello["registrations"][t].region.address, b.length, cut.slot_bytes)
+            plan = staging.StagePlan.build(b.src - regs[t].region.address, b.length, _chunk_bytes(cmd, b.bytes),
+                                           cmd["piece"], lazy=True)
             plan.materialize(device)
             ordered = torch.cuda.default_stream() if gpu and cmd["ordered"] and args.engine == "mooncake" else None
             staging.send(plan, arena, cut, post, sig, chunks_sent, timeout_s=TIMEOUT_S, engine_stream=ordered,
                          trace=trace)
             chunks_sent += len(plan.chunks)
-            info = {"chunks": len(plan.chunks), "groups": [g.row for g in plan.groups], "trace": trace}
+            info = {"chunks": len(plan.chunks), "chunk_bytes": plan.chunk_bytes, "pieces": len(plan.table),
+                    "unit": plan.unit, "trace": trace}
         elif mode == "kernels":
-            info = _kernels(torch, staging, b, regs[t].region.address, hello["registrations"][t].region.address,
-                            arena, ring, gpu)
+            info = _kernels(torch, staging, b, regs[t].region.address, arena, ring, gpu)
         if mode in ("raw", "adapter"):
             sig.arr[_DONE] = seq
         conn.send({"t0": t0, "seq": seq, **info})
+    if poster is not None:
+        poster.close()
     engine.close()
+
+
+class _Poster:
+    """Mooncake ``nvlink_intra``'s ``transfer_sync_write`` blocks for the copy (it releases the GIL): a
+    worker thread, bound to this GPU, runs the writes in order so that the sender keeps gathering and
+    building rows meanwhile, and the next chunk's copy starts as soon as the last one ended."""
+
+    def __init__(self, torch: Any, staging: Any, gpu: str | None) -> None:
+        import queue
+        import threading
+
+        sys.setswitchinterval(1e-4)  # the worker takes the GIL back soon after each write, not after 5 ms
+        self._q: Any = queue.SimpleQueue()
+        self._torch, self._gpu = torch, gpu
+        self._thread = threading.Thread(target=self._run, name="mooncake-poster", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self._gpu:
+            self._torch.cuda.set_device(self._torch.device(self._gpu))
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, box = item
+            try:
+                box["marker"] = fn()
+            except BaseException as e:  # handed to the sender's done()
+                box["error"] = e
+
+    def submit(self, fn: Any) -> Any:
+        box: dict[str, Any] = {}
+        self._q.put((fn, box))
+
+        def done() -> bool:
+            if "error" in box:
+                raise box["error"]
+            return "marker" in box and bool(box["marker"].done())
+        return done
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(5)
 
 
 def _ring_bytes(args: argparse.Namespace) -> int:
     return max(c["slots"] * c["chunk"] for c in args.staged)
 
 
-def _kernels(torch: Any, staging: Any, b: Any, src_base: int, dst_base: int, arena: Any, ring: Any,
-             gpu: str | None) -> dict[str, float]:
-    """Gather and scatter alone on this GPU (32 MiB chunks, one stream, CUDA events): the staging
-    path's kernels against the link. The scatter writes the gathered rows back where they came from."""
-    chunk = min(32 << 20, ring.buffer.numel() // 256 * 256)
-    plan = staging.StagePlan.build(b.src - src_base, b.dst - dst_base, b.length, chunk).materialize(arena.device)
+KERNEL_VARIANTS = ((64, 16, 4), (64, 32, 8), (32, 16, 4), (128, 16, 4), (64, 8, 4))
+"""(piece KiB, sub-block KiB, warps) that ``kernels`` times; the first is the default."""
+
+
+def _kernels(torch: Any, staging: Any, b: Any, src_base: int, arena: Any, ring: Any,
+             gpu: str | None) -> dict[str, Any]:
+    """Gather and scatter alone on this GPU (chunks of up to 128 MiB, one stream), per kernel variant:
+    the staging path's kernels against the link. The scatter writes the gathered bytes back where they
+    came from (timed as gather + scatter less gather). GB/s count request bytes once (each kernel reads
+    and writes them)."""
+    chunk = min(128 << 20, ring.buffer.numel() // 256 * 256)
     slot = ring.buffer[:chunk]
-    out: dict[str, float] = {}
-    for name, fn in (("gather", staging.gather_chunk), ("scatter", None)):
-        best = float("inf")
-        for _ in range(3):
-            if gpu:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for k in range(len(plan.chunks)):
-                if fn is not None:
-                    fn(plan, k, arena, slot)
-                else:
-                    staging.gather_chunk(plan, k, arena, slot)  # the same rows back in place
-                    staging.scatter_chunk(plan, k, slot, arena)
-            if gpu:
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t0)
-        out[f"{name}_s"] = best
-    out["gather_gbps"] = plan.bytes / out["gather_s"] / 1e9
-    out["scatter_gbps"] = plan.bytes / max(out["scatter_s"] - out["gather_s"], 1e-9) / 1e9
+    out: dict[str, Any] = {}
+    defaults = staging.SUB_BYTES, staging.WARPS
+    try:
+        for piece, sub, warps in KERNEL_VARIANTS:
+            staging.SUB_BYTES, staging.WARPS = sub << 10, warps
+            plan = staging.StagePlan.build(b.src - src_base, b.length, chunk, piece << 10).materialize(arena.device)
+            best = {"gather": float("inf"), "both": float("inf")}
+            for name in ("gather", "both"):
+                for _ in range(4):  # the first compiles
+                    if gpu:
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for k in range(len(plan.chunks)):
+                        staging.gather_chunk(plan, k, arena, slot)
+                        if name == "both":  # the same bytes back in place: the arena stays as it was
+                            staging.scatter_chunk(plan, k, slot, arena)
+                    if gpu:
+                        torch.cuda.synchronize()
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            out[f"{piece}k/{sub}k/w{warps}"] = {
+                "gather_gbps": plan.bytes / best["gather"] / 1e9,
+                "scatter_gbps": plan.bytes / max(best["both"] - best["gather"], 1e-9) / 1e9}
+    finally:
+        staging.SUB_BYTES, staging.WARPS = defaults
     return out
 
 
@@ -447,8 +512,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         times.append(dt)
                 if mode == "kernels":
                     size["kernels"] = infos[-1]
-                    print(f"  {t:>6} tokens kernels  gather {infos[-1]['gather_gbps']:.0f} GB/s, "
-                          f"scatter {infos[-1]['scatter_gbps']:.0f} GB/s (one GPU, 32 MiB chunks)", flush=True)
+                    print(f"  {t:>6} tokens kernels (one GPU, 128 MiB chunks; piece/sub/warps: gather, scatter GB/s) "
+                          + ", ".join(f"{v} {r['gather_gbps']:.0f} {r['scatter_gbps']:.0f}" for v, r in infos[-1].items()),
+                          flush=True)
                     continue
                 entry: dict[str, Any] = {"seconds": times, "median_s": statistics.median(times),
                                          "min_s": min(times), "gbps": bl["bytes"] / statistics.median(times) / 1e9}
@@ -482,17 +548,31 @@ def _expand(args: argparse.Namespace) -> list[str]:
     return [m for mode in args.modes for m in ([c["name"] for c in args.staged] if mode == "staged" else [mode])]
 
 
-def _staged_configs(specs: list[str], engine: str) -> list[dict[str, Any]]:
-    """``32x4`` = 4 slots of 32 MiB, the engine posted after the host saw the gather end; ``32x4o``: the
-    engine's stream waits for the gather on the device and the chunk is posted at once (Mooncake)."""
+def _staged_configs(specs: list[str], engine: str, piece_kib: int) -> list[dict[str, Any]]:
+    """``128x3`` = 3 slots of 128 MiB, chunks of the slot size, the engine posted after the host saw the
+    gather end; ``o``: the engine's stream waits for the gather on the device and the chunk is posted at
+    once (Mooncake only); ``t``: Mooncake's blocking writes run on a worker thread (``_Poster``);
+    ``aN``: chunks of ``staging.chunk_size(request, slot, N)`` (a small request still splits into about
+    N chunks). Mooncake-only flags are dropped for NIXL (its posts are asynchronous already)."""
     out = []
     for spec in specs:
-        ordered = spec.endswith("o")
-        mib, slots = (int(x) for x in spec.rstrip("o").split("x"))
-        if ordered and engine != "mooncake":
+        m = re.fullmatch(r"(\d+)x(\d+)(o?)(t?)(?:a(\d+))?", spec)
+        if m is None:
+            raise SystemExit(f"bad --staged spec {spec!r} (MiBxSLOTS[o][t][aN])")
+        ordered, threaded = bool(m.group(3)), bool(m.group(4))
+        if (ordered or threaded) and engine != "mooncake":
             continue
-        out.append({"name": f"staged-{spec}", "chunk": mib << 20, "slots": slots, "ordered": ordered})
+        out.append({"name": f"staged-{spec}", "chunk": int(m.group(1)) << 20, "slots": int(m.group(2)),
+                    "ordered": ordered, "threaded": threaded, "min_chunks": int(m.group(5)) if m.group(5) else 0,
+                    "piece": piece_kib << 10})
     return out
+
+
+def _chunk_bytes(cfg: dict[str, Any], total: int) -> int:
+    """The chunk both sides cut a request of ``total`` bytes into (the same function on both)."""
+    from pdfleet_runtime import staging
+
+    return staging.chunk_size(total, cfg["chunk"], cfg["min_chunks"]) if cfg["min_chunks"] else int(cfg["chunk"])
 
 
 def _timeline(t0: float, sent: list[tuple[int, str, float]], got: list[tuple[int, str, float]],
@@ -524,11 +604,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="0,1", help="prefill GPU, decode GPU (default 0,1)")
     parser.add_argument("--protocol", default=None, help="default nvlink on cuda, tcp on cpu")
     parser.add_argument("--ucx-tls", default=None, help="override the protocol table's UCX_TLS (NIXL)")
-    parser.add_argument("--staged", nargs="+", default=["32x4", "128x3", "128x3o"],
-                        help="staging configurations MiBxSLOTS[o] (o: stream-ordered posting, Mooncake)")
+    parser.add_argument("--staged", nargs="+", default=["128x3a4", "256x3a4", "256x3ota4"],
+                        help="staging configurations MiBxSLOTS[o][aN] (o: stream-ordered posting, Mooncake; "
+                             "aN: a request splits into at least about N chunks)")
+    parser.add_argument("--piece", type=int, default=64, help="staging: most KiB one kernel program copies")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args(argv)
-    args.staged = _staged_configs(args.staged, args.engine)
+    args.staged = _staged_configs(args.staged, args.engine, args.piece)
     args.protocol = args.protocol or ("nvlink" if args.device == "cuda" else "tcp")
     gp, gd = (int(x) for x in args.gpus.split(","))
     args.devices = (f"cuda:{gp}", f"cuda:{gd}") if args.device == "cuda" else ("cpu", "cpu")

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet_operator.api.crd import CRD_FILE, CRD_NAME
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
+from pdfleet_operator.devcluster.local_operator import LocalOperator
+from tests.helpers import wait_until
 
 
 @pytest.fixture(scope="session")
@@ -32,11 +35,36 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     # The ServiceAccount admission plugin rejects pods until the controller made `default`.
-    from tests.helpers import wait_until
-
     wait_until(
         lambda: cluster.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
         what=f"default ServiceAccount in {name}",
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# -- the CRD and the operator as a subprocess (cluster and e2e tests) ---------------------------
+# ``operator`` runs ``python -m pdfleet_operator --dev-webhook 127.0.0.1:PORT`` against the test
+# cluster (kopf manages its own ValidatingWebhookConfiguration there) and stops it with SIGINT at
+# teardown; tests can restart it with other flags (``restart(*args)``).
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: LocalCluster) -> str:
+    """The generated CRD, applied and served (discovery included)."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=70)
+    wait_until(lambda: cluster.kubectl("get", "pdd", "-A", check=False).returncode == 0, what="pdd discovery")
+    return CRD_NAME
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: LocalCluster, crd: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalOperator]:
+    op = LocalOperator(cluster, tmp_path_factory.mktemp("operator"))
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()

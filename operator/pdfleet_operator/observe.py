@@ -67,6 +67,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         drain_started=drain_started,
         drained=drained,
         gate=gate.get("status"),
+        gate_reason=gate.get("reason") or "",
         gate_message=": ".join(x for x in (gate.get("reason"), gate.get("message")) if x),
         restarts=restarts,
         running_since=running_since,

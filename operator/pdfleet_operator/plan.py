@@ -84,6 +84,7 @@ class ObservedPod:
     drain_started: float | None = None  # epoch seconds of the drain annotation; None: not draining
     drained: bool = False  # the runtime set the pdfleet.io/drained condition True
     gate: str | None = None  # the transfer-path condition's status: "True", "False" or None (unknown)
+    gate_reason: str = ""  # the condition's reason (the runtime's readiness problem)
     gate_message: str = ""  # its reason and message, for a failed gate
     restarts: int = 0  # container restarts, summed
     running_since: float | None = None  # epoch seconds the pod started running; None: not running

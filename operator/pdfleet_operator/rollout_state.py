@@ -4,8 +4,9 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
 
 * the target revision: the spec's, unless the spec's revision failed, then the stable one (a
   rollback within the same budgets: the step planner simply rolls towards the target);
-* failure of a rollout towards the spec's revision: a target pod's transfer-path gate is False,
-  or unknown for longer than the gate timeout after it started running, or its containers
+* failure of a rollout towards the spec's revision: a target pod's transfer-path gate is False
+  with a failure reason (``GATE_FAILURE_REASONS``; "not yet" reasons such as WaitingForCanary
+  are not failures), or not True for longer than the gate timeout after it started running, or its containers
   restarted too often, or no progress (a target pod became ready, or an old pod went) for
   ``progressDeadlineSeconds``;
 * the stable revision, committed only when every pod is on the target, ready and not draining
@@ -27,6 +28,7 @@ from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.plan import ObservedPod, Snapshot
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
+from pdfleet_runtime.config import GATE_FAILURE_REASONS
 
 __all__ = [
     "MAX_RESTARTS",
@@ -86,9 +88,9 @@ def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeou
     for p in pods:
         if p.revision != revision or p.deleting:
             continue
-        if p.gate == "False":
+        if p.gate == "False" and p.gate_reason in GATE_FAILURE_REASONS:
             return f"pod {p.name} failed its transfer-path gate" + (f" ({p.gate_message})" if p.gate_message else "")
-        if p.gate is None and p.running_since is not None and now - p.running_since > gate_timeout:
+        if p.gate != "True" and p.running_since is not None and now - p.running_since > gate_timeout:
             return f"pod {p.name}'s transfer-path gate stayed unknown for {now - p.running_since:.0f}s"
         if p.restarts >= MAX_RESTARTS:
             return f"pod {p.name} restarted {p.restarts} times"

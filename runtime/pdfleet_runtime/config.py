@@ -24,7 +24,10 @@ from pdfleet_runtime.transfer import Backend, Protocol
 __all__ = [
     "BOOTSTRAP_PORT",
     "CONFIG_SCHEMA_VERSION",
+    "DRAINED_CONDITION",
+    "DRAIN_ANNOTATION",
     "ENGINE_PORT",
+    "GATE_FAILURE_REASONS",
     "HTTP_PORT",
     "READINESS_GATE",
     "ConfigError",
@@ -39,6 +42,14 @@ HTTP_PORT = 8080  # /healthz, /readyz, /metrics, /drain
 BOOTSTRAP_PORT = 8998  # prefill only: where decode ranks register and send requests
 ENGINE_PORT = 17000  # first engine port; rank r of a pod uses ENGINE_PORT + r
 READINESS_GATE = "pdfleet.io/transfer-path"  # pod condition set after a verified canary transfer
+# Reasons of a False transfer-path condition that mean the pod's path is broken (the operator fails
+# a rollout on them); any other reason (Starting, WaitingForCanary, NoPeerFound, ...) means "not yet"
+# and only counts against the gate timeout. server.readiness.Problem holds every reason.
+GATE_FAILURE_REASONS = frozenset(
+    {"RankProcessDied", "PeerIncompatible", "BelowThroughputFloor", "BytesMismatched", "TransfersFailing"}
+)
+DRAIN_ANNOTATION = "pdfleet.io/drain-started"  # set by the operator (epoch seconds): stop admitting, drain
+DRAINED_CONDITION = "pdfleet.io/drained"  # set by the runtime once a drained pod has nothing in flight
 
 DnsName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
 

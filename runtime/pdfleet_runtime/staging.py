@@ -2,27 +2,40 @@
 
 Why: a real request is thousands of scattered pages. The engines move one contiguous GiB near the
 NVLink limit (~390 GB/s) but a batch of scattered 64 KiB blocks at 8-18 GB/s (design.md section 7):
-per-block cost dominates. A GPU index kernel gathers the same blocks at HBM speed, so
+per-block cost dominates. A GPU copy kernel gathers the same blocks at HBM speed, so
 
-    gather chunk k (source stream) -> engine writes the chunk's bytes as ONE block -> receiver scatters chunk k
+    gather chunk k (own stream) -> engine writes the chunk's bytes as ONE block -> receiver scatters chunk k
 
 pipelined over a ring of staging slots: chunk k+1 is gathered while chunk k is on the link and
 chunk k-1 is scattered. The receiver scatters a chunk only after the sender published that the
 chunk landed (the engine said done and, for Mooncake, the copy's stream reached an event), and the
 sender reuses a slot only after the receiver published that its scatter from it ended (credits).
 
-Rows: every block is cut into rows of ``g`` bytes, the largest power of two <= 256 dividing its
-source offset, destination offset and length (256 for pages; 16 for a 16-byte ring), so a gather is
-``index_select`` over the arena viewed as ``[rows, g/8]`` int64 and a scatter is ``index_copy_``.
-Row indices are expanded on the device (``repeat_interleave``) from per-block starts and counts,
-so the host only handles one entry per block. Both sides derive the same plan from the same
-blocks (``StagePlan.build``); the sender needs source rows, the receiver destination rows.
+Plan: the blocks, in their given order, form one byte stream; chunk ``k`` is the stream's bytes
+``[k * chunk_bytes, (k + 1) * chunk_bytes)`` and lands at the start of a slot. Each side cuts its own
+blocks into *pieces* that never cross a chunk boundary and hold at most ``piece_bytes``, and keeps one
+table row per piece: (arena offset, slot offset, length). Both sides cut the same stream at the same
+chunk boundaries, so they agree on every byte's slot position without sharing tables; the offsets
+each side uses are only its own (``StagePlan.build`` takes one side's offsets and the lengths).
+The table is made with a few vectorized numpy passes (no per-block Python); a lazy plan builds it
+part by part as chunks are first gathered (1, 1, 2, 4, ... chunks), and each part crosses to the GPU
+through a reused page-locked buffer (an asynchronous copy on the gather stream).
 
-Works on ``cpu`` tensors too (synchronous, for tests); streams and events only exist on ``cuda``.
+Kernel (CUDA): one Triton program per piece copies it in sub-blocks of ``SUB_BYTES``, 16-byte
+accesses where every offset and length is a multiple of 16 (``unit``; pages are 256-aligned), with
+a mask only on a piece's last, partial sub-block. The same kernel gathers (arena -> slot) and
+scatters (slot -> arena). The previous row-index kernels (``aten::index`` over 256-byte rows)
+gathered at ~400 GB/s on an H200 and did not keep up with the link.
+
+On ``cpu`` tensors (tests, the CPU benchmark) a per-piece copy loop does the same work synchronously;
+streams and events only exist on ``cuda``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -32,96 +45,169 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-__all__ = ["MAX_ROW", "Chunk", "Marker", "Segment", "Signals", "StagePlan", "StagingRing", "gather_chunk", "receive",
-           "scatter_chunk", "send"]
+__all__ = ["MAX_UNIT", "PIECE_BYTES", "SUB_BYTES", "Chunk", "Marker", "Signals", "StagePlan", "StagingRing",
+           "chunk_size", "gather_chunk", "receive", "scatter_chunk", "send"]
 
-MAX_ROW = 256
-"""Largest row (bytes): pages are 256-aligned in every arena (``pools.ALIGN``)."""
-_SEG_ALIGN = 256
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Rows ``[r0, r1)`` of row group ``group``, at byte ``offset`` of a staging slot."""
-
-    group: int
-    r0: int
-    r1: int
-    offset: int
+MAX_UNIT = 16
+"""Widest access (bytes) the kernel uses: offsets and lengths that are multiples of 16 get 16-byte loads."""
+PIECE_BYTES = 64 << 10
+"""Most bytes one kernel program copies (a KV page is 16-64 KiB; a 2 MiB state block becomes 32 pieces)."""
+SUB_BYTES = 16 << 10
+"""Bytes one program moves per step (loads of the whole step are in flight together)."""
+WARPS = 4
+_ALIGN = 256
+_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
 @dataclass(frozen=True)
 class Chunk:
-    segments: tuple[Segment, ...]
+    """``nbytes``: bytes of the slot the engine writes; once built, pieces ``[p0, p1)`` of part ``part``'s table."""
+
     nbytes: int
-    """Bytes of the slot the engine writes (last segment's end)."""
+    part: int = -1
+    p0: int = 0
+    p1: int = 0
 
 
 @dataclass
-class _Group:
-    row: int
-    """Row size in bytes."""
-    starts: np.ndarray
-    counts: np.ndarray
-    rows: int
-    index: torch.Tensor | None = None
+class _Part:
+    """The table rows of chunks ``[k0, k1)``: int64 ``[pieces, 3]`` = (arena offset, slot offset, length)."""
+
+    k0: int
+    k1: int
+    table: np.ndarray
+    device: torch.Tensor | None = None
 
 
-def _row_size(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Largest power of two <= MAX_ROW dividing each block's offsets and length (vectorized)."""
-    x = (src | dst | length | MAX_ROW).astype(np.int64)
+def _unit(offsets: np.ndarray, length: np.ndarray) -> int:
+    """Largest power of two <= MAX_UNIT dividing every offset and length."""
+    x = MAX_UNIT
+    if offsets.size:
+        x |= int(np.bitwise_or.reduce(offsets)) | int(np.bitwise_or.reduce(length))
     return x & -x
 
 
-class StagePlan:
-    """The row groups of one side of a batch and its cut into chunks of at most ``chunk_bytes``.
+def chunk_size(total: int, slot_bytes: int, min_chunks: int = 4, floor: int = 8 << 20) -> int:
+    """A chunk size for a request of ``total`` bytes: the slot, or smaller so that a small request
+    still splits into about ``min_chunks`` chunks (pipeline fill and drain are one chunk each), never
+    under ``floor``; a multiple of 256."""
+    want = max(floor, -(-total // min_chunks))
+    return max(_ALIGN, min(slot_bytes, -(-want // _ALIGN) * _ALIGN))
 
-    ``offsets`` are byte offsets of the blocks inside this side's arena; ``peer_offsets`` those on
-    the other side (they only choose the row size, which both sides must agree on).
+
+class StagePlan:
+    """One side's pieces of a batch and its cut into chunks of at most ``chunk_bytes``.
+
+    Table rows are (arena offset, slot offset, length) in elements of ``elem`` bytes (``elem`` =
+    min(unit, 8); the arena and slots are viewed with that element type). ``lazy``: rows are built
+    per *part* when a chunk of it is first copied (``ensure``), parts growing geometrically (chunk 0,
+    chunk 1, chunks 2-3, 4-7, ...), so the first chunk waits for one chunk's rows, and the rest are
+    built (and cross to the GPU) while earlier chunks are on the link. Otherwise one part, built now.
     """
 
-    def __init__(self, groups: list[_Group], chunks: list[Chunk], total: int) -> None:
-        self.groups, self.chunks, self.bytes = groups, chunks, total
+    def __init__(self, offsets: np.ndarray, length: np.ndarray, chunk_bytes: int, piece_bytes: int = PIECE_BYTES,
+                 *, lazy: bool = False) -> None:
+        off = np.asarray(offsets, dtype=np.int64)
+        ln = np.asarray(length, dtype=np.int64)
+        if off.shape != ln.shape:
+            raise ValueError("offsets and length differ in shape")
+        if chunk_bytes % _ALIGN or chunk_bytes < _ALIGN:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {_ALIGN}, got {chunk_bytes}")
+        if piece_bytes % _ALIGN or piece_bytes < _ALIGN:
+            raise ValueError(f"piece_bytes must be a positive multiple of {_ALIGN}, got {piece_bytes}")
+        if ln.size and ln.min() <= 0:
+            if ln.min() < 0:
+                raise ValueError("negative block length")
+            keep = ln > 0
+            off, ln = off[keep], ln[keep]
+        self.off, self.ln = off, ln
+        self.end = np.cumsum(ln)
+        self.bytes = int(self.end[-1]) if ln.size else 0
+        self.unit = _unit(off, ln)
+        self.elem = min(self.unit, 8)
+        self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
+        n = -(-self.bytes // chunk_bytes)
+        self.chunks = [Chunk(min(chunk_bytes, self.bytes - k * chunk_bytes)) for k in range(n)]
+        self.parts: list[_Part] = []
+        self.device: torch.device | None = None
+        if not lazy and n:
+            self._build(0, n)
 
     @classmethod
-    def build(cls, offsets: np.ndarray, peer_offsets: np.ndarray, length: np.ndarray, chunk_bytes: int) -> StagePlan:
-        offsets, peer_offsets, length = (np.asarray(a, dtype=np.int64) for a in (offsets, peer_offsets, length))
-        if chunk_bytes % _SEG_ALIGN or chunk_bytes < MAX_ROW:
-            raise ValueError(f"chunk_bytes must be a multiple of {_SEG_ALIGN}, got {chunk_bytes}")
-        row = _row_size(offsets, peer_offsets, length)
-        groups: list[_Group] = []
-        for g in np.unique(row)[::-1]:  # big rows first: the bulk of the bytes
-            sel = row == g
-            counts = length[sel] // g
-            groups.append(_Group(int(g), offsets[sel] // g, counts, int(counts.sum())))
-        chunks: list[Chunk] = []
-        segs: list[Segment] = []
-        used = 0
-        for gi, grp in enumerate(groups):
-            r = 0
-            while r < grp.rows:
-                off = -(-used // _SEG_ALIGN) * _SEG_ALIGN
-                room = (chunk_bytes - off) // grp.row
-                if room <= 0:
-                    chunks.append(Chunk(tuple(segs), used))
-                    segs, used = [], 0
-                    continue
-                n = min(room, grp.rows - r)
-                segs.append(Segment(gi, r, r + n, off))
-                used = off + n * grp.row
-                r += n
-        if segs:
-            chunks.append(Chunk(tuple(segs), used))
-        return cls(groups, chunks, int(length.sum()))
+    def build(cls, offsets: np.ndarray, length: np.ndarray, chunk_bytes: int, piece_bytes: int = PIECE_BYTES,
+              *, lazy: bool = False) -> StagePlan:
+        """``offsets``: byte offsets of the blocks in this side's arena; ``length``: their sizes, in the
+        order both sides use (the receiver passes its own offsets with the same lengths)."""
+        return cls(offsets, length, chunk_bytes, piece_bytes, lazy=lazy)
+
+    @property
+    def table(self) -> np.ndarray:
+        """Every built part's rows, in chunk order."""
+        if len(self.parts) == 1:
+            return self.parts[0].table
+        return np.concatenate([p.table for p in self.parts]) if self.parts else np.empty((0, 3), np.int64)
+
+    def ensure(self, k: int) -> bool:
+        """Build (and, once materialized on cuda, upload) the part holding chunk ``k``; False if it was."""
+        if self.chunks[k].part >= 0:
+            return False
+        k1 = min(len(self.chunks), k + max(1, k))
+        k1 = next((j for j in range(k + 1, k1) if self.chunks[j].part >= 0), k1)
+        self._build(k, k1)
+        return True
+
+    def _build(self, k0: int, k1: int) -> None:
+        """Rows of chunks ``[k0, k1)``: blocks cut at chunk boundaries and into pieces of at most piece_bytes."""
+        cb, pb = self.chunk_bytes, self.piece_bytes
+        lo, hi = k0 * cb, min(k1 * cb, self.bytes)
+        b0 = int(np.searchsorted(self.end, lo, side="right"))
+        b1 = min(int(np.searchsorted(self.end, hi, side="left")) + 1, self.end.size)
+        off, ln, end = self.off[b0:b1], self.ln[b0:b1], self.end[b0:b1]
+        pos = end - ln
+        ps, pe = pos, end
+        if pos[0] < lo or end[-1] > hi:  # the window's first and last blocks may straddle its edges
+            ps, pe = pos.copy(), end.copy()
+            ps[0], pe[-1] = max(ps[0], lo), min(pe[-1], hi)
+        # 1. cut at chunk boundaries (a block crossing one becomes one piece per chunk)
+        c0, c1 = ps // cb, (pe - 1) // cb
+        blk = np.arange(off.size)
+        cc = c0
+        if (c1 != c0).any():
+            blk, j = _expand(c1 - c0 + 1)
+            cc = c0[blk] + j
+            ps = np.maximum(pos[blk], cc * cb)
+            pe = np.minimum(end[blk], (cc + 1) * cb)
+            ps[0], pe[-1] = max(ps[0], lo), min(pe[-1], hi)
+        # 2. cut pieces longer than piece_bytes
+        long = (pe - ps) > pb
+        if long.any():
+            sub, j = _expand(np.where(long, -(-(pe - ps) // pb), 1))
+            blk, cc = blk[sub], cc[sub]
+            s = ps[sub] + j * pb
+            pe = np.minimum(s + pb, pe[sub])
+            ps = s
+        table = np.empty((ps.size, 3), dtype=np.int64)
+        table[:, 0] = off[blk] + (ps - pos[blk])
+        table[:, 1] = ps - cc * cb
+        table[:, 2] = pe - ps
+        if self.elem > 1:
+            table //= self.elem
+        bounds = np.searchsorted(cc, np.arange(k0, k1 + 1)).tolist()
+        part = _Part(k0, k1, table)
+        self.parts.append(part)
+        for k in range(k0, k1):
+            self.chunks[k] = Chunk(self.chunks[k].nbytes, len(self.parts) - 1, bounds[k - k0], bounds[k - k0 + 1])
+        if self.device is not None:
+            part.device = _PINNED.upload(table, self.device)
 
     def materialize(self, device: torch.device | str) -> StagePlan:
-        """Expand every group's row indices on ``device`` (per-block arrays cross; rows do not)."""
-        for grp in self.groups:
-            starts = torch.from_numpy(grp.starts).to(device)
-            counts = torch.from_numpy(grp.counts).to(device)
-            first = torch.cumsum(counts, 0) - counts  # exclusive prefix sum
-            base = torch.repeat_interleave(starts - first, counts, output_size=grp.rows)
-            grp.index = base + torch.arange(grp.rows, device=device, dtype=torch.int64)
+        """Tables on ``device`` from now on (built parts are copied now; on ``cpu`` host tables are used)."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            self.device = device
+            for part in self.parts:
+                if part.device is None:
+                    part.device = _PINNED.upload(part.table, device)
         return self
 
     @property
@@ -129,37 +215,141 @@ class StagePlan:
         return max((c.nbytes for c in self.chunks), default=0)
 
 
-def _rows(flat: torch.Tensor, row: int) -> torch.Tensor:
-    """A uint8 buffer viewed as ``[n, row/8]`` int64 (or ``[n, row]`` bytes below 8)."""
-    return flat.view(torch.int64).view(-1, row // 8) if row >= 8 else flat.view(-1, row)
+class _PinnedPool:
+    """Page-locked host buffers, reused, through which tables cross to the GPU: an asynchronous DMA on
+    the current stream (the gather stream in ``send``). A plain ``tensor.to(device)`` from pageable
+    memory cost about 0.5 ms even for a small table and ran far below the bus's rate on the H200 VMs
+    (first-chunk latency 0.4 ms at 4k and 1.2 ms at 32k tokens, 2026-11-30). A buffer is reused only
+    once the copy out of it ended (an event); without CUDA's pinned memory, the pageable copy is used."""
+
+    def __init__(self) -> None:
+        self._free: list[tuple[torch.Tensor, Any]] = []
+        self._lock = threading.Lock()
+
+    def upload(self, table: np.ndarray, device: torch.device) -> torch.Tensor:
+        raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
+        out = torch.empty(table.shape, dtype=torch.int64, device=device)
+        if raw.size == 0:
+            return out
+        buf = self._take(raw.size)
+        if buf is None:
+            return torch.from_numpy(np.ascontiguousarray(table)).to(device)
+        buf[: raw.size].numpy()[:] = raw
+        out.view(-1).view(torch.uint8).copy_(buf[: raw.size], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        with self._lock:
+            self._free.append((buf, event))
+        return out
+
+    def _take(self, nbytes: int) -> torch.Tensor | None:
+        with self._lock:
+            for i, (buf, event) in enumerate(self._free):
+                if buf.numel() >= nbytes and event.query():
+                    return self._free.pop(i)[0]
+        size = 1 << max(20, (nbytes - 1).bit_length())
+        try:
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:  # no pinned memory here: the caller copies from pageable memory
+            return None
 
 
-def gather_chunk(plan: StagePlan, k: int, arena: torch.Tensor, slot: torch.Tensor) -> None:
-    """Copy chunk ``k``'s rows of ``arena`` into ``slot`` (on the current stream)."""
-    for s in plan.chunks[k].segments:
-        grp = plan.groups[s.group]
-        assert grp.index is not None, "materialize() the plan first"
-        out = _rows(slot[s.offset : s.offset + (s.r1 - s.r0) * grp.row], grp.row)
-        # aten::index (the TensorIterator kernel index_copy_ also uses), not index_select: on an H200
-        # index_select gathered 256-byte rows at ~400 GB/s while index_copy_ scattered them at ~1.4 TB/s.
-        torch.ops.aten.index.Tensor_out(_rows(arena, grp.row), [grp.index[s.r0 : s.r1]], out=out)
+_PINNED = _PinnedPool()
 
 
-def scatter_chunk(plan: StagePlan, k: int, slot: torch.Tensor, arena: torch.Tensor) -> None:
-    """Copy chunk ``k``'s rows from ``slot`` to their places in ``arena`` (on the current stream)."""
-    for s in plan.chunks[k].segments:
-        grp = plan.groups[s.group]
-        assert grp.index is not None, "materialize() the plan first"
-        src = _rows(slot[s.offset : s.offset + (s.r1 - s.r0) * grp.row], grp.row)
-        _rows(arena, grp.row).index_copy_(0, grp.index[s.r0 : s.r1], src)
+def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For counts ``[2, 3]``: owners ``[0, 0, 1, 1, 1]`` and ranks ``[0, 1, 0, 1, 2]``."""
+    owner = np.repeat(np.arange(counts.size), counts)
+    first = np.cumsum(counts) - counts
+    return owner, np.arange(owner.size) - first[owner]
+
+
+@functools.cache
+def _kernel() -> Any:
+    """The Triton copy kernel, compiled on first use (imports triton only then)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["p0"])
+    def copy_pieces(src, dst, table, p0, GATHER: tl.constexpr, STEPS: tl.constexpr, SUB: tl.constexpr,
+                    VEC: tl.constexpr):
+        row = table + (p0 + tl.program_id(0)).to(tl.int64) * 3
+        arena_off = tl.load(row)
+        slot_off = tl.load(row + 1)
+        n = tl.multiple_of(tl.load(row + 2), VEC)
+        if GATHER:
+            so = tl.multiple_of(arena_off, VEC)
+            do = tl.multiple_of(slot_off, VEC)
+        else:
+            so = tl.multiple_of(slot_off, VEC)
+            do = tl.multiple_of(arena_off, VEC)
+        offs = tl.arange(0, SUB)
+        for i in tl.static_range(STEPS):
+            if (i + 1) * SUB <= n:
+                x = tl.load(src + so + i * SUB + offs)
+                tl.store(dst + do + i * SUB + offs, x)
+            elif i * SUB < n:
+                m = offs < n - i * SUB
+                x = tl.load(src + so + i * SUB + offs, mask=m)
+                tl.store(dst + do + i * SUB + offs, x, mask=m)
+
+    return copy_pieces
+
+
+def _launch(plan: StagePlan, k: int, arena: torch.Tensor, slot: torch.Tensor, gather: bool, table: Any) -> None:
+    c = plan.chunks[k]
+    if c.p1 == c.p0:
+        return
+    dt = _DTYPES[plan.elem]
+    sub = min(SUB_BYTES, plan.piece_bytes) // plan.elem
+    steps = -(-plan.piece_bytes // plan.elem // sub)
+    a, s = arena.view(dt), slot[: c.nbytes].view(dt)
+    src, dst = (a, s) if gather else (s, a)
+    _kernel()[(c.p1 - c.p0,)](src, dst, table, c.p0, GATHER=gather, STEPS=steps, SUB=sub,
+                              VEC=plan.unit // plan.elem, num_warps=WARPS)
+
+
+def _loop(plan: StagePlan, k: int, arena: torch.Tensor, slot: torch.Tensor, gather: bool) -> None:
+    c, e = plan.chunks[k], plan.elem
+    for a, s, n in plan.parts[c.part].table[c.p0 : c.p1].tolist():
+        a, s, n = a * e, s * e, n * e
+        if gather:
+            slot[s : s + n].copy_(arena[a : a + n])
+        else:
+            arena[a : a + n].copy_(slot[s : s + n])
+
+
+def _copy(plan: StagePlan, k: int, arena: torch.Tensor, slot: torch.Tensor, gather: bool, kernel: str | None) -> None:
+    plan.ensure(k)
+    kernel = kernel or ("triton" if arena.is_cuda else "loop")
+    if kernel == "loop":
+        _loop(plan, k, arena, slot, gather)
+        return
+    part = plan.parts[plan.chunks[k].part]
+    table = part.device if arena.is_cuda else torch.from_numpy(part.table)  # cpu: TRITON_INTERPRET=1 tests
+    if table is None:
+        raise RuntimeError("materialize() the plan on the GPU first")
+    _launch(plan, k, arena, slot, gather, table)
+
+
+def gather_chunk(plan: StagePlan, k: int, arena: torch.Tensor, slot: torch.Tensor, kernel: str | None = None) -> None:
+    """Copy chunk ``k``'s pieces of ``arena`` (uint8) into ``slot`` (uint8, on the current stream).
+
+    ``kernel``: ``"triton"`` (default on cuda) or ``"loop"`` (default on cpu)."""
+    _copy(plan, k, arena, slot, True, kernel)
+
+
+def scatter_chunk(plan: StagePlan, k: int, slot: torch.Tensor, arena: torch.Tensor, kernel: str | None = None) -> None:
+    """Copy chunk ``k``'s pieces from ``slot`` to their places in ``arena`` (on the current stream)."""
+    _copy(plan, k, arena, slot, False, kernel)
 
 
 class StagingRing:
     """``slots`` staging buffers of ``slot_bytes`` in one allocation (one engine registration)."""
 
     def __init__(self, slots: int, slot_bytes: int, device: torch.device | str, buffer: torch.Tensor | None = None) -> None:
-        if slot_bytes % _SEG_ALIGN:
-            raise ValueError(f"slot_bytes must be a multiple of {_SEG_ALIGN}")
+        if slot_bytes % _ALIGN:
+            raise ValueError(f"slot_bytes must be a multiple of {_ALIGN}")
         self.slots, self.slot_bytes = slots, slot_bytes
         if buffer is not None and buffer.numel() < slots * slot_bytes:
             raise ValueError(f"a ring of {slots} x {slot_bytes} bytes does not fit {buffer.numel()} bytes")
@@ -205,7 +395,7 @@ class Marker:
 
 
 def _stream(device: torch.device) -> Any:
-    """A side stream that first waits for the current one (the arena and the plan's indices were made there)."""
+    """A side stream that first waits for the current one (the arena and the plan's table were made there)."""
     if device.type != "cuda":
         return None
     stream = torch.cuda.Stream(device)
@@ -214,17 +404,13 @@ def _stream(device: torch.device) -> Any:
 
 
 def _on(stream: Any) -> Any:
-    import contextlib
-
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 Writer = Callable[[int, int, int], Callable[[], bool]]
 """``post(k, local_address, nbytes)`` -> ``done()``: write a slot's first bytes to the peer's slot ``k``."""
-
-
 def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, signals: Signals,
-         base: int = 0, *, timeout_s: float = 30.0, engine_stream: Any = None,
+         base: int = 0, *, timeout_s: float = 30.0, engine_stream: Any = None, lookahead: int = 2,
          trace: list[tuple[int, str, float]] | None = None) -> int:
     """Sender side: gather, write and publish every chunk of ``plan`` (chunks ``base + k`` on the counters).
 
@@ -232,7 +418,10 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
     published in order, each after its write reported done. ``engine_stream``: the stream the engine
     queues its copies on (Mooncake ``nvlink_intra``: the legacy default stream); it is then made to
     wait for each gather on the device and the chunk is posted at once, instead of after the host saw
-    the gather end. ``trace`` collects ``(chunk, step, perf_counter)``. Returns the number of chunks.
+    the gather end. At most ``lookahead`` chunks are gathered and not yet posted, and one chunk is
+    posted per turn of the loop: chunk k+1's gather is queued before chunk k's post, which may block
+    for the copy (Mooncake), so the GPU gathers while the link copies. ``trace`` collects
+    ``(chunk, step, perf_counter)``. Returns the number of chunks.
     """
     device = arena.device
     stream = _stream(device)
@@ -243,15 +432,17 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
     deadline = time.monotonic() + timeout_s
     while k_landed < n:
         progressed = False
-        while k_gather < n and k_gather - (signals.freed() - base) < slots and len(gathered) + len(inflight) < slots:
-            if trace is not None:
-                trace.append((k_gather, "gather", time.perf_counter()))
+        while (k_gather < n and len(gathered) < lookahead and len(gathered) + len(inflight) < slots
+               and k_gather - (signals.freed() - base) < slots):
             with _on(stream):
+                plan.ensure(k_gather)  # a lazy plan's rows, uploaded on this stream
+                if trace is not None:
+                    trace.append((k_gather, "gather", time.perf_counter()))
                 gather_chunk(plan, k_gather, arena, ring.slot(k_gather))
                 gathered.append((k_gather, Marker(stream)))
             k_gather += 1
             progressed = True
-        while gathered and (engine_stream is not None or gathered[0][1].done()):
+        if gathered and (engine_stream is not None or gathered[0][1].done()):
             k, marker = gathered.popleft()
             marker.order(engine_stream)
             if trace is not None:

@@ -13,12 +13,11 @@ import threading
 import time
 from typing import Any
 
-from pdfleet_runtime.config import READINESS_GATE
+from pdfleet_runtime.config import DRAIN_ANNOTATION, READINESS_GATE
+from pdfleet_runtime.config import DRAINED_CONDITION as DRAINED_CONDITION
 
 __all__ = ["DRAINED_CONDITION", "RuntimeStandIn"]
 
-DRAINED_CONDITION = "pdfleet.io/drained"
-DRAIN_ANNOTATION = "pdfleet.io/drain-started"
 
 
 class RuntimeStandIn(threading.Thread):
@@ -45,8 +44,9 @@ class RuntimeStandIn(threading.Thread):
             return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
         return self.core.list_pod_for_all_namespaces(label_selector=selector).items
 
-    def _set(self, pod: Any, kind: str, status: str = "True", message: str = "set by a stand-in for the runtime") -> None:
-        body = {"status": {"conditions": [{"type": kind, "status": status, "reason": self.reason,
+    def _set(self, pod: Any, kind: str, status: str = "True", message: str = "set by a stand-in for the runtime",
+             reason: str | None = None) -> None:
+        body = {"status": {"conditions": [{"type": kind, "status": status, "reason": reason or self.reason,
                                            "message": message}]}}
         self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
 
@@ -57,7 +57,8 @@ class RuntimeStandIn(threading.Thread):
             conds = {c.type: c.status for c in pod.status.conditions or ()}
             if pod.spec.containers[0].image in self.failing_images:
                 if conds.get(READINESS_GATE) != "False":
-                    self._set(pod, READINESS_GATE, "False", "canary transfer failed (stand-in: failing image)")
+                    self._set(pod, READINESS_GATE, "False", "canary transfer failed (stand-in: failing image)",
+                              reason="TransfersFailing")
             elif conds.get(READINESS_GATE) != "True":
                 self._set(pod, READINESS_GATE)
                 self.gated += 1

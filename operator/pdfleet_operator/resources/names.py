@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
+from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION
 
 __all__ = [
     "ANNOTATION_DRAIN",
@@ -33,9 +34,9 @@ LABEL_ROUTABLE = f"{GROUP}/routable"
 # The pod's compatibility key (resources.revision.compat_key): decode pairs only with equal keys.
 LABEL_COMPAT = f"{GROUP}/compat"
 # Epoch seconds when the operator started draining the pod; the runtime stops admitting on it.
-ANNOTATION_DRAIN = f"{GROUP}/drain-started"
+ANNOTATION_DRAIN = DRAIN_ANNOTATION
 # Pod condition the runtime sets True once a drained pod has no transfer in flight.
-CONDITION_DRAINED = f"{GROUP}/drained"
+CONDITION_DRAINED = DRAINED_CONDITION
 MANAGED_BY = "pdfleet-operator"
 MAX_LABEL = 63
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pdfleet_runtime.config import Role
+from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role
 from pdfleet_runtime.protocol.auth import Codec, load_secret
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import DnsResolver, Endpoint, ResolveError, Resolver, StaticResolver
@@ -99,6 +99,7 @@ class PodServer:
         self._rr = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         self._gate_written: tuple[bool, str] | None = None
+        self._drain_by_operator = False
         self.bootstrap: BootstrapServer | None = None
         self.launcher: RankLauncher | None = None
         self.http_port = opts.http_port
@@ -138,6 +139,7 @@ class PodServer:
                                           str(t.get("engine_protocol")), str(t.get("effective")),
                                           str(t.get("pinned")).lower()).set(1)
         self._tasks.append(loop.create_task(_kept(self._gate_loop)))
+        self._tasks.append(loop.create_task(_kept(self._pod_loop)))
         if self.role is Role.DECODE:
             self._tasks.append(loop.create_task(_kept(self._canary_loop)))
         await stop.wait()
@@ -362,6 +364,39 @@ class PodServer:
                 except Exception as e:  # the API may be briefly unavailable: retried next tick
                     log.warning("cannot write the readiness gate: %s", e)
             await asyncio.sleep(0.25)
+
+    async def _pod_loop(self) -> None:
+        """Follow the operator's drain request on this pod (the ``pdfleet.io/drain-started``
+        annotation): start the drain, cancel it when the annotation goes, and report
+        ``pdfleet.io/drained`` once no transfer is in flight, so the operator may delete the pod."""
+        reported = False
+        while True:
+            try:
+                annotations = await self.gate.annotations()
+            except Exception as e:  # the API may be briefly unavailable: asked again next tick
+                log.warning("cannot read this pod: %s", e)
+                annotations = None
+            if annotations is None and isinstance(self.gate, NoGate):
+                return  # not in a cluster: drains come through /drain only
+            if annotations is not None:
+                wanted = DRAIN_ANNOTATION in annotations
+                if wanted and self.phase is DrainPhase.SERVING:
+                    log.info("the operator asked for a drain (annotation %s)", DRAIN_ANNOTATION)
+                    self.start_drain()
+                    reported = False
+                elif not wanted and self.phase is not DrainPhase.SERVING and self._drain_by_operator:
+                    self.cancel_drain()
+                self._drain_by_operator = wanted
+                if wanted and self.phase is DrainPhase.DRAINED and not reported:
+                    try:
+                        await self.gate.set_condition(DRAINED_CONDITION, True,
+                                                      "Forced" if self.drain_forced else "Drained",
+                                                      "no transfer in flight" if not self.drain_forced else
+                                                      "drain deadline passed with transfers in flight")
+                        reported = True
+                    except Exception as e:
+                        log.warning("cannot report drained: %s", e)
+            await asyncio.sleep(0.5)
 
     def _refresh_facts(self) -> None:
         r = self.readiness

@@ -28,11 +28,25 @@ class GateWriter(Protocol):
         """Write the condition; raise on failure (the server retries on its next tick)."""
         ...
 
+    async def annotations(self) -> dict[str, str] | None:
+        """The pod's annotations (the operator's drain request lives there); None outside a cluster."""
+        ...
+
+    async def set_condition(self, condition_type: str, ok: bool, reason: str, message: str) -> None:
+        """Write another pod condition (``pdfleet.io/drained``)."""
+        ...
+
 
 class NoGate:
-    """Outside a cluster: nothing to write."""
+    """Outside a cluster: nothing to write or read."""
 
     async def set(self, ready: bool, reason: str, message: str) -> None:
+        return None
+
+    async def annotations(self) -> dict[str, str] | None:
+        return None
+
+    async def set_condition(self, condition_type: str, ok: bool, reason: str, message: str) -> None:
         return None
 
 
@@ -55,16 +69,23 @@ class KubeGate:
 
         return cls(client.CoreV1Api(config.new_client_from_config(str(path))), namespace, pod, condition_type)
 
-    def body(self, ready: bool, reason: str, message: str) -> dict[str, Any]:
+    def body(self, ready: bool, reason: str, message: str, condition_type: str | None = None) -> dict[str, Any]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {"status": {"conditions": [{
-            "type": self.condition_type, "status": "True" if ready else "False", "reason": reason,
+            "type": condition_type or self.condition_type, "status": "True" if ready else "False", "reason": reason,
             "message": message[:1000], "lastTransitionTime": now, "lastProbeTime": now}]}}
 
     async def set(self, ready: bool, reason: str, message: str) -> None:
-        body = self.body(ready, reason, message)
+        await self.set_condition(self.condition_type, ready, reason, message)
+
+    async def set_condition(self, condition_type: str, ok: bool, reason: str, message: str) -> None:
+        body = self.body(ok, reason, message, condition_type)
         await asyncio.to_thread(self.api.patch_namespaced_pod_status, self.pod, self.namespace, body,
                                 _content_type=_PATCH)
+
+    async def annotations(self) -> dict[str, str] | None:
+        pod = await asyncio.to_thread(self.api.read_namespaced_pod, self.pod, self.namespace)
+        return dict(pod.metadata.annotations or {})
 
 
 def make_gate(enabled: bool, namespace: str, pod: str, condition_type: str, kubeconfig: Path | None = None,

@@ -96,3 +96,12 @@ def test_a_prefill_is_ready_once_every_rank_registered_and_a_canary_was_written(
     for _ in range(3):
         r.record_transfer(False, "write to decode rank (0, 0): peer unreachable")
     assert r.verdict().problem is Problem.FAILING
+
+
+def test_gate_failure_reasons_are_readiness_problems() -> None:
+    """The operator fails rollouts on these reasons: each must be a problem the runtime reports."""
+    from pdfleet_runtime.config import GATE_FAILURE_REASONS
+    from pdfleet_runtime.server.readiness import Problem
+
+    assert {p.value for p in Problem} >= GATE_FAILURE_REASONS
+    assert "WaitingForCanary" not in GATE_FAILURE_REASONS and "Starting" not in GATE_FAILURE_REASONS
