@@ -139,7 +139,8 @@ class PodServer:
                                           str(t.get("engine_protocol")), str(t.get("effective")),
                                           str(t.get("pinned")).lower()).set(1)
         self._tasks.append(loop.create_task(_kept(self._gate_loop)))
-        self._tasks.append(loop.create_task(_kept(self._pod_loop)))
+        if not isinstance(self.gate, NoGate):  # in a cluster: follow the operator's drain requests
+            self._tasks.append(loop.create_task(_kept(self._pod_loop)))
         if self.role is Role.DECODE:
             self._tasks.append(loop.create_task(_kept(self._canary_loop)))
         await stop.wait()
@@ -376,8 +377,6 @@ class PodServer:
             except Exception as e:  # the API may be briefly unavailable: asked again next tick
                 log.warning("cannot read this pod: %s", e)
                 annotations = None
-            if annotations is None and isinstance(self.gate, NoGate):
-                return  # not in a cluster: drains come through /drain only
             if annotations is not None:
                 wanted = DRAIN_ANNOTATION in annotations
                 if wanted and self.phase is DrainPhase.SERVING:
