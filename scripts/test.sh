@@ -9,5 +9,7 @@ echo "[test] ruff"; ruff check operator runtime tests bench
 echo "[test] import-linter"; lint-imports --no-cache
 echo "[test] pytest"
 # GPU tests run on the device machine only; here they are skipped with that reason.
+# Two workers, whole files each (module fixtures stay together); each worker starts its own
+# control plane. Most cluster tests wait on the API, so two workers on 2 cores nearly halve the time.
 export PDFLEET_REQUIRE_ENGINES=1
-exec python -m pytest -p no:cacheprovider "$@"
+exec python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@"
