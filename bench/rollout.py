@@ -124,7 +124,7 @@ def main() -> int:
     try:
         cluster.start()
         cluster.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml())
-        cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pdfleet.io", "--timeout=60s")
+        cluster.wait_established("pddeployments.pdfleet.io")
         op.start("--resync-seconds", "30")
         standin = RuntimeStandIn(cluster.api_client(), drain_delay=0.0, reason="BenchStandIn")
         standin.start()

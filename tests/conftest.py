@@ -53,7 +53,7 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
 def crd(cluster: LocalCluster) -> str:
     """The generated CRD, applied and served (discovery included)."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=70)
+    cluster.wait_established(CRD_NAME)
     wait_until(lambda: cluster.kubectl("get", "pdd", "-A", check=False).returncode == 0, what="pdd discovery")
     return CRD_NAME
 

@@ -86,7 +86,7 @@ CRD = {
 
 def test_crd_schema_and_cel_reject_with_apiserver_message(cluster: LocalCluster, namespace: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.test.pdfleet.io", "--timeout=60s")
+    cluster.wait_established("widgets.test.pdfleet.io")
 
     def widget(p: int, d: int) -> str:
         return json.dumps(

@@ -40,7 +40,7 @@ STRUCTURAL_INVALID = [
 @pytest.fixture(scope="module")
 def crd(cluster: LocalCluster) -> str:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=70)
+    cluster.wait_established(CRD_NAME)
     # discovery and the OpenAPI document lag Established by a moment
     wait_until(lambda: cluster.kubectl("get", "pdd", "-A", check=False).returncode == 0, what="pdd discovery")
     return CRD_NAME

@@ -12,7 +12,6 @@ import json
 import re
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,11 @@ def manifest(ns: str, env_value: str) -> dict:
 
 
 class Traffic(threading.Thread):
-    """Synthetic requests to routable, ready decode pods, two in flight per pod, until stopped."""
+    """Synthetic requests, back to back, two workers per routable ready decode pod, until stopped.
+
+    A worker sends its next request as soon as the last one answers, so with each transfer taking
+    ``WRITE_DELAY_S`` a pod always has transfers in flight; workers of a pod that turned unroutable
+    (its drain started) stop sending, and their last requests finish during the drain."""
 
     def __init__(self, core: CoreV1Api, runner: PodRunner, ns: str) -> None:
         super().__init__(daemon=True)
@@ -53,35 +56,43 @@ class Traffic(threading.Thread):
         self.stop_event = threading.Event()
         self.results: list[tuple[str, int, dict]] = []
         self.lock = threading.Lock()
+        self.routable: set[str] = set()
+        self.workers: dict[str, list[threading.Thread]] = {}
+        self.sent = 0
 
-    def _targets(self) -> list[str]:
+    def _targets(self) -> set[str]:
         pods = self.core.list_namespaced_pod(self.ns, label_selector="pdfleet.io/role=decode,pdfleet.io/routable=true")
-        return [p.metadata.name for p in pods.items if p.metadata.deletion_timestamp is None
-                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())]
+        return {p.metadata.name for p in pods.items if p.metadata.deletion_timestamp is None
+                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())}
 
-    def _one(self, name: str, n: int) -> None:
-        local = self.runner.decode_pods().get(name)
-        if local is None:
-            return
-        code, body = local.synthetic(tokens=64, timeout_s=30, requestId=f"e2e-{name[-12:]}-{n}", seed=n)
-        with self.lock:
-            self.results.append((name, code, body if isinstance(body, dict) else {"raw": body}))
+    def _worker(self, name: str) -> None:
+        while not self.stop_event.is_set() and name in self.routable:
+            local = self.runner.decode_pods().get(name)
+            if local is None:
+                return
+            with self.lock:
+                self.sent += 1
+                n = self.sent
+            code, body = local.synthetic(tokens=64, timeout_s=30, requestId=f"e2e-{name[-12:]}-{n}", seed=n)
+            with self.lock:
+                self.results.append((name, code, body if isinstance(body, dict) else {"raw": body}))
 
     def run(self) -> None:
-        n = 0
-        with ThreadPoolExecutor(max_workers=6) as pool:
-            while not self.stop_event.is_set():
-                futures = []
-                for name in self._targets():
-                    for _ in range(2):
-                        n += 1
-                        futures.append(pool.submit(self._one, name, n))
-                for f in futures:
-                    f.result()
+        while not self.stop_event.is_set():
+            self.routable = self._targets()
+            for name in self.routable - set(self.workers):
+                self.workers[name] = [threading.Thread(target=self._worker, args=(name,), daemon=True)
+                                      for _ in range(2)]
+                for w in self.workers[name]:
+                    w.start()
+            self.stop_event.wait(0.1)
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.join(timeout=120)
+        self.join(timeout=30)
+        for ws in self.workers.values():
+            for w in ws:
+                w.join(timeout=60)
 
 
 @pytest.fixture

@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator) -> 
 
     _step(2, "the PDDeployment CRD and the operator (kopf) with its validating webhook over TLS")
     cluster.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml())
-    cluster.kubectl("wait", "--for=condition=Established", "crd/pddeployments.pdfleet.io", "--timeout=60s")
+    cluster.wait_established("pddeployments.pdfleet.io")
     cluster.kubectl("create", "namespace", NAMESPACE)
     op.start()
     print(f"operator running (log: {op.log}); webhook at {op.url}")

@@ -266,6 +266,18 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Poll until the CRD is Established (``kubectl wait`` errors out while status is still empty)."""
+
+        def established() -> bool:
+            out = self.kubectl("get", "crd", crd, "-o", "json", check=False)
+            if out.returncode != 0:
+                return False
+            conds = json.loads(out.stdout).get("status", {}).get("conditions") or ()
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+        self._wait_for(f"CRD {crd} Established", established, timeout)
+
     def api_client(self):  # -> kubernetes.client.ApiClient (imported lazily: slow import)
         from kubernetes import config
 
