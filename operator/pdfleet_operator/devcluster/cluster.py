@@ -247,6 +247,11 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 proc.wait(timeout=5)
         self._procs.clear()
+        # Orphans of an earlier `dev up` are reaped by init: wait until they are out of the process
+        # table too, so `pgrep` right after `dev down` shows nothing.
+        gone_by = time.monotonic() + 5
+        while any(Path(f"/proc/{pid}").exists() for pid in stopped) and time.monotonic() < gone_by:
+            time.sleep(0.05)
         pid_file = self.state_dir / PID_FILE
         if pid_file.exists():
             pid_file.unlink()
