@@ -75,9 +75,10 @@ class PodRunner(threading.Thread):
         local.start()
 
     def _stop_pod(self, uid: str) -> None:
-        local = self.pods.pop(uid)
+        local = self.pods[uid]
+        self.finished[uid] = local  # first: its log stays reachable while it stops
+        del self.pods[uid]
         local.stop(timeout_s=60)
-        self.finished[uid] = local
 
     # ---- loop --------------------------------------------------------------
     def step(self) -> None:
