@@ -16,9 +16,11 @@ step for the request to the decode process seeing it complete), both read from C
 - ``adapter``: pdfleet's ``engine.write`` of the planner's blocks (checks, NIXL prepared lists,
   Mooncake's GPU fence);
 - ``staged``: ``pdfleet_runtime.staging``: gather into a staging ring (Triton copy kernel), one
-  engine write per chunk, scatter on the decode GPU after each chunk landed (the prefill's plan is
-  built lazily, part by part, and counted; the decode's scatter plan is made when it sends its
-  indices, before the request starts). One mode per ``--staged`` configuration.
+  engine write per chunk, scatter on the decode GPU after each chunk landed. One mode per
+  ``--staged`` configuration; with ``p`` the prefill's plan is cut (on its GPU) before the request
+  starts, as when the decode's indices arrive during the prefill's forward pass, and its cost is
+  reported beside (``prepare``, and GB/s with it added); without ``p`` it is cut inside the timed
+  window. The decode's scatter plan is always made when it sends its indices.
 
 Completion is signalled through shared-memory counters (microseconds), so the figures are the
 transfer path, not the HTTP status path of the protocol (parity covers that). After every mode the
@@ -172,8 +174,7 @@ def _decode_body(conn: Connection, sig: Counters, args: argparse.Namespace, devi
             if staged:
                 cut = ring.reshaped(cmd["slots"], cmd["chunk"])
                 plan = staging.StagePlan.build(cmd["dst"], cmd["length"], _chunk_bytes(cmd, int(cmd["length"].sum())),
-                                               cmd["piece"])
-                plan.materialize(device)
+                                               cmd["piece"], device)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             conn.send({"armed": True})
@@ -282,24 +283,46 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
             raise RuntimeError(f"raw NIXL transfer ended {state}")
 
     cuts = [ring]
-    threaded = [False]
+    threaded, prepped = [False], [False]
     poster = _Poster(torch, staging, gpu) if args.engine == "mooncake" else None
 
-    def mooncake_write(address: int, dst: int, nbytes: int) -> Any:
+    traces: list[list[tuple[int, str, float]]] = [[]]  # the current staged request's trace
+
+    def mooncake_write(k: int, address: int, dst: int, nbytes: int) -> Any:
+        traces[0].append((k, "write", time.perf_counter()))
         rc = raw.transfer_sync_write(peer, address, dst, nbytes)
+        traces[0].append((k, "written", time.perf_counter()))
         if rc != 0:
             raise RuntimeError(f"mooncake chunk write returned {rc}")
         return staging.Marker(torch.cuda.default_stream() if gpu else None)  # after the queued copy
+
+    slot_lists: dict[tuple[int, int, int], Any] = {}
+
+    def slot_list(cut: Any, nbytes: int) -> Any:
+        """NIXL: one prepared list per (ring cut, chunk size), each slot an entry addressed by index,
+        on both sides, so a chunk's post is ``make_prepped_xfer`` (no descriptors built per chunk)."""
+        key = (cut.slots, cut.slot_bytes, nbytes)
+        if key not in slot_lists:
+            loc = [(cut.address(i), nbytes, ldev) for i in range(cut.slots)]
+            rem = [(remote_ring + i * cut.slot_bytes, nbytes, rdev) for i in range(cut.slots)]
+            slot_lists[key] = (raw.prep_xfer_dlist("NIXL_INIT_AGENT", loc, mem),
+                               raw.prep_xfer_dlist(peer, rem, mem))
+        return slot_lists[key]
 
     def post(k: int, address: int, nbytes: int) -> Any:
         dst = remote_ring + (k % cuts[0].slots) * cuts[0].slot_bytes
         if args.engine == "mooncake":
             if threaded[0] and poster is not None:
-                return poster.submit(lambda: mooncake_write(address, dst, nbytes))
-            return mooncake_write(address, dst, nbytes).done
-        loc = np.array([[address, nbytes, ldev]], dtype=np.uint64)
-        rem = np.array([[dst, nbytes, rdev]], dtype=np.uint64)
-        h = raw.initialize_xfer("WRITE", raw.get_xfer_descs(loc, mem), raw.get_xfer_descs(rem, mem), peer)
+                return poster.submit(lambda: mooncake_write(k, address, dst, nbytes))
+            return mooncake_write(k, address, dst, nbytes).done
+        if prepped[0]:
+            lo, re_ = slot_list(cuts[0], nbytes)
+            i = k % cuts[0].slots
+            h = raw.make_prepped_xfer("WRITE", lo, [i], re_, [i])
+        else:
+            loc = np.array([[address, nbytes, ldev]], dtype=np.uint64)
+            rem = np.array([[dst, nbytes, rdev]], dtype=np.uint64)
+            h = raw.initialize_xfer("WRITE", raw.get_xfer_descs(loc, mem), raw.get_xfer_descs(rem, mem), peer)
         if raw.transfer(h) == "ERR":
             raise RuntimeError("NIXL refused a chunk")
 
@@ -333,6 +356,13 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
             conn.send({"t0": t0, "t1": time.perf_counter()})
             continue
         seq += mode in ("raw", "adapter")
+        prepared: Any = None
+        if mode.startswith("staged") and cmd["prepared"]:  # built when the decode's indices arrived
+            tp = time.perf_counter()
+            prepared = staging.StagePlan.build(b.src - regs[t].region.address, b.length, _chunk_bytes(cmd, b.bytes),
+                                               cmd["piece"], device)
+            fence()
+            info["prepare_ms"] = (time.perf_counter() - tp) * 1e3
         t0 = time.perf_counter()
         if mode == "raw":
             raw_write(BlockBatch(b.src, b.dst, b.length))
@@ -343,16 +373,16 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
         elif mode.startswith("staged"):
             cut = ring.reshaped(cmd["slots"], cmd["chunk"])
             cuts[0] = cut
-            threaded[0] = bool(cmd["threaded"])
+            threaded[0], prepped[0] = bool(cmd["threaded"]), bool(cmd["slot_lists"])
             trace: list[tuple[int, str, float]] = []
-            plan = staging.StagePlan.build(b.src - regs[t].region.address, b.length, _chunk_bytes(cmd, b.bytes),
-                                           cmd["piece"], lazy=True)
-            plan.materialize(device)
+            traces[0] = trace
+            plan = prepared or staging.StagePlan.build(b.src - regs[t].region.address, b.length,
+                                                       _chunk_bytes(cmd, b.bytes), cmd["piece"], device)
             ordered = torch.cuda.default_stream() if gpu and cmd["ordered"] and args.engine == "mooncake" else None
             staging.send(plan, arena, cut, post, sig, chunks_sent, timeout_s=TIMEOUT_S, engine_stream=ordered,
                          trace=trace)
             chunks_sent += len(plan.chunks)
-            info = {"chunks": len(plan.chunks), "chunk_bytes": plan.chunk_bytes, "pieces": len(plan.table),
+            info |= {"chunks": len(plan.chunks), "chunk_bytes": plan.chunk_bytes, "pieces": len(plan.table),
                     "unit": plan.unit, "trace": trace}
         elif mode == "kernels":
             info = _kernels(torch, staging, b, regs[t].region.address, arena, ring, gpu)
@@ -428,7 +458,7 @@ def _kernels(torch: Any, staging: Any, b: Any, src_base: int, arena: Any, ring: 
     try:
         for piece, sub, warps in KERNEL_VARIANTS:
             staging.SUB_BYTES, staging.WARPS = sub << 10, warps
-            plan = staging.StagePlan.build(b.src - src_base, b.length, chunk, piece << 10).materialize(arena.device)
+            plan = staging.StagePlan.build(b.src - src_base, b.length, chunk, piece << 10, arena.device)
             best = {"gather": float("inf"), "both": float("inf")}
             for name in ("gather", "both"):
                 for _ in range(4):  # the first compiles
@@ -520,14 +550,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                          "min_s": min(times), "gbps": bl["bytes"] / statistics.median(times) / 1e9}
                 if infos:
                     entry["info"] = infos[-1]
-                if cfg is not None:
-                    entry["timeline_ms"] = traces[-1]
+                if cfg is not None:  # each step's median over the timed repetitions
+                    entry["timeline_ms"] = {k: statistics.median(tr[k] for tr in traces[1:]) for k in traces[-1]}
+                    if "prepare_ms" in infos[-1]:
+                        prep = statistics.median(i["prepare_ms"] for i in infos[1:])
+                        entry["timeline_ms"]["prepare"] = prep
+                        entry["gbps_with_prepare"] = bl["bytes"] / (statistics.median(times) + prep / 1e3) / 1e9
                 if mode != "peer":
                     d_conn.send({"op": "verify", "tokens": t})
                     entry.update(_recv(d_conn, "decode"))
                 size["modes"][mode] = entry
-                tl = traces[-1] if cfg is not None else {}
+                tl = entry.get("timeline_ms", {})
                 print(f"  {t:>6} tokens {mode:13s} {entry['gbps']:8.1f} GB/s  median {entry['median_s'] * 1e3:8.3f} ms"
+                      + (f" ({entry['gbps_with_prepare']:.1f} GB/s with the plan)" if "gbps_with_prepare" in entry else "")
                       + (f"  mismatched {entry['mismatched_bytes']}" if mode != "peer" else "")
                       + (f"  [{', '.join(f'{k} {v:.2f}' for k, v in tl.items())}]" if tl else ""), flush=True)
             out["sizes"].append(size)
@@ -552,19 +587,23 @@ def _staged_configs(specs: list[str], engine: str, piece_kib: int) -> list[dict[
     """``128x3`` = 3 slots of 128 MiB, chunks of the slot size, the engine posted after the host saw the
     gather end; ``o``: the engine's stream waits for the gather on the device and the chunk is posted at
     once (Mooncake only); ``t``: Mooncake's blocking writes run on a worker thread (``_Poster``);
-    ``aN``: chunks of ``staging.chunk_size(request, slot, N)`` (a small request still splits into about
-    N chunks). Mooncake-only flags are dropped for NIXL (its posts are asynchronous already)."""
+    ``d``: NIXL posts chunks through prepared slot lists (``make_prepped_xfer``; NIXL only);
+    ``p``: the prefill's plan is built and on the GPU before the request starts, as when the decode's
+    indices arrive during the prefill's forward pass (its cost is reported as ``prepare_ms``; without
+    ``p`` the plan is built lazily inside the timed window); ``aN``: chunks of
+    ``staging.chunk_size(request, slot, N)`` (a small request still splits into about N chunks).
+    Configurations with another engine's flags are dropped (NIXL's posts are asynchronous already)."""
     out = []
     for spec in specs:
-        m = re.fullmatch(r"(\d+)x(\d+)(o?)(t?)(?:a(\d+))?", spec)
+        m = re.fullmatch(r"(\d+)x(\d+)(o?)(t?)(d?)(p?)(?:a(\d+))?", spec)
         if m is None:
-            raise SystemExit(f"bad --staged spec {spec!r} (MiBxSLOTS[o][t][aN])")
-        ordered, threaded = bool(m.group(3)), bool(m.group(4))
-        if (ordered or threaded) and engine != "mooncake":
+            raise SystemExit(f"bad --staged spec {spec!r} (MiBxSLOTS[o][t][d][p][aN])")
+        ordered, threaded, lists = bool(m.group(3)), bool(m.group(4)), bool(m.group(5))
+        if ((ordered or threaded) and engine != "mooncake") or (lists and engine != "nixl"):
             continue
         out.append({"name": f"staged-{spec}", "chunk": int(m.group(1)) << 20, "slots": int(m.group(2)),
-                    "ordered": ordered, "threaded": threaded, "min_chunks": int(m.group(5)) if m.group(5) else 0,
-                    "piece": piece_kib << 10})
+                    "ordered": ordered, "threaded": threaded, "slot_lists": lists, "prepared": bool(m.group(6)),
+                    "min_chunks": int(m.group(7)) if m.group(7) else 0, "piece": piece_kib << 10})
     return out
 
 
@@ -584,9 +623,13 @@ def _timeline(t0: float, sent: list[tuple[int, str, float]], got: list[tuple[int
         return ((max(times) if last else min(times)) - t0) * 1e3 if times else float("nan")
 
     posts = [b - a for (_, sa, a), (_, sb, b) in itertools.pairwise(sent) if sa == "post" and sb == "posted"]
-    return {"plan": first(sent, "gather"), "landed0": first(sent, "landed"), "landed_last": first(sent, "landed", True),
-            "scatter0": first(got, "scatter"), "end": (t1 - t0) * 1e3,
-            "post_ms": 1e3 * statistics.mean(posts) if posts else float("nan")}
+    out = {"plan": first(sent, "gather"), "landed0": first(sent, "landed"), "landed_last": first(sent, "landed", True),
+           "scatter0": first(got, "scatter"), "end": (t1 - t0) * 1e3,
+           "post_ms": 1e3 * statistics.mean(posts) if posts else float("nan")}
+    if any(st == "write" for _, st, _ in sent):  # Mooncake: its blocking write, first and last chunk
+        out |= {"write0": first(sent, "write"), "written0": first(sent, "written"),
+                "written_last": first(sent, "written", True)}
+    return out
 
 
 def _next_seq(out: dict[str, Any]) -> int:
@@ -604,9 +647,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default="0,1", help="prefill GPU, decode GPU (default 0,1)")
     parser.add_argument("--protocol", default=None, help="default nvlink on cuda, tcp on cpu")
     parser.add_argument("--ucx-tls", default=None, help="override the protocol table's UCX_TLS (NIXL)")
-    parser.add_argument("--staged", nargs="+", default=["128x3a4", "256x3a4", "256x3ota4"],
-                        help="staging configurations MiBxSLOTS[o][aN] (o: stream-ordered posting, Mooncake; "
-                             "aN: a request splits into at least about N chunks)")
+    parser.add_argument("--staged", nargs="+", default=["128x3op", "256x3tp", "128x3dp", "256x3dpa4", "256x3t", "128x3d"],
+                        help="staging configurations MiBxSLOTS[o][t][d][p][aN] (o: stream-ordered posting and t: "
+                             "a posting thread, Mooncake; d: prepared slot lists, NIXL; p: plan made before the "
+                             "request; aN: a request splits into at least about N chunks); configurations with "
+                             "the other engine's flags are skipped")
     parser.add_argument("--piece", type=int, default=64, help="staging: most KiB one kernel program copies")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args(argv)
@@ -640,6 +685,11 @@ def main(argv: list[str] | None = None) -> int:
         row = " ".join(f"{s['modes'][m]['gbps']:>9.1f}" for m in modes)
         lat = " ".join(f"{m}={s['modes'][m]['median_s'] * 1e3:.2f}" for m in modes) if s["tokens"] <= 4096 else ""
         print(f"{args.engine:9} {s['tokens']:>7} {s['bytes'] / 2**20:>6.0f} {s['descriptors']:>6} {row}   {lat}")
+    if any(c["prepared"] for c in args.staged):
+        print("p configurations: plan built before the request starts; GB/s with its building time added:")
+        for s in res["sizes"]:
+            print(f"  {s['tokens']:>7} " + " ".join(f"{m}={v['gbps_with_prepare']:.1f}" for m, v in s["modes"].items()
+                                                     if "gbps_with_prepare" in v))
     print(f"byte-exact after every mode: {ok}; wrote {path}")
     return 0 if ok else 1
 
