@@ -27,7 +27,6 @@ from pathlib import Path
 
 import yaml
 
-from pdfleet_operator.api.crd import crd_yaml
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
@@ -138,8 +137,7 @@ def main() -> int:
     warm: dict = {}
     try:
         cluster.start()
-        cluster.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml())
-        cluster.wait_established("pddeployments.pdfleet.io")
+        cluster.install_crd()
         op.start("--resync-seconds", "30")
         gates = RuntimeStandIn(cluster.api_client(), reason="BenchStandIn")
         gates.start()

@@ -22,7 +22,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pdfleet_operator.api.crd import crd_yaml
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_operator.devcluster.standin import RuntimeStandIn
@@ -123,8 +122,7 @@ def main() -> int:
     rows = []
     try:
         cluster.start()
-        cluster.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml())
-        cluster.wait_established("pddeployments.pdfleet.io")
+        cluster.install_crd()
         op.start("--resync-seconds", "30")
         standin = RuntimeStandIn(cluster.api_client(), drain_delay=0.0, reason="BenchStandIn")
         standin.start()

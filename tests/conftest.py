@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.api.crd import CRD_FILE, CRD_NAME
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from tests.helpers import wait_until
@@ -52,10 +51,7 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def crd(cluster: LocalCluster) -> str:
     """The generated CRD, applied and served (discovery included)."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.wait_established(CRD_NAME)
-    wait_until(lambda: cluster.kubectl("get", "pdd", "-A", check=False).returncode == 0, what="pdd discovery")
-    return CRD_NAME
+    return cluster.install_crd()
 
 
 @pytest.fixture(scope="module")

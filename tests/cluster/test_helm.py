@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import yaml
 from pdfleet_operator.api.crd import CRD_NAME
 from pdfleet_operator.devcluster import LocalCluster, toolchain
 from pdfleet_operator.devcluster.cluster import free_port
+from pdfleet_operator.devcluster.local_operator import interrupt
 from pdfleet_runtime.config import READINESS_GATE
 from tests.helpers import wait_until
 
@@ -108,14 +108,7 @@ class Release:
         return log
 
     def stop_operator(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        interrupt(self.proc)
 
 
 def _namespace(cluster: LocalCluster, name: str, *labels: str) -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import yaml
 
-from pdfleet_operator.api.crd import crd_yaml
 from pdfleet_operator.devcluster import ClusterError, ClusterOptions, LocalCluster, ToolchainError
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_runtime.config import READINESS_GATE
@@ -87,8 +86,7 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator) -> 
                           "GPU:.metadata.labels.nvidia\\.com/gpu\\.product").stdout.rstrip())
 
     _step(2, "the PDDeployment CRD and the operator (kopf) with its validating webhook over TLS")
-    cluster.kubectl("apply", "--server-side", "-f", "-", input=crd_yaml())
-    cluster.wait_established("pddeployments.pdfleet.io")
+    cluster.install_crd()
     cluster.kubectl("create", "namespace", NAMESPACE)
     op.start()
     print(f"operator running (log: {op.log}); webhook at {op.url}")

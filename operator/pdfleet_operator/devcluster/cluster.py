@@ -283,6 +283,16 @@ class LocalCluster:
 
         self._wait_for(f"CRD {crd} Established", established, timeout)
 
+    def install_crd(self, timeout: float = 60.0) -> str:
+        """Apply the PDDeployment CRD generated from the API models and wait until it is served
+        (Established, and listed by discovery); returns its name."""
+        from pdfleet_operator.api.crd import CRD_NAME, crd_yaml
+
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd_yaml())
+        self.wait_established(CRD_NAME, timeout)
+        self._wait_for("pdd discovery", lambda: self.kubectl("get", "pdd", "-A", check=False).returncode == 0, timeout)
+        return CRD_NAME
+
     def api_client(self):  # -> kubernetes.client.ApiClient (imported lazily: slow import)
         from kubernetes import config
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pdfleet_operator.devcluster.cluster import ClusterError, LocalCluster, free_port
 
-__all__ = ["WEBHOOK_CONFIGURATION", "LocalOperator"]
+__all__ = ["WEBHOOK_CONFIGURATION", "LocalOperator", "interrupt"]
 
 # settings.AdmissionSettings().configuration_name, without importing kopf-facing settings here.
 WEBHOOK_CONFIGURATION = "pdfleet-admission.pdfleet.io"
@@ -82,14 +82,7 @@ class LocalOperator:
         return any(f":{self.port}/" in h.get("clientConfig", {}).get("url", "") for h in hooks)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        interrupt(self.proc)
 
     def restart(self, *args: str) -> None:
         self.stop()
@@ -97,3 +90,16 @@ class LocalOperator:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def interrupt(proc: subprocess.Popen[bytes] | None, timeout: float = 20.0) -> None:
+    """Stop an operator process as kopf expects (SIGINT: it removes its webhook and finishes handlers),
+    killing it only if it has not exited within ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
