@@ -89,6 +89,8 @@ def target_main(config: EngineConfig, conn: Connection, seed: int) -> None:
             os._exit(0)
         if msg[0] == "digest":
             conn.send({a.ctypes.data: hashlib.sha256(a).hexdigest() for a in mem.arrays()})
+        elif msg[0] == "cpu":
+            conn.send(time.process_time())
         elif msg[0] == "exit":  # die abruptly: the dead-peer scenario
             conn.send("bye")
             os._exit(0)
@@ -314,6 +316,23 @@ def poisoned_then_write(ctx: Ctx) -> dict[str, Any]:
     return {"generation_delta": ctx.engine.generation - gen, **out}  # type: ignore[attr-defined]
 
 
+def idle_cpu(ctx: Ctx) -> dict[str, Any]:
+    """CPU seconds each process spends over one idle second with its engine connected (a spinning
+    progress thread costs most of a core)."""
+    ctx.target.send(("cpu",))
+    t0, i0, w0 = ctx.target.recv(), time.process_time(), time.perf_counter()
+    time.sleep(1.0)
+    ctx.target.send(("cpu",))
+    t1, i1, w1 = ctx.target.recv(), time.process_time(), time.perf_counter()
+    return {"initiator_cpu_s": i1 - i0, "target_cpu_s": t1 - t0, "wall_s": w1 - w0}
+
+
+def empty_batch(ctx: Ctx) -> dict[str, Any]:
+    """A batch of no blocks completes at once, with no engine request."""
+    report = ctx.engine.write(ctx.peer, BlockBatch.of((np.zeros(0, np.int64),) * 3), timeout_s=5)
+    return _report(report)
+
+
 def dead_peer(ctx: Ctx) -> dict[str, Any]:
     """Kill the target, then write: a typed error, fast."""
     ctx.target.send(("exit",))
@@ -340,5 +359,6 @@ def dead_peer(ctx: Ctx) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     f.__name__: f
     for f in (planned_equal_tp, planned_hetero_tp, out_of_range_local, out_of_range_remote, batch_10000,
-              raw_queue_full_then_write, raw_out_of_range_then_write, poisoned_then_write, dead_peer)
+              raw_queue_full_then_write, raw_out_of_range_then_write, poisoned_then_write, idle_cpu, empty_batch,
+              dead_peer)
 }

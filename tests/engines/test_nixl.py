@@ -3,7 +3,8 @@
 Covers: planned requests arrive byte-exact through descriptor lists prepared at registration
 (equal TP: every block by index; heterogeneous TP: whole items by index, slices per request);
 blocks outside either registration refused before the engine; the next write succeeds after the
-engine itself refused one; a dead peer reported at once with a typed error.
+engine itself refused one; idle engines do not spin a core; an empty batch; a dead peer reported at
+once with a typed error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.engines.conftest import require, results_for, scenario
 
 SCENARIOS = [
     "planned_equal_tp", "planned_hetero_tp", "out_of_range_local", "out_of_range_remote",
-    "raw_out_of_range_then_write", "dead_peer",
+    "raw_out_of_range_then_write", "idle_cpu", "empty_batch", "dead_peer",
 ]
 PATHS = {"default": None, "tcp": Protocol.TCP, "shm": Protocol.SHM}
 EXPECTED_ENV = {
@@ -81,3 +82,13 @@ def test_dead_peer_fails_fast_with_a_typed_error(path: tuple[str, dict[str, Any]
     r = scenario(path[1], "dead_peer")
     assert r["error_type"] == "PeerUnreachable" and r["kind"] == FailureKind.PEER_UNREACHABLE
     assert r["seconds"] < 2.0
+
+
+def test_idle_engines_do_not_spin_a_core(path: tuple[str, dict[str, Any]]) -> None:
+    r = scenario(path[1], "idle_cpu")  # NIXL's own default (progress thread poll timeout 0) spent ~0.85 s
+    assert r["initiator_cpu_s"] < 0.25 * r["wall_s"] and r["target_cpu_s"] < 0.25 * r["wall_s"]
+
+
+def test_empty_batch_completes_without_an_engine_request(path: tuple[str, dict[str, Any]]) -> None:
+    r = scenario(path[1], "empty_batch")
+    assert r["blocks"] == 0 and r["engine_calls"] == 0 and r["prepared_descriptors"] == r["adhoc_descriptors"] == 0

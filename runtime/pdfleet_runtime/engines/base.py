@@ -52,13 +52,25 @@ __all__ = [
     "TransferReport",
     "TransportReport",
     "import_first",
+    "poll_interval",
 ]
 
 PeerId = NewType("PeerId", str)
 """A connected peer, as ``connect`` names it (the engine's own peer name)."""
 
 PEER_INFO_VERSION = 1
-_POLL_SLEEP_S = 0.0002
+POLL_MIN_S = 0.0001
+POLL_MAX_S = 0.002
+POLL_FRACTION = 1 / 32
+"""``wait`` sleeps ``POLL_FRACTION`` of the time a batch has taken so far between polls, within
+[``POLL_MIN_S``, ``POLL_MAX_S``]: a batch is seen done at most ~3% (and 2 ms) after it ended, and a
+long batch is polled about a third as often as with a fixed 0.2 ms sleep (each poll is an engine
+call that takes the engine's locks; fewer cost ~5% less CPU per 32k-token NIXL tcp request)."""
+
+
+def poll_interval(elapsed_s: float) -> float:
+    """Seconds ``wait`` sleeps before the next poll of a batch ``elapsed_s`` old."""
+    return min(POLL_MAX_S, max(POLL_MIN_S, elapsed_s * POLL_FRACTION))
 
 
 def import_first(modules: Sequence[str], library: str) -> Any:
@@ -170,7 +182,16 @@ class TransferReport:
 
 
 class Transfer(ABC):
-    """One submitted batch. ``poll`` advances it without blocking for long; ``wait`` polls to the end."""
+    """One submitted batch. ``poll`` advances it without blocking for long; ``wait`` polls to the end.
+
+    ``wait`` sleeps ``poll_interval`` between polls, except after a poll that took longer than that
+    (Mooncake waits for a chunk, the local engine copies one: the next poll follows at once). An
+    adapter whose polls only ask the engine sets ``sleep_after_every_poll``: a NIXL status check
+    can take milliseconds of UCX progress, and checking back to back competes with the engine's own
+    progress thread (over tcp: 40-60% more checks and 3-12% slower writes than the raw engine, measured).
+    """
+
+    sleep_after_every_poll: ClassVar[bool] = False
 
     def __init__(self, peer: PeerId, batch: BlockBatch) -> None:
         self.peer = peer
@@ -200,14 +221,21 @@ class Transfer(ABC):
 
     def wait(self, timeout_s: float) -> TransferReport:
         """Poll until done; ``TransferTimeout`` (after cancelling) when ``timeout_s`` passes first."""
-        deadline = time.monotonic() + timeout_s
-        while self.poll() is TransferStatus.PENDING:
-            if time.monotonic() > deadline:
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while True:
+            polled = time.monotonic()
+            if self.poll() is not TransferStatus.PENDING:
+                break
+            now = time.monotonic()
+            if now > deadline:
                 self.status = TransferStatus.FAILED
                 self.cancel()
                 raise TransferTimeout(f"batch of {self.batch.descriptors} blocks to {self.peer} not done "
                                       f"after {timeout_s:.1f}s")
-            time.sleep(_POLL_SLEEP_S)
+            pause = poll_interval(now - start)
+            if self.sleep_after_every_poll or now - polled < pause:
+                time.sleep(pause)
         assert self._report is not None
         return self._report
 

@@ -12,12 +12,17 @@ missing UCX plugin is skipped with a warning at agent creation (refused here); N
 exception classes, mapped by name to this package's errors (a disconnected peer becomes
 ``PeerUnreachable`` at once). NIXL cannot report the UCX transport it picked, so ``UCX_TLS`` is
 pinned from the protocol (``settings``); with no protocol the transport is reported unpinned.
+NIXL's Python wrapper gives the UCX progress thread a poll timeout of 0, so every idle agent spins
+a core (and competes with transfers on small hosts): agents are made with a 1 ms timeout, the
+thread still waking at once on worker events (``_new_agent``). A post that completes the transfer
+itself (the default path between processes of one host copies in the kernel) is not polled again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -55,7 +60,11 @@ MODULES = ("nixl_cu13._api", "nixl_cu12._api", "nixl._api")
 """GPU hosts (CUDA 13) carry ``nixl_cu13``, CPU hosts ``nixl_cu12``; the meta package ``nixl`` last."""
 LIBRARY = "NIXL (pip nixl-cu12 on CPU hosts, nixl-cu13 on CUDA 13 hosts)"
 _BACKEND = "UCX"
+PROGRESS_THREAD_DELAY_US = 1000
+"""Poll timeout of the UCX progress thread: it wakes on worker events and at least this often
+(the periodic wake works around fds UCX fails to signal). NIXL's Python default, 0, busy-polls."""
 T = TypeVar("T")
+_AGENT_LOCK = threading.Lock()
 
 
 def map_nixl_error(peer: str, exc: BaseException) -> EngineError:
@@ -79,6 +88,33 @@ def memory_type(device: str) -> tuple[str, int]:
     raise SettingsError(f"NIXL cannot register memory on device {device!r}")
 
 
+def _new_agent(api: Any, name: str, delay_us: int | None = None) -> Any:
+    """A UCX agent whose progress thread waits for events (``delay_us`` timeout) instead of spinning.
+
+    ``nixl_agent`` hard-codes the progress thread's poll timeout (``pthrDelay``) to 0, so an idle
+    agent spins a core (85% of one, measured on 1.5.1). The binding's config has the field, but
+    the wrapper builds the config itself: the config is amended on its way to the binding's
+    constructor, for this one call. Without that binding attribute the agent is made as is.
+    """
+    bind = getattr(api, "nixlBind", None)
+    if getattr(bind, "nixlAgent", None) is None:
+        return api.nixl_agent(name, api.nixl_agent_config(backends=[_BACKEND]))
+
+    real = bind.nixlAgent
+    delay = PROGRESS_THREAD_DELAY_US if delay_us is None else delay_us
+
+    def make(agent_name: str, config: Any) -> Any:
+        config.pthrDelay = delay
+        return real(agent_name, config)
+
+    with _AGENT_LOCK:  # the binding is module state: one amended construction at a time
+        bind.nixlAgent = make
+        try:
+            return api.nixl_agent(name, api.nixl_agent_config(backends=[_BACKEND]))
+        finally:
+            bind.nixlAgent = real
+
+
 def _one_memory_type(regions: tuple[RegionRecord, ...], who: str) -> tuple[str, int]:
     kinds = {memory_type(r.device) for r in regions}
     if len(kinds) != 1:
@@ -94,30 +130,44 @@ class _NixlPeer:
 
 
 class _NixlTransfer(Transfer):
-    def __init__(self, engine: NixlEngine, peer: PeerId, batch: BlockBatch, handles: list[Any],
-                 prepared: int, adhoc: int) -> None:
+    """Posted NIXL requests (one prepared, at most one per-request), polled until every one is DONE."""
+
+    sleep_after_every_poll = True
+
+    def __init__(self, engine: NixlEngine, peer: PeerId, batch: BlockBatch, prepared: int, adhoc: int) -> None:
         super().__init__(peer, batch)
-        self._engine, self._handles = engine, handles
-        self._done = [False] * len(handles)
+        self._engine = engine
+        self._handles: list[Any] = []
+        self._pending: list[Any] = []
         self._prepared, self._adhoc = prepared, adhoc
 
+    def _post(self, handle: Any) -> None:
+        self._handles.append(handle)
+        state = self._engine._guard(self.peer, self._engine.raw.transfer, handle)
+        if state == "ERR":
+            raise TransferFailed(f"NIXL refused to post a transfer to {self.peer}")
+        if state != "DONE":  # done within the post (a kernel copy between processes): nothing to poll
+            self._pending.append(handle)
+
     def _advance(self) -> TransferReport | None:
-        agent = self._engine.raw
-        for i, h in enumerate(self._handles):
-            if not self._done[i]:
-                state = self._engine._guard(self.peer, agent.check_xfer_state, h)
-                if state == "ERR":
+        if self._pending:
+            check, guard = self._engine.raw.check_xfer_state, self._engine._guard
+            for h in tuple(self._pending):
+                state = guard(self.peer, check, h)
+                if state == "DONE":
+                    self._pending.remove(h)
+                elif state == "ERR":
                     raise TransferFailed(f"NIXL transfer to {self.peer} reported ERR")
-                self._done[i] = state == "DONE"
-        if not all(self._done):
-            return None
+            if self._pending:
+                return None
+        calls = len(self._handles)
         self.cancel()
         b = self.batch
-        return TransferReport(self.peer, b.descriptors, b.bytes, len(self._done), self._prepared + self._adhoc,
+        return TransferReport(self.peer, b.descriptors, b.bytes, calls, self._prepared + self._adhoc,
                               time.perf_counter() - self.started, 0, self._prepared, self._adhoc)
 
     def cancel(self) -> None:
-        handles, self._handles = self._handles, []
+        handles, self._handles, self._pending = self._handles, [], []
         for h in handles:
             with contextlib.suppress(Exception):  # a handle NIXL cannot cancel is leaked, not fatal
                 h.release()
@@ -138,7 +188,7 @@ class NixlEngine(TransferEngine):
         api = import_first(MODULES, LIBRARY)
         self._agent_name = self.config.name or f"pdfleet-{self.config.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            self._agent = api.nixl_agent(self._agent_name, api.nixl_agent_config(backends=[_BACKEND]))
+            self._agent = _new_agent(api, self._agent_name)
         except Exception as e:
             raise EngineStartError(f"NIXL agent creation failed: {type(e).__name__}: {e}") from e
         if _BACKEND not in self._agent.backends:
@@ -214,45 +264,49 @@ class NixlEngine(TransferEngine):
         except Exception as e:
             raise map_nixl_error(peer, e) from e
 
-    def _split(self, peer: PeerState, batch: BlockBatch) -> np.ndarray:
-        """Mask of blocks addressable in the prepared lists: whole, equal-sized items on both sides."""
+    def _indices(self, peer: PeerState, batch: BlockBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Blocks addressable in the prepared lists (whole, equal-sized items on both sides): their mask
+        and the local and remote item indices of those blocks, in order. None when no block is."""
         if self._local_dlist is None or peer.handle.dlist is None:
-            return np.zeros(batch.descriptors, dtype=bool)
-        lok, _, litem = self._local_granules.locate(batch.src, batch.length)
-        rok, _, ritem = peer.granules.locate(batch.dst, batch.length)
-        return lok & rok & (litem == ritem)
+            return None
+        lok, lfirst, litem = self._local_granules.locate(batch.src, batch.length)
+        rok, rfirst, ritem = peer.granules.locate(batch.dst, batch.length)
+        mask = lok & rok & (litem == ritem)
+        if mask.all():
+            items = batch.length // litem
+        elif mask.any():
+            lfirst, rfirst, items = lfirst[mask], rfirst[mask], batch.length[mask] // litem[mask]
+        else:
+            return None
+        return mask, GranuleTable.expand(lfirst, items), GranuleTable.expand(rfirst, items)
 
     def _submit(self, peer_id: PeerId, peer: PeerState, batch: BlockBatch) -> Transfer:
         agent, remote = self._agent, peer.handle
+        by_index = self._indices(peer, batch) if batch.descriptors else None
+        if by_index is None:
+            rest = batch if batch.descriptors else None
+        else:
+            rest = None if by_index[0].all() else batch.take(~by_index[0])
+        prepared = 0 if by_index is None else int(by_index[1].size)
+        transfer = _NixlTransfer(self, peer_id, batch, prepared, 0 if rest is None else rest.descriptors)
         handles: list[Any] = []
-        mask = self._split(peer, batch)
-        prepared = adhoc = 0
-        try:
-            if mask.any():
-                b = batch.take(mask)
-                _, lfirst, item = self._local_granules.locate(b.src, b.length)
-                _, rfirst, _ = peer.granules.locate(b.dst, b.length)
-                items = b.length // item
-                li, ri = GranuleTable.expand(lfirst, items), GranuleTable.expand(rfirst, items)
+        try:  # every request is made before any is posted: a refused one leaves nothing written
+            if by_index is not None:
+                _, li, ri = by_index
                 handles.append(self._guard(peer_id, agent.make_prepped_xfer, "WRITE", self._local_dlist, li,
                                            remote.dlist, ri))
-                prepared = int(li.size)
-            if not mask.all():
-                b = batch.take(~mask)
+            if rest is not None:
                 dev_l, dev_r = self._mem[1], 0 if remote.mem == "DRAM" else _one_memory_type(
                     peer.info.regions, remote.name)[1]
-                loc = np.stack([b.src, b.length, np.full(b.descriptors, dev_l)], 1).astype(np.uint64)
-                rem = np.stack([b.dst, b.length, np.full(b.descriptors, dev_r)], 1).astype(np.uint64)
+                loc = np.stack([rest.src, rest.length, np.full(rest.descriptors, dev_l)], 1).astype(np.uint64)
+                rem = np.stack([rest.dst, rest.length, np.full(rest.descriptors, dev_r)], 1).astype(np.uint64)
                 handles.append(self._guard(peer_id, agent.initialize_xfer, "WRITE",
                                            agent.get_xfer_descs(loc, self._mem[0]),
                                            agent.get_xfer_descs(rem, remote.mem), remote.name))
-                adhoc = b.descriptors
-            transfer = _NixlTransfer(self, peer_id, batch, handles, prepared, adhoc)
             for h in handles:
-                if self._guard(peer_id, agent.transfer, h) == "ERR":
-                    raise TransferFailed(f"NIXL refused to post a transfer to {peer_id}")
+                transfer._post(h)
         except BaseException:
-            for h in handles:
+            for h in handles:  # posted or not (a posted one is cancelled)
                 with contextlib.suppress(Exception):
                     h.release()
             raise

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from pdfleet_runtime.engines import (
+    BlockBatch,
     BlockRangeError,
     EngineConfig,
     EngineState,
@@ -19,15 +22,21 @@ from pdfleet_runtime.engines import (
     HandshakeError,
     PeerInfo,
     PeerUnreachable,
+    Transfer,
     TransferFailed,
+    TransferReport,
     TransferStatus,
+    TransferTimeout,
     UnknownPeer,
     backend_capabilities,
+    base,
     create_engine,
+    nixl,
 )
+from pdfleet_runtime.engines.base import PeerId
 from pdfleet_runtime.engines.blocks import Granule
 from pdfleet_runtime.engines.mooncake import map_write_failure
-from pdfleet_runtime.engines.nixl import map_nixl_error, memory_type
+from pdfleet_runtime.engines.nixl import _new_agent, map_nixl_error, memory_type
 from pdfleet_runtime.records import RegionRecord
 from pdfleet_runtime.transfer import Protocol
 
@@ -136,3 +145,102 @@ def test_nixl_exceptions_map_by_name() -> None:
     assert isinstance(nf, TransferFailed) and "no registration" in str(nf)
     assert isinstance(map_nixl_error("p", exc("nixlBackendError")), TransferFailed)
     assert memory_type("cpu") == ("DRAM", 0) and memory_type("cuda:3") == ("VRAM", 3)
+
+
+class _Clock:
+    """``time.monotonic`` and ``time.sleep`` for ``base``: a poll takes ``step`` s, sleeps are recorded."""
+
+    def __init__(self, step: float = 1e-6) -> None:
+        self.now, self.step, self.naps = 0.0, step, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.naps.append(s)
+        self.now += s
+
+
+class _Steps(Transfer):
+    """A transfer done after ``steps`` polls, each taking ``clock.step`` (a blocking engine call when long)."""
+
+    def __init__(self, steps: int, clock: _Clock | None = None) -> None:
+        super().__init__(PeerId("p"), BlockBatch.of((np.zeros(0, np.int64),) * 3))
+        self.left, self.clock = steps, clock
+
+    def _advance(self) -> TransferReport | None:
+        if self.clock is not None:
+            self.clock.now += self.clock.step
+        self.left -= 1
+        return TransferReport(self.peer, 0, 0, 1, 0, 0.0) if self.left <= 0 else None
+
+
+def test_poll_interval_is_a_bounded_fraction_of_the_elapsed_time() -> None:
+    assert base.poll_interval(0.0) == base.POLL_MIN_S
+    assert base.poll_interval(0.032) == pytest.approx(0.032 * base.POLL_FRACTION)
+    assert base.poll_interval(10.0) == base.POLL_MAX_S
+    assert base.POLL_FRACTION <= 1 / 20  # a batch is seen done within 5% of its time
+
+
+def test_wait_sleeps_between_quick_polls_but_not_after_a_blocking_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(base, "time", SimpleNamespace(monotonic=clock.monotonic, sleep=clock.sleep,
+                                                      perf_counter=time.perf_counter))
+    quick = _Steps(200, clock)
+    assert quick.wait(5).engine_calls == 1 and quick.status is TransferStatus.DONE
+    assert len(clock.naps) == 199  # a sleep between every two polls
+    assert clock.naps[0] == pytest.approx(base.POLL_MIN_S)  # backs off as the batch ages, up to the cap
+    assert clock.naps[-1] == pytest.approx(base.POLL_MAX_S)
+    assert all(b >= a - 1e-12 for a, b in zip(clock.naps, clock.naps[1:], strict=False))
+    blocking = _Steps(4, _Clock(step=0.05))  # each poll waits 50 ms in the engine, longer than any interval
+    monkeypatch.setattr(base, "time", SimpleNamespace(monotonic=blocking.clock.monotonic, sleep=blocking.clock.sleep,
+                                                      perf_counter=time.perf_counter))
+    blocking.wait(5)
+    assert blocking.clock.naps == []
+    asking = _Asking(4, _Clock(step=0.05))  # NIXL: a slow status check is no wait, it still sleeps
+    monkeypatch.setattr(base, "time", SimpleNamespace(monotonic=asking.clock.monotonic, sleep=asking.clock.sleep,
+                                                      perf_counter=time.perf_counter))
+    asking.wait(5)
+    assert len(asking.clock.naps) == 3
+
+
+class _Asking(_Steps):
+    sleep_after_every_poll = True
+
+
+def test_wait_times_out_and_cancels() -> None:
+    slow = _Steps(10**9)
+    with pytest.raises(TransferTimeout):
+        slow.wait(0.05)
+    assert slow.status is TransferStatus.FAILED
+
+
+class _FakeBind:
+    def __init__(self) -> None:
+        self.delays: list[int] = []
+
+    def nixlAgent(self, name: str, config: SimpleNamespace) -> str:
+        self.delays.append(config.pthrDelay)
+        return name
+
+
+class _FakeNixlApi:
+    """The shape of ``nixl._api``: ``nixl_agent`` builds its config with ``pthrDelay = 0`` and calls the binding."""
+
+    def __init__(self) -> None:
+        self.nixlBind = _FakeBind()
+
+    def nixl_agent_config(self, backends: list[str]) -> list[str]:
+        return backends
+
+    def nixl_agent(self, name: str, backends: list[str]) -> str:
+        return self.nixlBind.nixlAgent(name, SimpleNamespace(pthrDelay=0))
+
+
+def test_nixl_agent_progress_thread_waits_instead_of_spinning() -> None:
+    api = _FakeNixlApi()
+    real = api.nixlBind.nixlAgent
+    assert _new_agent(api, "a") == "a"
+    assert api.nixlBind.delays == [nixl.PROGRESS_THREAD_DELAY_US] and nixl.PROGRESS_THREAD_DELAY_US >= 1000
+    assert api.nixlBind.nixlAgent == real  # the binding is restored
+    assert _new_agent(SimpleNamespace(nixl_agent=lambda n, c: n, nixl_agent_config=lambda backends: None), "b") == "b"
