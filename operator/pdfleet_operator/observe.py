@@ -18,6 +18,7 @@ from pdfleet_operator.placement import NodeFacts, node_facts
 from pdfleet_operator.plan import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
+    ANNOTATION_DRAIN_CANCELLED,
     CONDITION_DRAINED,
     LABEL_COMPAT,
     LABEL_INDEX,
@@ -42,7 +43,8 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         return None
     role, revision, index = Role(parts[0]), parts[1], int(parts[2])
     labels = meta.get("labels") or {}
-    drain_started = _epoch((meta.get("annotations") or {}).get(ANNOTATION_DRAIN))
+    annotations = meta.get("annotations") or {}
+    drain_started = _epoch(annotations.get(ANNOTATION_DRAIN))
     labels_ok = (
         labels.get(LABEL_ROLE) == role.value
         and labels.get(LABEL_REVISION) == revision
@@ -65,6 +67,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         deleting=bool(meta.get("deletionTimestamp")),
         labels_ok=labels_ok,
         drain_started=drain_started,
+        drain_cancelled=_epoch(annotations.get(ANNOTATION_DRAIN_CANCELLED)),
         drained=drained,
         gate=gate.get("status"),
         gate_reason=gate.get("reason") or "",
@@ -72,6 +75,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         restarts=restarts,
         running_since=running_since,
         compat=labels.get(LABEL_COMPAT, ""),
+        scheduled=bool((pod.get("spec") or {}).get("nodeName")),
     )
 
 

@@ -19,7 +19,12 @@ from enum import StrEnum
 
 from pdfleet_operator.api.constants import API_VERSION, KIND, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.resources.names import ANNOTATION_DRAIN, LABEL_ROUTABLE, secret_name
+from pdfleet_operator.resources.names import (
+    ANNOTATION_DRAIN,
+    ANNOTATION_DRAIN_CANCELLED,
+    LABEL_ROUTABLE,
+    secret_name,
+)
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
@@ -31,6 +36,7 @@ from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
 
 __all__ = [
+    "DRAIN_CANCEL_SETTLE_S",
     "Action",
     "ActionKind",
     "ObservedPod",
@@ -42,6 +48,13 @@ __all__ = [
     "plan",
     "spec_targets",
 ]
+
+
+DRAIN_CANCEL_SETTLE_S = 5.0
+"""How long a pod whose drain was cancelled does not count as ready capacity. Its runtime follows the
+drain annotation on its own clock (it polls it): it may still be going not ready for the drain it saw
+while its Ready condition shows the state before, so a pass counting it would start another drain
+below the floor. Within this time the runtime has seen the drain and the cancel, and Ready says so."""
 
 
 class ActionKind(StrEnum):
@@ -82,6 +95,7 @@ class ObservedPod:
     deleting: bool = False
     labels_ok: bool = True  # False when a user edited the identity labels away
     drain_started: float | None = None  # epoch seconds of the drain annotation; None: not draining
+    drain_cancelled: float | None = None  # epoch seconds of the last drain cancel (annotation)
     drained: bool = False  # the runtime set the pdfleet.io/drained condition True
     gate: str | None = None  # the transfer-path condition's status: "True", "False" or None (unknown)
     gate_reason: str = ""  # the condition's reason (the runtime's readiness problem)
@@ -89,6 +103,7 @@ class ObservedPod:
     restarts: int = 0  # container restarts, summed
     running_since: float | None = None  # epoch seconds the pod started running; None: not running
     compat: str = ""  # the pdfleet.io/compat label
+    scheduled: bool = True  # spec.nodeName is set (False: stuck Pending, no container ever ran)
 
 
 @dataclass(frozen=True)
@@ -166,11 +181,18 @@ def budgets(spec: PDDeploymentSpec, replicas: int) -> tuple[int, int]:
     return surge, unavailable
 
 
-def drain_metadata(now: float | None) -> dict:
-    """Pod metadata of a started (``now``) or cancelled (``None``) drain, as a merge patch."""
-    if now is None:
-        return {"labels": {LABEL_ROUTABLE: "true"}, "annotations": {ANNOTATION_DRAIN: None}}
-    return {"labels": {LABEL_ROUTABLE: "false"}, "annotations": {ANNOTATION_DRAIN: f"{now:.3f}"}}
+def drain_metadata(now: float, *, cancel: bool = False) -> dict:
+    """Pod metadata of a drain started (or with ``cancel``, cancelled) at ``now``, as a merge patch."""
+    if cancel:
+        return {"labels": {LABEL_ROUTABLE: "true"},
+                "annotations": {ANNOTATION_DRAIN: None, ANNOTATION_DRAIN_CANCELLED: f"{now:.3f}"}}
+    return {"labels": {LABEL_ROUTABLE: "false"},
+            "annotations": {ANNOTATION_DRAIN: f"{now:.3f}", ANNOTATION_DRAIN_CANCELLED: None}}
+
+
+def _settling(p: ObservedPod, now: float) -> bool:
+    """Its drain was cancelled moments ago: not ready capacity yet (``DRAIN_CANCEL_SETTLE_S``)."""
+    return p.drain_cancelled is not None and now - p.drain_cancelled < DRAIN_CANCEL_SETTLE_S
 
 
 def _role_pod_actions(
@@ -190,7 +212,8 @@ def _role_pod_actions(
             if p.drain_started is not None:
                 labels[LABEL_ROUTABLE] = "false"
             actions.append(Action(ActionKind.PATCH_LABELS, "v1", "Pod", p.name, body=labels, reason="labels edited"))
-    views = [PodView(p.name, p.revision, p.index, p.ready, p.deleting, p.drain_started, p.drained) for p in pods]
+    views = [PodView(p.name, p.revision, p.index, p.ready and not _settling(p, now), p.deleting, p.drain_started,
+                     p.drained, p.scheduled) for p in pods]
     hold = _compat_hold(role, target_spec, pods, peers)
     if hold:
         return [*actions, Action(ActionKind.HOLD, "v1", "Pod", "", reason=hold)]
@@ -207,7 +230,8 @@ def _role_pod_actions(
             actions.append(Action(ActionKind.PATCH_META, "v1", "Pod", s.pod or "", body=drain_metadata(now),
                                   reason=f"drain started ({s.reason}): unroutable, finishing in-flight transfers"))
         elif s.kind is StepKind.CANCEL_DRAIN:
-            actions.append(Action(ActionKind.PATCH_META, "v1", "Pod", s.pod or "", body=drain_metadata(None),
+            actions.append(Action(ActionKind.PATCH_META, "v1", "Pod", s.pod or "",
+                                  body=drain_metadata(now, cancel=True),
                                   reason=f"drain cancelled ({s.reason}): routable again"))
         else:
             actions.append(Action(ActionKind.DELETE, "v1", "Pod", s.pod or "",

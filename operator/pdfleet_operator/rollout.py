@@ -12,7 +12,8 @@ Invariants (shared/rollout.md):
   acts only on observed results;
 * a drain is: unroutable first (label), then in-flight transfers finish (the runtime reports the
   ``pdfleet.io/drained`` condition) or the drain deadline passes (recorded as forced), then the pod
-  is deleted; a drain of a pod that is wanted again is cancelled and the pod made routable;
+  is deleted; a pod never scheduled (stuck Pending) ran nothing and is deleted without waiting; a
+  drain of a pod that is wanted again is cancelled and the pod made routable;
 * state lives on the pods (drain annotation and condition), so an operator restart resumes.
 
 Paused: only committed drains finish. Both surge and unavailable 0 would deadlock; ``plan.budgets``
@@ -46,6 +47,7 @@ class PodView:
     deleting: bool = False
     drain_started: float | None = None  # epoch seconds; None: not draining
     drained: bool = False  # the runtime reported in-flight transfers done
+    scheduled: bool = True  # False: no node yet, so no container ever ran (nothing can be in flight)
 
     @property
     def draining(self) -> bool:
@@ -63,6 +65,14 @@ class Step:
     index: int | None = None  # CREATE: the replica index to use
     reason: str = ""
     forced: bool = False  # DELETE: the drain deadline passed before the pod reported drained
+
+
+def _finish(p: PodView) -> Step:
+    if p.drained:
+        return Step(StepKind.DELETE, p.name, reason="drained")
+    if not p.scheduled:
+        return Step(StepKind.DELETE, p.name, reason="never scheduled: nothing in flight")
+    return Step(StepKind.DELETE, p.name, reason="drain deadline passed", forced=True)
 
 
 def removal_order(pods: Iterable[PodView]) -> list[PodView]:
@@ -87,13 +97,10 @@ def plan_steps(
     ``canary``: while pods of other revisions remain, at most this many pods of ``revision``; the
     old pods beyond ``replicas - canary`` are replaced and the rest kept (a canary hold)."""
     draining = [p for p in pods if p.draining]
-    # 1. Finish committed drains (allowed even when paused).
-    finished = [
-        Step(StepKind.DELETE, p.name, reason="drained" if p.drained else "drain deadline passed",
-             forced=not p.drained)
-        for p in draining
-        if p.drained or now - (p.drain_started or now) >= drain_timeout
-    ]
+    # 1. Finish committed drains (allowed even when paused). A pod never scheduled has nothing to drain
+    #    (no runtime will ever report it drained): it goes at once, not forced at the deadline.
+    finished = [_finish(p) for p in draining
+                if p.drained or not p.scheduled or now - (p.drain_started or now) >= drain_timeout]
     if finished:
         return finished
 

@@ -14,7 +14,8 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
 * canary hold: with ``canaryReplicas`` set and old pods left, the new revision stops there.
 
 Failed revisions are remembered only while the spec still names them: a spec change clears the
-memory, so a revision is not tried again until the spec changes.
+memory, so a revision is not tried again until the spec changes. The stable revision is never marked
+failed (there is no rollout towards it).
 """
 
 from __future__ import annotations
@@ -127,7 +128,10 @@ def decide(
     if prev.get("targetRevision") != target or prev.get("progress") != mark:
         last_progress = now  # the target changed, or a pod became ready or went: progress
     failure = None
-    if target == spec_revision and spec_revision not in failed and not complete:
+    # Only a rollout fails: once the spec's revision is the stable one (committed), a pod of it that later
+    # fails its gate or restarts is an outage of the running revision (not ready, counted as such), not a
+    # failed revision, which would stay Degraded and block nothing but the user's next spec change.
+    if target == spec_revision and spec_revision != stable and spec_revision not in failed and not complete:
         failure = _failure(pods, spec_revision, now, min(GATE_TIMEOUT_CAP, progress_deadline))
         if failure is None and now - last_progress > progress_deadline:
             failure = f"no progress for {now - last_progress:.0f}s (progressDeadlineSeconds {progress_deadline:.0f})"

@@ -66,6 +66,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--prefill-addresses", default=None,
                      help="local runs: prefill bootstrap addresses host:port,... instead of the headless Service "
                      "(env PDFLEET_PREFILL_ADDRESSES)")
+    srv.add_argument("--prefill-addresses-file", type=Path, default=None,
+                     help="local runs: a JSON list of prefill bootstrap addresses, re-read on every lookup, instead "
+                     "of the headless Service (env PDFLEET_PREFILL_ADDRESSES_FILE)")
     srv.add_argument("--bind", dest="bind_host", default=None, help="listen address (default 0.0.0.0)")
     srv.add_argument("--kubeconfig", type=Path, default=None,
                      help="write the readiness gate through this kubeconfig (default: in-cluster token if mounted)")
@@ -89,6 +92,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     srv.add_argument("--fault-wire", default=None, help=argparse.SUPPRESS)
+    srv.add_argument("--fault-corrupt-received", action="store_true", help=argparse.SUPPRESS)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -100,10 +104,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         flags = {k: getattr(args, k) for k in (
-            "port_offset", "prefill_addresses", "bind_host", "kubeconfig", "gate", "canary_tokens", "canary_period_s",
-            "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s", "write_timeout_s",
-            "fence_timeout_s", "log_level")}
-        flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire)
+            "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
+            "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
+            "write_timeout_s", "fence_timeout_s", "log_level")}
+        flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
     except (ConfigError, OptionsError) as e:

@@ -187,6 +187,34 @@ def test_sigterm_under_load_exits_within_the_budget_with_no_failed_transfer(tmp_
     assert metric(pre.metrics(), "pdfleet_transfers_total", role="prefill", kind="request", outcome="failed") == 0
 
 
+def test_requests_skip_a_prefill_pod_that_went_away_while_dns_still_names_it(tmp_path: Path,
+                                                                            pods: list[Pod]) -> None:
+    """Two prefill pods in the decode's addresses file (what kube-dns answers); one is killed without a
+    drain and stays listed. A request routed to it never reached it (no connection): within the 2 s
+    grace it goes to the other pod and succeeds, and the dead one is tried last from then on."""
+    import os
+
+    from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
+
+    a, b = (start(pods, Pod(tmp_path, f"pre-{n}", config("prefill"))) for n in "ab")
+    dns = tmp_path / "dns.json"
+    FileResolver.write(dns, [Endpoint("127.0.0.1", int(p.bootstrap.rpartition(":")[2])) for p in (a, b)])
+    dec = start(pods, Pod(tmp_path, "dec", config("decode"), args=(*FAST, "--canary-period", "60"),
+                          env={"PDFLEET_PREFILL_ADDRESSES_FILE": str(dns)}))
+    dec.wait_ready(True, 90, until=lambda r: sum(p["ok"] for p in r["peers"]) == 2)
+    assert {dec.synthetic(64, 20, requestId=f"w{i}")[1]["prefill"] for i in range(4)} == {a.bootstrap, b.bootstrap}
+    assert a.proc is not None
+    os.killpg(a.proc.pid, signal.SIGKILL)  # gone at once, no drain; the file still names it
+    a.proc.wait(10)
+    time.sleep(0.3)
+    for i in range(4):  # round robin over both verified pods: the first one routed to the dead pod fails over
+        t0 = time.monotonic()
+        code, body = dec.synthetic(64, 20, requestId=f"after{i}")
+        assert code == 200 and body["ok"] and body["mismatchedBytes"] == 0 and body["prefill"] == b.bootstrap, body
+        assert time.monotonic() - t0 < 2.0 + 3.0, (i, time.monotonic() - t0)
+    assert len(re.findall(r"request after\d+ <- \S+: success", dec.log())) == 4
+
+
 def wait_for(cond: Any, what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

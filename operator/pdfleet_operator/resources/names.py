@@ -13,6 +13,7 @@ from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION
 
 __all__ = [
     "ANNOTATION_DRAIN",
+    "ANNOTATION_DRAIN_CANCELLED",
     "CONDITION_DRAINED",
     "LABEL_COMPAT",
     "LABEL_INDEX",
@@ -35,6 +36,8 @@ LABEL_ROUTABLE = f"{GROUP}/routable"
 LABEL_COMPAT = f"{GROUP}/compat"
 # Epoch seconds when the operator started draining the pod; the runtime stops admitting on it.
 ANNOTATION_DRAIN = DRAIN_ANNOTATION
+# Epoch seconds when the operator cancelled the pod's drain (routable again); see plan.DRAIN_CANCEL_SETTLE_S.
+ANNOTATION_DRAIN_CANCELLED = f"{GROUP}/drain-cancelled"
 # Pod condition the runtime sets True once a drained pod has no transfer in flight.
 CONDITION_DRAINED = DRAINED_CONDITION
 MANAGED_BY = "pdfleet-operator"

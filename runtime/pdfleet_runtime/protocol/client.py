@@ -19,7 +19,12 @@ __all__ = ["BootstrapClient", "BootstrapUnreachable", "Reply"]
 
 
 class BootstrapUnreachable(ConnectionError):
-    """The bootstrap endpoint did not answer (refused, reset, timed out)."""
+    """The bootstrap endpoint did not answer (refused, reset, timed out). ``connect_failed``: no connection
+    was made, so the message never reached the pod (a reset or a timeout may come after it did)."""
+
+    def __init__(self, message: str, *, connect_failed: bool = False) -> None:
+        super().__init__(message)
+        self.connect_failed = connect_failed
 
 
 class Reply:
@@ -56,7 +61,8 @@ class BootstrapClient:
                 reply_sig = resp.headers.get(SIGNATURE_HEADER)
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise BootstrapUnreachable(f"bootstrap {self.endpoint} unreachable: {type(e).__name__}: {e}") from e
+            raise BootstrapUnreachable(f"bootstrap {self.endpoint} unreachable: {type(e).__name__}: {e}",
+                                       connect_failed=isinstance(e, aiohttp.ClientConnectorError)) from e
         try:
             opened = self.codec.open(data, reply_sig, reply_to=nonce)
         except ProtocolError as e:

@@ -95,9 +95,10 @@ class TransferOutcome:
 
 
 class _Failed(Exception):
-    def __init__(self, failure: FailureReason, reason: str) -> None:
+    def __init__(self, failure: FailureReason, reason: str, *, undelivered: bool = False) -> None:
         super().__init__(reason)
         self.failure, self.reason = failure, reason
+        self.undelivered = undelivered  # the message never reached the pod (no connection was made)
 
 
 @dataclass
@@ -168,12 +169,23 @@ class DecodeRank:
             if self._link is not None:
                 return self._link
             delay, last = 0.05, "no attempt"
+            down_since: float | None = None
             while self._clock() < deadline:
                 try:
                     endpoints = await asyncio.to_thread(self.resolver.resolve)
                     self._link = await self._handshake(endpoints[0], deadline)
                     return self._link
-                except (ResolveError, BootstrapUnreachable) as e:
+                except ResolveError as e:
+                    last = str(e)
+                except BootstrapUnreachable as e:
+                    # As on a kept link: a pod that does not answer for the grace period is unreachable
+                    # (gone, or not listening yet), so the caller may try another pod instead of waiting
+                    # out the whole request budget on this one.
+                    now = self._clock()
+                    down_since = now if down_since is None else down_since
+                    if now - down_since >= self.settings.unreachable_grace_s:
+                        raise _Failed(FailureReason.PEER_UNREACHABLE, f"no prefill pod handshake: unreachable for "
+                                      f"{now - down_since:.1f}s: {e}") from None
                     last = str(e)
                 except ProtocolError as e:
                     if e.code is RefusalCode.VERSION:
@@ -244,7 +256,16 @@ class DecodeRank:
                 try:
                     await self._call(link, req, deadline, grace_s=0.0)
                     break
+                except ProtocolError:
+                    # Refused (draining, busy limits, ...): the pod changed nothing, so no source will
+                    # write these items and they come back at once (the caller may send the request to
+                    # another pod). Only after a first attempt: an earlier one may have been accepted.
+                    if attempt == 0:
+                        sent = False
+                    raise
                 except _Failed as e:
+                    if e.undelivered and attempt == 0:
+                        sent = False  # no connection was made: the pod never saw it, nothing to fence
                     # Nobody accepted the request yet, so another pod may take it: a kept link to a pod that
                     # restarted or moved is dropped, the Service re-resolved and the handshake redone.
                     if e.failure not in _RELINK or attempt == _SEND_ATTEMPTS - 1:
@@ -282,7 +303,7 @@ class DecodeRank:
                 if now - down_since >= grace:
                     await self._drop_link(link)
                     raise _Failed(FailureReason.PEER_UNREACHABLE, f"prefill pod {link.endpoint} unreachable for "
-                                  f"{now - down_since:.1f}s: {e}") from None
+                                  f"{now - down_since:.1f}s: {e}", undelivered=e.connect_failed) from None
                 await asyncio.sleep(0.1)
                 continue
             except ProtocolError as e:

@@ -31,7 +31,14 @@ from aiohttp import web
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role
 from pdfleet_runtime.protocol.auth import Codec, load_secret
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
-from pdfleet_runtime.protocol.discovery import DnsResolver, Endpoint, ResolveError, Resolver, StaticResolver
+from pdfleet_runtime.protocol.discovery import (
+    DnsResolver,
+    Endpoint,
+    FileResolver,
+    ResolveError,
+    Resolver,
+    StaticResolver,
+)
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 from pdfleet_runtime.records import ParallelShape
 
@@ -39,7 +46,7 @@ from .gate import GateWriter, NoGate
 from .launcher import LaunchError, RankCallError, RankLauncher, RankSpec
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
-from .readiness import CanaryResult, Problem, Readiness, classify
+from .readiness import CanaryResult, Problem, Readiness, busy, classify
 
 __all__ = ["DrainPhase", "PodServer", "SyntheticResult"]
 
@@ -66,6 +73,8 @@ class SyntheticResult:
     seconds: float
     mismatched: int
     prefill: str | None
+    released: bool = False
+    """Failed with every rank's items given back at once (nothing accepted it): another pod may take it."""
 
     def as_json(self) -> dict[str, Any]:
         return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
@@ -85,8 +94,12 @@ class PodServer:
         self.readiness = Readiness(self.role.value, opts.floor, opts.failures_not_ready, ranks_total=cfg.shape.ranks)
         self.gate: GateWriter = gate or NoGate()
         if resolver is None:
-            resolver = (StaticResolver([Endpoint(h, p) for h, p in opts.prefill_addresses]) if opts.prefill_addresses
-                        else DnsResolver(cfg.prefill_service, cfg.bootstrap_port))
+            if opts.prefill_addresses:
+                resolver = StaticResolver([Endpoint(h, p) for h, p in opts.prefill_addresses])
+            elif opts.prefill_addresses_file is not None:
+                resolver = FileResolver(opts.prefill_addresses_file)
+            else:
+                resolver = DnsResolver(cfg.prefill_service, cfg.bootstrap_port)
         self.resolver = resolver
         self.phase = DrainPhase.SERVING
         self.drain_started: float | None = None
@@ -96,6 +109,7 @@ class PodServer:
         self._recheck = asyncio.Event()
         self._active = 0
         self._endpoints: list[Endpoint] = []
+        self._shunned: set[str] = set()  # prefill pods that refused a request as draining or did not answer
         self._rr = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         self._gate_written: tuple[bool, str] | None = None
@@ -257,7 +271,8 @@ class PodServer:
 
     async def run_synthetic(self, kind: str, tokens: int, request_id: str, seed: int, timeout_s: float, *,
                             verify: bool = True, endpoint: Endpoint | None = None) -> SyntheticResult:
-        """One request through every rank of this decode pod; tries the next prefill pod if one is draining."""
+        """One request through every rank of this decode pod; tries the next prefill pod (up to 3) when one
+        refused it as draining or was unreachable before anything accepted it."""
         from .synthetic import request_seed
 
         self._active += 1
@@ -267,11 +282,16 @@ class PodServer:
             res = SyntheticResult(request_id, False, "no_peer", "no prefill pod known", 0, 0.0, 0.0, -1, None)
             for ep in candidates[:3]:
                 res = await self._through(ep, tokens, request_id, request_seed(request_id, seed), timeout_s, verify)
-                if res.ok or classify(res.failure, res.reason) is not Problem.PEER_DRAINING:
+                problem = None if res.ok else classify(res.failure, res.reason)
+                # Another prefill pod may take it when this one refused it (draining) or never answered
+                # (gone: DNS still names a deleted pod for a while) and nothing accepted it.
+                if problem is not Problem.PEER_DRAINING and not (problem is Problem.UNREACHABLE and res.released):
                     break
-                res = SyntheticResult(request_id, False, "draining", res.reason, 0, 0.0, res.seconds, -1, str(ep))
-                if ep is not None and str(ep) in self.readiness.peers and kind == "request":
+                if kind == "request":  # requests try it last from now on, until a canary passes there again
+                    self._shunned.add(str(ep))
                     self._recheck.set()
+                if problem is Problem.PEER_DRAINING:
+                    res = SyntheticResult(request_id, False, "draining", res.reason, 0, 0.0, res.seconds, -1, str(ep))
         finally:
             self._active -= 1
         seconds = time.perf_counter() - t0
@@ -305,16 +325,22 @@ class PodServer:
         write_s = max(o["write_s"] for o in outs)
         if failed:
             f = failed[0]
-            return SyntheticResult(rid, False, f["failure"], f["reason"], moved, write_s, 0.0, -1, str(ep))
+            # The prefill pod had no room for it: load, not the path (no canary verdict, not a failing pod).
+            failure = "busy" if busy(f["failure"], f["reason"]) else f["failure"]
+            return SyntheticResult(rid, False, failure, f["reason"], moved, write_s, 0.0, -1, str(ep),
+                                   released=all(o.get("released", False) for o in outs))
         if mismatched:
             return SyntheticResult(rid, False, "verify", f"{mismatched} bytes arrived different from the seeded state",
                                    moved, write_s, 0.0, mismatched, str(ep))
         return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep))
 
     def _endpoints_for_requests(self) -> list[Endpoint]:
-        """Prefill pods whose canary passed first (round robin), then the others known."""
-        good = [e for e in self._endpoints if (c := self.readiness.peers.get(str(e))) is not None and c.ok]
-        rest = [e for e in self._endpoints if e not in good]
+        """Prefill pods whose canary passed first (round robin), then the others known, then those that
+        refused a request as draining or did not answer since their last canary."""
+        good = [e for e in self._endpoints if (c := self.readiness.peers.get(str(e))) is not None and c.ok
+                and str(e) not in self._shunned]
+        shunned = [e for e in self._endpoints if str(e) in self._shunned]
+        rest = [e for e in self._endpoints if e not in good and e not in shunned] + shunned
         if good:
             k = next(self._rr) % len(good)
             good = good[k:] + good[:k]
@@ -326,6 +352,7 @@ class PodServer:
         n = itertools.count()
         o = self.opts
         while True:
+            self._recheck.clear()  # first: a recheck asked for during this round starts the next one at once
             if self.phase is DrainPhase.SERVING:
                 try:
                     self._endpoints = await asyncio.to_thread(self.resolver.resolve)
@@ -333,6 +360,7 @@ class PodServer:
                     self._endpoints = []
                     self.readiness.discovery_error = f"cannot find prefill pods: {e}"
                 self.readiness.forget_peers({str(e) for e in self._endpoints})
+                self._shunned &= {str(e) for e in self._endpoints}
                 tokens = min(o.canary_tokens, o.config.kv_tokens)
                 for ep in list(self._endpoints):
                     if self.phase is not DrainPhase.SERVING:
@@ -343,9 +371,10 @@ class PodServer:
                         continue  # pools full of real traffic: no verdict either way
                     check = self.readiness.record_canary(str(ep), CanaryResult(
                         res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched)))
+                    if check.ok:
+                        self._shunned.discard(str(ep))
                     self.metrics.canary_gbps.labels(str(ep)).set(check.gbps or 0.0)
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
-            self._recheck.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)
 
@@ -412,8 +441,8 @@ class PodServer:
         kind = "canary" if rep["request_id"].startswith("canary-") else "request"
         ok = rep["state"] == "success"
         self.metrics.transfer(kind, ok, rep["bytes"], rep["write_s"], rep["failure"])
-        if rep["failure"] == "cancelled":
-            return  # the decode gave up: says nothing about this pod's path
+        if rep["failure"] == "cancelled" or busy(rep["failure"], rep["reason"]):
+            return  # the decode gave up, or this pod had no room for it: says nothing about this pod's path
         self.readiness.record_transfer(ok, rep["reason"])
         if ok and kind == "canary":
             self.readiness.canaries_served += 1

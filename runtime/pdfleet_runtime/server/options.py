@@ -5,12 +5,15 @@
 is built once at start (``ServeOptions.build``), from the command line and the environment. Nothing
 deeper in the server reads an environment variable.
 
-Local runs (tests, benchmarks, the kwok pod runner) put many pods on 127.0.0.1, so two overrides
-exist, both named as such:
+Local runs (tests, benchmarks, the kwok pod runner) put many pods on 127.0.0.1, so three overrides
+exist, each named as such:
 
 - ``PDFLEET_PORT_OFFSET`` / ``--port-offset N``: adds N to the HTTP, bootstrap and engine ports;
 - ``PDFLEET_PREFILL_ADDRESSES`` / ``--prefill-addresses host:port,...``: the prefill pods' bootstrap
-  addresses, instead of resolving the headless Service ``prefillService`` through DNS.
+  addresses, instead of resolving the headless Service ``prefillService`` through DNS;
+- ``PDFLEET_PREFILL_ADDRESSES_FILE`` / ``--prefill-addresses-file PATH``: the same list, as a JSON list of
+  ``"host:port"`` re-read on every resolve (``discovery.FileResolver``), so a harness that rewrites it
+  plays kube-dns for a fleet whose prefill pods come and go (the kwok pod runner).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "CANARY_FLOORS_GBPS",
     "ENV_PORT_OFFSET",
     "ENV_PREFILL_ADDRESSES",
+    "ENV_PREFILL_ADDRESSES_FILE",
     "FaultOptions",
     "OptionsError",
     "ServeOptions",
@@ -36,6 +40,7 @@ __all__ = [
 
 ENV_PORT_OFFSET = "PDFLEET_PORT_OFFSET"
 ENV_PREFILL_ADDRESSES = "PDFLEET_PREFILL_ADDRESSES"
+ENV_PREFILL_ADDRESSES_FILE = "PDFLEET_PREFILL_ADDRESSES_FILE"
 
 CANARY_FLOORS_GBPS: Mapping[Protocol, float] = MappingProxyType({
     # The lowest canary write throughput (engine write of the canary's bytes, GB/s) at which a pod is
@@ -73,11 +78,14 @@ class FaultOptions:
     """Fault injection for tests only (flags hidden from ``--help``): never set in a pod.
 
     ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
-    ``wire``: speak another wire version (an incompatible peer).
+    ``wire``: speak another wire version (an incompatible peer);
+    ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
+    byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``).
     """
 
     write_delay_s: float = 0.0
     wire: str | None = None
+    corrupt_received: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ class ServeOptions:
     port_offset: int = 0
     prefill_addresses: tuple[tuple[str, int], ...] = ()
     """Local-run override of prefill discovery (``PDFLEET_PREFILL_ADDRESSES``); empty: DNS."""
+    prefill_addresses_file: Path | None = None
+    """Local-run override of prefill discovery, re-read on every resolve (``PDFLEET_PREFILL_ADDRESSES_FILE``)."""
     canary_tokens: int = 64
     canary_period_s: float = 10.0
     """Re-check period while ready; while not ready the check runs every ``retry_period_s``."""
@@ -150,10 +160,14 @@ class ServeOptions:
                 raise OptionsError(f"{ENV_PORT_OFFSET}={raw!r} is not an integer")
             offset = int(raw)
         addresses = flags.pop("prefill_addresses", None) or environ.get(ENV_PREFILL_ADDRESSES, "")
+        addresses_file = flags.pop("prefill_addresses_file", None) or environ.get(ENV_PREFILL_ADDRESSES_FILE, "")
+        if addresses and addresses_file:
+            raise OptionsError(f"{ENV_PREFILL_ADDRESSES} and {ENV_PREFILL_ADDRESSES_FILE} are both set: use one")
         opts = cls(config=config, pod_name=environ.get("POD_NAME", ""),
                    pod_namespace=environ.get("POD_NAMESPACE", config.namespace), pod_ip=environ.get("POD_IP", ""),
                    port_offset=int(offset),  # type: ignore[call-overload]
-                   prefill_addresses=parse_addresses(str(addresses)) if addresses else ())
+                   prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
+                   prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
         highest = max(opts.http_port, opts.bootstrap_port, opts.engine_port + config.shape.ranks - 1)
         if min(opts.http_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:

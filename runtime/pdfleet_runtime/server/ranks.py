@@ -39,7 +39,8 @@ from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 from pdfleet_runtime.records import ParallelShape, RequestIndices
 
 from .launcher import RankSpec
-from .synthetic import fill_request, verify_request
+from .readiness import POOLS_FULL
+from .synthetic import corrupt_request, fill_request, verify_request
 
 __all__ = ["rank_main"]
 
@@ -168,7 +169,7 @@ class _Rank:
         try:
             idx = self.alloc.allocate(fill.tokens)
         except PoolExhausted as e:
-            raise SyntheticError(f"prefill pools are full: {e}") from None
+            raise SyntheticError(f"prefill {POOLS_FULL}: {e}") from None
         self.held[request_id] = idx
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
         log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
@@ -219,7 +220,7 @@ class _Rank:
         try:
             idx = self.alloc.allocate(tokens)
         except PoolExhausted as e:
-            return _failed(request_id, "busy", f"decode pools are full: {e}")
+            return _failed(request_id, "busy", f"decode {POOLS_FULL}: {e}")
         self.held[request_id] = idx
         self.in_flight += 1
         try:
@@ -231,14 +232,19 @@ class _Rank:
         write_s = max((r.write_seconds for r in out.reports), default=0.0)
         mismatched = -1
         if out.state is RequestState.SUCCESS:
+            if self.spec.faults.corrupt_received:
+                await asyncio.to_thread(corrupt_request, self.pools, idx)
             mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if verify else 0
             self._release(request_id)
         log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
                  out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
+        # Released: no source can still write these items (the request was never accepted, or it ended), so
+        # the pod may send the same request to another prefill pod.
         return {"request_id": request_id, "state": out.state.value,
                 "failure": out.failure.value if out.failure else None, "reason": out.reason, "bytes": moved,
-                "write_s": write_s, "seconds": out.seconds, "mismatched": mismatched}
+                "write_s": write_s, "seconds": out.seconds, "mismatched": mismatched,
+                "released": request_id not in self.held}
 
     async def op_stats(self) -> dict[str, Any]:
         free = {k.value: v for k, v in self.alloc.free_counts().items()}
@@ -255,4 +261,4 @@ class _Rank:
 
 def _failed(request_id: str, failure: str, reason: str) -> dict[str, Any]:
     return {"request_id": request_id, "state": RequestState.FAILED.value, "failure": failure, "reason": reason,
-            "bytes": 0, "write_s": 0.0, "seconds": 0.0, "mismatched": -1}
+            "bytes": 0, "write_s": 0.0, "seconds": 0.0, "mismatched": -1, "released": False}

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "classify"]
+__all__ = ["POOLS_FULL", "CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify"]
+
+POOLS_FULL = "pools are full"
+"""In the reason of a request refused for room: a rank's pools had no free items for it (load, not the path)."""
 
 
 class Problem(StrEnum):
@@ -52,6 +55,12 @@ class CanaryResult:
     @property
     def gbps(self) -> float | None:
         return self.bytes / self.write_s / 1e9 if self.ok and self.write_s > 0 and self.bytes else None
+
+
+def busy(failure: str | None, reason: str) -> bool:
+    """A transfer that failed for room on either side (pools full of other requests): it says nothing
+    about the path, so it is no verdict either way (a canary then waits for its next round)."""
+    return failure == "busy" or (failure in ("plan", "source_failed") and POOLS_FULL in reason)
 
 
 def classify(failure: str | None, reason: str) -> Problem:

@@ -21,7 +21,7 @@ from pdfleet_runtime.parity import logical_items, shard_logical
 from pdfleet_runtime.pools import RankPools
 from pdfleet_runtime.records import RequestIndices
 
-__all__ = ["fill_request", "request_bytes", "request_seed", "verify_request"]
+__all__ = ["corrupt_request", "fill_request", "request_bytes", "request_seed", "verify_request"]
 
 
 def request_seed(request_id: str, seed: int = 0) -> int:
@@ -60,6 +60,15 @@ def verify_request(pools: RankPools, seed: int, idx: RequestIndices) -> int:
         actual = view.index_select(0, ids).cpu().numpy()
         bad += int(np.count_nonzero(actual != data))
     return bad
+
+
+def corrupt_request(pools: RankPools, idx: RequestIndices) -> None:
+    """Fault injection (``--fault-corrupt-received``): flip the first byte of the request's first item."""
+    for i, rec in enumerate(pools.records):
+        items = idx.of(rec.spec.index)
+        if items.size:
+            pools.byte_view(i)[int(items[0]), :1].bitwise_not_()
+            return
 
 
 def request_bytes(pools: RankPools, idx: RequestIndices) -> int:

@@ -143,6 +143,30 @@ def test_template_change_surges_then_drains_old_when_new_ready() -> None:
     assert not pods_of(step2, Role.DECODE)  # no room until o1 is gone
 
 
+def test_a_pod_whose_drain_was_just_cancelled_is_not_counted_as_ready_capacity() -> None:
+    """A revert mid-rollout cancels the drain of a pod of the reverted-to revision; its runtime may still be
+    going not ready for that drain while Ready shows the state before: no new drain may count on it yet."""
+    spec = base_spec(replicas=2)
+    rev, other = role_revision(spec, Role.DECODE), "d" * 10
+    prefill = ObservedPod("p0", Role.PREFILL, role_revision(spec, Role.PREFILL), 0, ready=True)
+    back = plan(OWNER, spec, Snapshot(pods=(
+        ObservedPod("c1", Role.DECODE, rev, 1, ready=True),
+        ObservedPod("c2", Role.DECODE, rev, 2, ready=True, drain_started=99.0),
+        ObservedPod("d0", Role.DECODE, other, 0, ready=True), prefill), secret_exists=True), now=100.0)
+    [cancel] = [a for a in back if a.kind is ActionKind.PATCH_META]
+    assert cancel.name == "c2" and cancel.body["annotations"]["pdfleet.io/drain-cancelled"] == "100.000"
+    body = runtime_pod("demo", "ns", spec, Role.DECODE, rev, 2)
+    body["metadata"]["ownerReferences"] = [OWNER.reference()]
+    body["metadata"]["annotations"].update(cancel.body["annotations"])
+    observed = observed_pod(body, "uid-1")
+    assert observed is not None and observed.drain_cancelled == 100.0 and observed.drain_started is None
+    pods = (ObservedPod("c1", Role.DECODE, rev, 1, ready=True),
+            ObservedPod("c2", Role.DECODE, rev, 2, ready=True, drain_cancelled=100.0),
+            ObservedPod("d0", Role.DECODE, other, 0, ready=True), prefill)
+    assert drains(plan(OWNER, spec, Snapshot(pods=pods, secret_exists=True), now=101.0)) == []
+    assert drains(plan(OWNER, spec, Snapshot(pods=pods, secret_exists=True), now=106.0)) == ["d0"]
+
+
 def test_scaling_is_not_a_new_revision() -> None:
     assert role_revision(base_spec(replicas=1), Role.DECODE) == role_revision(base_spec(replicas=7), Role.DECODE)
 

@@ -139,6 +139,16 @@ def test_revert_cancels_drains_of_wanted_pods() -> None:
     assert [(s.kind, s.pod) for s in steps] == [(StepKind.CANCEL_DRAIN, "a")]
 
 
+def test_a_pod_never_scheduled_is_deleted_without_waiting_for_the_drain_deadline() -> None:
+    """Stuck Pending (rolled back): no runtime ever ran in it, so none will report it drained."""
+    pods = [PodView("a", NEW, 0, ready=False, drain_started=1.0, scheduled=False), PodView("b", OLD, 1, ready=True)]
+    steps = plan_steps(pods, replicas=1, revision=OLD, surge=1, unavailable=0, drain_timeout=600.0, now=2.0)
+    assert [(s.kind, s.pod, s.forced, s.reason) for s in steps] == [
+        (StepKind.DELETE, "a", False, "never scheduled: nothing in flight")]
+    scheduled = [replace(pods[0], scheduled=True), pods[1]]  # a pod that may have run waits for its drain
+    assert plan_steps(scheduled, replicas=1, revision=OLD, surge=1, unavailable=0, drain_timeout=600.0, now=2.0) == []
+
+
 def test_forced_delete_after_deadline() -> None:
     pods = [PodView("a", OLD, 0, ready=True, drain_started=1.0), PodView("b", NEW, 1, ready=True)]
     steps = plan_steps(pods, replicas=1, revision=NEW, surge=1, unavailable=0, drain_timeout=10.0, now=11.0)

@@ -18,7 +18,7 @@ from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
-from pdfleet_runtime.protocol.discovery import StaticResolver
+from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 from pdfleet_runtime.records import ParallelShape
@@ -55,6 +55,7 @@ class Rig:
     dst_idx: Any
     stop: asyncio.Event
     released: list[tuple[str, float]] = field(default_factory=list)
+    server: BootstrapServer | None = None
 
 
 def run(body: Callable[[Rig], Awaitable[None]], *, fence_timeout_s: float = 10.0) -> None:
@@ -75,7 +76,7 @@ def run(body: Callable[[Rig], Awaitable[None]], *, fence_timeout_s: float = 10.0
         stop = asyncio.Event()
         prefill = PrefillRank(src.registration(), slow, engines[0][1],  # type: ignore[arg-type]
                               BootstrapClient(ep, Codec(SECRET, "p")), settings=PrefillSettings(poll_wait_s=0.2))
-        rig = Rig(prefill, None, slow, dst, dst_idx, stop)  # type: ignore[arg-type]
+        rig = Rig(prefill, None, slow, dst, dst_idx, stop, server=server)  # type: ignore[arg-type]
         rig.decode = DecodeRank(dst.registration(), engines[1][1], StaticResolver([ep]), Codec(SECRET, "d"),
                                 instance="dec", release=lambda rid: rig.released.append((rid, time.monotonic())),
                                 settings=DecodeSettings(fence_timeout_s=fence_timeout_s))
@@ -140,5 +141,63 @@ def test_a_failure_before_any_request_was_sent_releases_at_once() -> None:
         out = await r.decode.transfer("q1", r.dst_idx, timeout_s=0.3)
         assert out.state is RequestState.FAILED and out.failure is FailureReason.PEER_UNREACHABLE
         assert [rid for rid, _ in r.released] == ["q1"] and r.decode.fenced["at_once"] == 1
+
+    run(body)
+
+
+def test_a_prefill_pod_that_does_not_answer_fails_after_the_grace_not_the_deadline() -> None:
+    """A deleted pod DNS still names: the request fails within the unreachable grace (2 s), releasing its
+    items at once, so the caller can try another pod within the same request budget."""
+
+    async def body(r: Rig) -> None:
+        import socket
+
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            dead = Endpoint("127.0.0.1", s.getsockname()[1])
+        r.decode.resolver = StaticResolver([dead])
+        r.decode._link = None
+        t0 = time.monotonic()
+        out = await r.decode.transfer("q3", r.dst_idx, timeout_s=20)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.PEER_UNREACHABLE, out
+        assert time.monotonic() - t0 < 2.0 + 1.0 and "unreachable for" in out.reason
+        assert [rid for rid, _ in r.released] == ["q3"] and r.decode.fenced["at_once"] == 1
+
+    run(body)
+
+
+def test_a_kept_link_to_a_pod_that_went_away_fails_fast_and_releases_at_once() -> None:
+    """The pod behind a kept link is gone (deleted after its drain; DNS still names it): the request never
+    reaches it (no connection), so its items come back at once and the caller may try another pod."""
+
+    async def body(r: Rig) -> None:
+        await r.decode.connect(timeout_s=5)
+        assert r.server is not None
+        await r.server.stop()
+        # Gone a moment ago: the kept connection's close has arrived (a connection that drops during the send
+        # is ambiguous, the pod may have read the request, and is fenced as before).
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        out = await r.decode.transfer("q4", r.dst_idx, timeout_s=20)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.PEER_UNREACHABLE, out
+        assert time.monotonic() - t0 < 2.0 + 1.0
+        assert [rid for rid, _ in r.released] == ["q4"] and r.decode.fenced["at_once"] == 1, out.reason
+
+    run(body)
+
+
+def test_a_request_a_draining_prefill_refused_releases_at_once() -> None:
+    """A refusal of the request itself (the bootstrap changes nothing when it refuses) means no source will
+    ever write: the items come back at once, so the caller can send the same request to another prefill."""
+
+    async def body(r: Rig) -> None:
+        await r.decode.connect(timeout_s=5)  # a kept link, as after earlier requests
+        assert r.server is not None
+        r.server.state.drain(True)
+        out = await r.decode.transfer("q2", r.dst_idx, timeout_s=5)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.REFUSED, out
+        assert "draining" in out.reason
+        assert [rid for rid, _ in r.released] == ["q2"] and r.decode.fenced["at_once"] == 1
+        assert r.decode.fences_pending == 0
 
     run(body)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet_runtime.server.readiness import CanaryResult, Problem, Readiness, classify
+from pdfleet_runtime.server.readiness import CanaryResult, Problem, Readiness, busy, classify
 
 
 def decode(**kw: object) -> Readiness:
@@ -47,6 +47,19 @@ def test_failed_canaries_are_classified(failure: str, reason: str, problem: Prob
     r.record_canary("p:1", CanaryResult(False, failure, reason))
     v = r.verdict()
     assert not v.ready and v.problem is problem and reason in v.reason
+
+
+@pytest.mark.parametrize(("failure", "reason", "is_busy"), [
+    ("busy", "decode pools are full: kv: asked for 4, 2 of 64 free", True),
+    ("source_failed", "prefill rank (0, 0) reported plan: synthetic request r1: prefill pools are full: slot: "
+     "asked for 1, 0 of 8 free", True),
+    ("plan", "synthetic request r1: prefill pools are full: slot: asked for 1, 0 of 8 free", True),
+    ("source_failed", "prefill rank (0, 0) reported plan: buffers differ", False),
+    ("verify", "pools are full", False),
+])
+def test_a_transfer_refused_for_room_is_load_not_a_path_problem(failure: str, reason: str, is_busy: bool) -> None:
+    """A busy prefill must not make a decode's canary name it incompatible (a gate failure: a rollback)."""
+    assert busy(failure, reason) is is_busy
 
 
 def test_one_good_prefill_pod_is_enough_and_bytes_that_differ_never_are() -> None:

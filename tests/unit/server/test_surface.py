@@ -15,11 +15,19 @@ from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
 from pdfleet_runtime.parity import LocalCopyExecutor
 from pdfleet_runtime.planner import Blocks, compile_destination
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
+from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
 from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.server.app import PodServer
 from pdfleet_runtime.server.gate import KubeGate, NoGate, make_gate
 from pdfleet_runtime.server.metrics import ServerMetrics
 from pdfleet_runtime.server.options import OptionsError, ServeOptions, parse_addresses
-from pdfleet_runtime.server.synthetic import fill_request, request_bytes, request_seed, verify_request
+from pdfleet_runtime.server.synthetic import (
+    corrupt_request,
+    fill_request,
+    request_bytes,
+    request_seed,
+    verify_request,
+)
 
 
 def cfg(**kw: Any) -> RuntimeConfig:
@@ -39,6 +47,21 @@ def test_options_take_the_local_overrides_from_the_environment_and_flags_win() -
     assert o.instance == "d-decode-abc-0" and o.advertise_host == "10.1.2.3" and o.floor == 0.05
     o = ServeOptions.build(cfg(protocol="rdma"), env, port_offset=5, floor_gbps=None, canary_tokens=8)
     assert o.http_port == 8085 and o.floor == 5.0 and o.canary_tokens == 8
+
+
+def test_an_addresses_file_is_re_read_on_every_resolve_as_dns_would_answer(tmp_path: Path) -> None:
+    path = tmp_path / "prefill.json"
+    o = ServeOptions.build(cfg(), {"PDFLEET_PREFILL_ADDRESSES_FILE": str(path)})
+    assert o.prefill_addresses_file == path and o.prefill_addresses == ()
+    assert ServeOptions.build(cfg(), {}, prefill_addresses_file=path).prefill_addresses_file == path
+    server = PodServer(o)
+    FileResolver.write(path, [Endpoint("127.0.0.1", 9100)])
+    assert server.resolver.resolve() == [Endpoint("127.0.0.1", 9100)]
+    FileResolver.write(path, [Endpoint("127.0.0.1", 9101), Endpoint("127.0.0.1", 9100)])  # a new pod came
+    assert server.resolver.resolve() == [Endpoint("127.0.0.1", 9100), Endpoint("127.0.0.1", 9101)]
+    with pytest.raises(OptionsError, match="both set"):
+        ServeOptions.build(cfg(), {"PDFLEET_PREFILL_ADDRESSES_FILE": str(path),
+                                   "PDFLEET_PREFILL_ADDRESSES": "127.0.0.1:9100"})
 
 
 @pytest.mark.parametrize(("env", "flags", "says"), [
@@ -108,6 +131,8 @@ def test_synthetic_state_verifies_on_another_shape_and_not_under_another_seed() 
     assert verify_request(dst, seed, b) == 0
     assert verify_request(dst, request_seed("r2"), b) > 0
     assert request_bytes(dst, b) > 0
+    corrupt_request(dst, b)  # the fault of an image that mangles what it receives: one byte
+    assert verify_request(dst, seed, b) == 1
 
 
 def test_free_counts_are_public_and_move_with_allocations() -> None:
