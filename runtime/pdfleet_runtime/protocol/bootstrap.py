@@ -227,7 +227,9 @@ class BootstrapState:
         key = (msg.instance, msg.request_id, dst)
         have = self.pending.get(key)
         if have is not None:
-            if have.request != msg:
+            # A resend (its reply was lost, or the decode re-resolved to this pod) carries the time it has
+            # left, so only what the request asks for must match; the first deadline stands.
+            if have.request.model_copy(update={"timeout_s": msg.timeout_s}) != msg:
                 raise ProtocolError(RefusalCode.CONFLICT, f"request {msg.request_id} was sent before with other "
                                     "indices")
             return Ack()

@@ -18,6 +18,7 @@ from pdfleet_runtime.protocol.messages import (
     Cancel,
     DecodeRegistered,
     Hello,
+    IndicesModel,
     PrefillPoll,
     PrefillWork,
     RankKey,
@@ -31,6 +32,7 @@ from pdfleet_runtime.protocol.messages import (
 )
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 from pdfleet_runtime.records import ParallelShape as S
+from pdfleet_runtime.records import RequestIndices
 from tests.unit.protocol.helpers import (
     FakeClock,
     decode_register,
@@ -123,7 +125,9 @@ def test_duplicate_request_is_idempotent_and_a_changed_one_conflicts() -> None:
     st = ready_state(S(1), S(1), FakeClock())
     st.handle(transfer_request("r1"))
     assert st.handle(transfer_request("r1")) == Ack()
-    other = transfer_request("r1").model_copy(update={"timeout_s": 3.0})
+    # a resend carries less time left: the same request (the first deadline stands)
+    assert st.handle(transfer_request("r1").model_copy(update={"timeout_s": 3.0})) == Ack()
+    other = transfer_request("r1").model_copy(update={"indices": IndicesModel.of(RequestIndices([0, 2], [], 0, 0))})
     refused(st, other, RefusalCode.CONFLICT)
     refused(st, transfer_request("r2", tp=0, instance="ghost"), RefusalCode.UNKNOWN_PEER)
 
