@@ -457,10 +457,7 @@ class PodServer:
         self.drain_started = time.monotonic()
         self.drain_forced = False
         self._drained.clear()
-        self.readiness.draining = True
-        self.metrics.draining.set(1)
-        if self.bootstrap is not None:
-            self.bootstrap.state.drain(True)
+        self._set_draining(True)
         log.info("drain started: %d transfers in flight", self._in_flight_estimate())
         self._drain_task = asyncio.get_running_loop().create_task(self._drain_watch())
 
@@ -473,12 +470,16 @@ class PodServer:
         self.phase = DrainPhase.SERVING
         self.drain_started = None
         self._drained.clear()
-        self.readiness.draining = False
-        self.metrics.draining.set(0)
-        if self.bootstrap is not None:
-            self.bootstrap.state.drain(False)
+        self._set_draining(False)
         self._recheck.set()
         log.info("drain cancelled")
+
+    def _set_draining(self, draining: bool) -> None:
+        """Readiness, the metric and (prefill) the bootstrap's admission follow the drain together."""
+        self.readiness.draining = draining
+        self.metrics.draining.set(int(draining))
+        if self.bootstrap is not None:
+            self.bootstrap.state.drain(draining)
 
     async def _drain_watch(self) -> None:
         assert self.drain_started is not None
