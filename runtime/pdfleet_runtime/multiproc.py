@@ -289,7 +289,7 @@ def run_case(group: ProcessGroup, case: int) -> Any:
             for k, v in r["descriptors_by_state"].items():
                 desc_by[k] = desc_by.get(k, 0) + v
     all_ok = all_ok and all(s["released"] == s["requests"] for s in served)
-    from pdfleet_runtime.parity import request_lengths
+    from pdfleet_runtime.seeded import request_lengths
 
     result = ParityResult(ok=all_ok, bytes_moved=moved, descriptors=desc, mismatched_bytes=mismatched,
                           bytes_by_state=bytes_by, descriptors_by_state=desc_by,

@@ -3,7 +3,7 @@
 Separate from ``multiproc`` so that the bootstrap host process never imports torch. Commands
 (tuples over the pipe) are handled as asyncio tasks, so a test can send ``add`` while ``serve``
 runs. Request ids are ``<case>-<attempt>-<q>``: ``q`` indexes the case's request list, whose
-logical bytes ``parity.logical_items`` derives from the seed, so both sides agree without talking.
+logical bytes ``seeded.logical_items`` derives from the seed, so both sides agree without talking.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
 from pdfleet_runtime.engines import cuda as cuda_facts
 from pdfleet_runtime.layouts import resolve_layout
 from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, _commands, gpu_of
-from pdfleet_runtime.parity import _compare, _fill_background, _write_requests, request_lengths
+from pdfleet_runtime.parity import _compare, _fill_background, _write_requests
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
@@ -32,6 +32,7 @@ from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 from pdfleet_runtime.records import RequestIndices
+from pdfleet_runtime.seeded import request_lengths
 
 __all__ = ["DecodeWorker", "PrefillWorker"]
 

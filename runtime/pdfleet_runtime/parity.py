@@ -12,7 +12,7 @@ Steps (design.md section 2, "Correctness oracle"):
    decode shape at the request's items) and compare every byte, so bytes outside the request's
    pages, slots and rows must be untouched too.
 
-Sharding here (``shard_logical``) slices a logical array by rank; the planner computes byte
+Sharding here (``seeded.shard_logical``) slices a logical array by rank; the planner computes byte
 offsets. The two are written independently, so agreement is evidence, not a tautology; the
 bytes moved per state type are also checked against closed forms in the tests.
 """
@@ -27,17 +27,15 @@ import numpy as np
 import torch
 
 from pdfleet_runtime.layouts import (
-    BufferSpec,
-    EntryField,
     Layout,
     LayoutError,
-    Sharding,
     StateType,
     rank_buffers,
 )
 from pdfleet_runtime.planner import Blocks, PlanError, check_shapes, compile_destination, source_ranks
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.records import ParallelShape, RequestIndices
+from pdfleet_runtime.seeded import background, logical_items, request_lengths, shard_logical
 
 __all__ = [
     "BACKENDS",
@@ -50,10 +48,8 @@ __all__ = [
     "Rejection",
     "check_matrix",
     "precheck",
-    "request_lengths",
     "run_parity",
     "run_parity_engine",
-    "shard_logical",
 ]
 
 BACKENDS = ("local", "mooncake", "nixl", "mori")
@@ -65,10 +61,6 @@ ENGINE_BACKENDS = ("mooncake", "nixl")
 
 PRECHECK_RULE = "runtime-precheck"
 """Rule id of a rejection by the runtime's own shape checks rather than by the matrix."""
-
-_STATE_CODE = {s: i for i, s in enumerate(StateType)}
-_FIELD_CODE = {f: i for i, f in enumerate(EntryField)}
-
 
 @dataclass(frozen=True)
 class ParityConfig:
@@ -169,60 +161,6 @@ def check_matrix(cfg: ParityConfig) -> Rejection | None:
     return Rejection(v.rule, v.message, v.reason)
 
 
-# --------------------------------------------------------------------------- logical state
-
-
-def _rng(*key: int) -> np.random.Generator:
-    return np.random.default_rng([int(k) for k in key])
-
-
-def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
-    return np.frombuffer(rng.bytes(n), dtype=np.uint8).copy()
-
-
-def logical_items(seed: int, spec: BufferSpec, tp: int, request: int, n_items: int) -> np.ndarray:
-    """The request's unsharded bytes of one logical buffer, shaped for ``shard_logical``.
-
-    ``[n, outer, global_dim, unit]`` (dim), ``[n, heads, unit]`` (heads) or ``[n, item]`` (replicated);
-    independent of the rank and shape that holds it (``tp`` only recovers the global dim).
-    """
-    rng = _rng(seed, 11, _STATE_CODE[spec.state_type], _FIELD_CODE[spec.field], spec.layer_id, request)
-    if spec.sharding is Sharding.DIM:
-        shape = (n_items, spec.outer_count, spec.dim * tp, spec.unit_bytes)
-    elif spec.sharding is Sharding.HEADS:
-        shape = (n_items, spec.total_heads, spec.unit_bytes)
-    else:
-        shape = (n_items, spec.item_bytes)
-    return _random_bytes(rng, int(np.prod(shape))).reshape(shape)
-
-
-def shard_logical(logical: np.ndarray, spec: BufferSpec, tp: int, tp_rank: int) -> np.ndarray:
-    """What rank ``tp_rank`` of ``tp`` holds of ``logical``: ``[n, item_bytes]``."""
-    n = logical.shape[0]
-    if spec.sharding is Sharding.REPLICATED:
-        return logical.reshape(n, -1)
-    if spec.sharding is Sharding.HEADS:
-        h = spec.total_heads
-        per = max(1, h // tp)
-        first = (tp_rank // max(1, tp // h)) * per
-        return np.ascontiguousarray(logical[:, first : first + per]).reshape(n, -1)
-    groups = spec.shard_groups or (logical.shape[2],)
-    parts, start = [], 0
-    for g in groups:
-        w = g // tp
-        parts.append(logical[:, :, start + tp_rank * w : start + (tp_rank + 1) * w])
-        start += g
-    return np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(n, -1)
-
-
-def request_lengths(tokens: int, requests: int, seed: int) -> list[int]:
-    """Split ``tokens`` into ``requests`` lengths of at least 1 (random cut points), all summing to ``tokens``."""
-    if requests < 1 or tokens < requests:
-        raise ValueError(f"need tokens >= requests >= 1, got tokens={tokens}, requests={requests}")
-    cuts = np.sort(_rng(seed, 3).choice(np.arange(1, tokens), size=requests - 1, replace=False))
-    return [int(x) for x in np.diff(np.concatenate(([0], cuts, [tokens])))]
-
-
 # --------------------------------------------------------------------------- executor
 
 
@@ -263,7 +201,7 @@ class LocalCopyExecutor:
 
 
 def _fill_background(pools: RankPools, seed: int, side: int) -> np.ndarray:
-    data = _random_bytes(_rng(seed, side, pools.shape.rank(pools.tp_rank, pools.pp_rank)), pools.arena.numel())
+    data = background(seed, side, pools.shape.rank(pools.tp_rank, pools.pp_rank), pools.arena.numel())
     pools.arena.copy_(torch.from_numpy(data))
     return data
 

@@ -41,6 +41,7 @@ from pdfleet_runtime.protocol.discovery import (
 )
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.seeded import request_seed
 
 from .gate import GateWriter, NoGate
 from .launcher import LaunchError, RankCallError, RankLauncher, RankSpec
@@ -273,8 +274,6 @@ class PodServer:
                             verify: bool = True, endpoint: Endpoint | None = None) -> SyntheticResult:
         """One request through every rank of this decode pod; tries the next prefill pod (up to 3) when one
         refused it as draining or was unreachable before anything accepted it."""
-        from .synthetic import request_seed
-
         self._active += 1
         t0 = time.perf_counter()
         try:

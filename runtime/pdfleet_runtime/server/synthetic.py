@@ -1,33 +1,26 @@
 """Synthetic request state: the prefill fills seeded bytes, the decode re-derives them and checks every one.
 
-The bytes of a request are the parity harness's logical state (``parity.logical_items``: per state
+The bytes of a request are the parity harness's logical state (``seeded.logical_items``: per state
 type, field and layer, drawn from the seed, independent of the shape) sharded for the rank that
 holds them. So a prefill of any shape and a decode of any shape agree on what a request must hold
 without talking, and a decode verifies exactly the request's items (pages, SWA pages, slot, row).
-The seed is derived from the request id (``request_seed``), so stale bytes of an earlier request in
+The seed is derived from the request id (``seeded.request_seed``), so stale bytes of an earlier request in
 reused pages never pass as this request's.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from pdfleet_runtime.layouts import BufferSpec
-from pdfleet_runtime.parity import logical_items, shard_logical
 from pdfleet_runtime.pools import RankPools
 from pdfleet_runtime.records import RequestIndices
+from pdfleet_runtime.seeded import logical_items, shard_logical
 
-__all__ = ["corrupt_request", "fill_request", "request_bytes", "request_seed", "verify_request"]
-
-
-def request_seed(request_id: str, seed: int = 0) -> int:
-    """A 63-bit seed for one request (both sides compute it from the id and the caller's seed)."""
-    digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+__all__ = ["corrupt_request", "fill_request", "request_bytes", "verify_request"]
 
 
 def _shards(pools: RankPools, seed: int, idx: RequestIndices) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

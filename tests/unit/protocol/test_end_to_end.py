@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from pdfleet_runtime.engines import EngineConfig, create_engine
 from pdfleet_runtime.layouts import PRESETS
-from pdfleet_runtime.parity import _compare, _fill_background, _write_requests, request_lengths
+from pdfleet_runtime.parity import _compare, _fill_background, _write_requests
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import SIGNATURE_HEADER, Codec
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH, BootstrapServer, BootstrapState
@@ -31,6 +31,7 @@ from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.records import ParallelShape as S
+from pdfleet_runtime.seeded import request_lengths
 from tests.unit.protocol.helpers import SECRET, snapshot
 
 LAYOUT_NAME = "llama-dense"

@@ -27,9 +27,10 @@ from pdfleet_runtime.layouts import (
     rank_buffers,
     stage_layers,
 )
-from pdfleet_runtime.parity import ParityConfig, request_lengths, run_parity
+from pdfleet_runtime.parity import ParityConfig, run_parity
 from pdfleet_runtime.planner import Blocks, PlanError, check_shapes
 from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.seeded import request_lengths
 from tests.unit.runtime.builders import plan_all, tiny_hybrid
 
 S = ParallelShape

@@ -17,6 +17,7 @@ from pdfleet_runtime.planner import Blocks, compile_destination
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
 from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.seeded import request_seed
 from pdfleet_runtime.server.app import PodServer
 from pdfleet_runtime.server.gate import KubeGate, NoGate, make_gate
 from pdfleet_runtime.server.metrics import ServerMetrics
@@ -25,7 +26,6 @@ from pdfleet_runtime.server.synthetic import (
     corrupt_request,
     fill_request,
     request_bytes,
-    request_seed,
     verify_request,
 )
 
