@@ -92,12 +92,20 @@ class TransferOutcome:
     reports: tuple[StatusReport, ...]
     seconds: float
     endpoint: Endpoint | None = None
+    cause: FailureReason | None = None
+    """What lies under ``failure``: the failed source's own kind (``SOURCE_FAILED``), or ``DRAINING`` when
+    the prefill pod refused the request as draining (``REFUSED``); readiness decides on the pair."""
+
+
+def _refusal_cause(code: RefusalCode) -> FailureReason | None:
+    return FailureReason.DRAINING if code is RefusalCode.DRAINING else None
 
 
 class _Failed(Exception):
-    def __init__(self, failure: FailureReason, reason: str, *, undelivered: bool = False) -> None:
+    def __init__(self, failure: FailureReason, reason: str, *, undelivered: bool = False,
+                 cause: FailureReason | None = None) -> None:
         super().__init__(reason)
-        self.failure, self.reason = failure, reason
+        self.failure, self.reason, self.cause = failure, reason, cause
         self.undelivered = undelivered  # the message never reached the pod (no connection was made)
 
 
@@ -191,7 +199,8 @@ class DecodeRank:
                     if e.code is RefusalCode.VERSION:
                         raise HandshakeRefused(e.code, e.reason) from None
                     if not e.code.retryable:
-                        raise _Failed(FailureReason.REFUSED, f"prefill pod refused the handshake: {e}") from None
+                        raise _Failed(FailureReason.REFUSED, f"prefill pod refused the handshake: {e}",
+                                      cause=_refusal_cause(e.code)) from None
                     last = str(e)
                 await asyncio.sleep(min(delay, max(0.0, deadline - self._clock())))
                 delay = min(delay * 2, 0.5)
@@ -244,6 +253,7 @@ class DecodeRank:
         reports: dict[Pair, StatusReport] = {}
         link: _Link | None = None
         sent = False
+        cause: FailureReason | None = None
         try:
             link = await self._ensure_link(deadline)
             self.tracker.advance(request_id, RequestState.WAITING_FOR_INPUT, deadline=deadline)
@@ -277,15 +287,17 @@ class DecodeRank:
             self.tracker.advance(request_id, RequestState.SUCCESS)
         except _Failed as e:
             self.tracker.fail(request_id, e.failure, e.reason)
+            cause = e.cause
         except HandshakeRefused as e:
             self.tracker.fail(request_id, FailureReason.REFUSED, e.reason)
         except ProtocolError as e:
             self.tracker.fail(request_id, FailureReason.REFUSED, f"prefill pod refused: {e}")
+            cause = _refusal_cause(e.code)
         rec = self.tracker.get(request_id)
         if rec.state is RequestState.FAILED:
             await self._after_failure(link, request_id, rec.reason, sent, reports)
         return TransferOutcome(request_id, rec.state, rec.failure, rec.reason, tuple(reports.values()),
-                               self._clock() - t0, link.endpoint if link else None)
+                               self._clock() - t0, link.endpoint if link else None, cause)
 
     async def _call(self, link: _Link, body: TransferRequest | StatusQuery, deadline: float,
                     grace_s: float | None = None) -> Reply:
@@ -336,7 +348,7 @@ class DecodeRank:
             if failed:
                 f = failed[0]
                 raise _Failed(FailureReason.SOURCE_FAILED, f"prefill rank {f.src.pair} reported "
-                              f"{f.failure.value if f.failure else 'failure'}: {f.reason}")
+                              f"{f.failure.value if f.failure else 'failure'}: {f.reason}", cause=f.failure)
             if all(s in reports and reports[s].state is RequestState.SUCCESS for s in link.sources):
                 return
 

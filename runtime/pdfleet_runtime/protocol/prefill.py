@@ -69,7 +69,12 @@ LegKey = tuple[str, Pair]  # (decode instance, decode rank)
 
 
 class SyntheticError(RuntimeError):
-    """The ``synthetic`` callback could not make a request's state (pools full); the request fails ``plan``."""
+    """The ``synthetic`` callback could not make a request's state; the request fails with ``failure``
+    (``BUSY`` when the pools are full)."""
+
+    def __init__(self, failure: FailureReason, reason: str) -> None:
+        super().__init__(reason)
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -319,7 +324,7 @@ class PrefillRank:
             idx = await self._synthetic(req.request_id, fill)
         except SyntheticError as e:
             if not self.tracker.get(req.request_id).state.terminal:
-                self._fail_request(req, FailureReason.PLAN, f"synthetic request {req.request_id}: {e}")
+                self._fail_request(req, e.failure, f"synthetic request {req.request_id}: {e}")
             return
         req.src = idx
         if req.released:  # cancelled or timed out while filling: give the items straight back

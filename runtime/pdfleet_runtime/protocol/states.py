@@ -48,7 +48,12 @@ class RequestState(StrEnum):
 
 
 class FailureReason(StrEnum):
-    """The kind of a failure; the free-text reason says the rest."""
+    """The kind of a failure; the free-text reason says the rest.
+
+    One vocabulary from the prefill rank (a ``StatusReport`` on the wire) through the decode rank, the
+    rank pipe and the pod server to readiness, which decides on the kind alone (``server.readiness``).
+    The first nine are a request's kinds in the state machine; the rest name what a pod adds around it.
+    """
 
     TIMEOUT = "timeout"
     PEER_UNREACHABLE = "peer_unreachable"
@@ -59,6 +64,18 @@ class FailureReason(StrEnum):
     PLAN = "plan"
     CANCELLED = "cancelled"
     SOURCE_FAILED = "source_failed"
+    BUSY = "busy"
+    """No room: a rank's pools had no free items for the request (load, not the path)."""
+    DRAINING = "draining"
+    """The prefill pod refused the request as draining (another pod may take it)."""
+    VERIFY = "verify"
+    """Every source reported success but bytes arrived different from the seeded state."""
+    NO_PEER = "no_peer"
+    """The decode pod knows no prefill pod to send the request to."""
+    RANK = "rank"
+    """A rank process of the pod failed the call, died or did not answer."""
+    CONFLICT = "conflict"
+    """The request id is already in flight on this rank."""
 
 
 TERMINAL = frozenset({RequestState.SUCCESS, RequestState.FAILED})

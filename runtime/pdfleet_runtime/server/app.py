@@ -40,6 +40,7 @@ from pdfleet_runtime.protocol.discovery import (
     StaticResolver,
 )
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
+from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.seeded import request_seed
 
@@ -47,11 +48,14 @@ from .gate import GateWriter, NoGate
 from .launcher import LaunchError, RankCallError, RankLauncher, RankSpec
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
+from .pipe import LegReport, RankStats, StatsOp, TransferOp, TransferResult, Transport
 from .readiness import CanaryResult, Problem, Readiness, busy, classify
 
 __all__ = ["DrainPhase", "PodServer", "SyntheticResult"]
 
 log = logging.getLogger("pdfleet_runtime.server")
+_NOT_THE_PATH = frozenset({FailureReason.BUSY, FailureReason.NO_PEER, FailureReason.DRAINING})
+"""Failures that say nothing about a transfer path: no metric failure, no readiness fact, HTTP 503."""
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@+=-")
 
 
@@ -67,7 +71,7 @@ class SyntheticResult:
 
     request_id: str
     ok: bool
-    failure: str | None
+    failure: FailureReason | None
     reason: str
     bytes: int
     write_s: float
@@ -76,6 +80,8 @@ class SyntheticResult:
     prefill: str | None
     released: bool = False
     """Failed with every rank's items given back at once (nothing accepted it): another pod may take it."""
+    cause: FailureReason | None = None
+    """Under ``failure``: the failed prefill rank's kind (``SOURCE_FAILED``) or ``DRAINING`` (``REFUSED``)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
@@ -149,10 +155,9 @@ class PodServer:
             await self._close()
             return 1
         for h in self.launcher.handles:
-            t = h.info["transport"] if h.info else {}
-            self.metrics.transport.labels(h.spec.name, cfg.backend.value, str(t.get("requested")),
-                                          str(t.get("engine_protocol")), str(t.get("effective")),
-                                          str(t.get("pinned")).lower()).set(1)
+            t = h.info.transport if h.info else Transport(None, None, None, None)
+            self.metrics.transport.labels(h.spec.name, cfg.backend.value, str(t.requested), str(t.engine_protocol),
+                                          str(t.effective), str(t.pinned).lower()).set(1)
         self._tasks.append(loop.create_task(_kept(self._gate_loop)))
         if not isinstance(self.gate, NoGate):  # in a cluster: follow the operator's drain requests
             self._tasks.append(loop.create_task(_kept(self._pod_loop)))
@@ -265,7 +270,7 @@ class PodServer:
         except (ValueError, TypeError, AttributeError) as e:
             return web.json_response({"error": f"bad synthetic request: {e}"}, status=400)
         res = await self.run_synthetic("request", tokens, rid, seed, timeout_s, verify=verify)
-        status = 200 if res.ok else 503 if res.failure in ("busy", "no_peer", "draining") else 502
+        status = 200 if res.ok else 503 if res.failure in _NOT_THE_PATH else 502
         return web.json_response(res.as_json(), status=status)
 
     # ------------------------------------------------------------------ synthetic requests
@@ -278,10 +283,11 @@ class PodServer:
         t0 = time.perf_counter()
         try:
             candidates = [endpoint] if endpoint is not None else self._endpoints_for_requests()
-            res = SyntheticResult(request_id, False, "no_peer", "no prefill pod known", 0, 0.0, 0.0, -1, None)
+            res = SyntheticResult(request_id, False, FailureReason.NO_PEER, "no prefill pod known", 0, 0.0, 0.0, -1,
+                                  None)
             for ep in candidates[:3]:
                 res = await self._through(ep, tokens, request_id, request_seed(request_id, seed), timeout_s, verify)
-                problem = None if res.ok else classify(res.failure, res.reason)
+                problem = None if res.ok else classify(res.failure, res.cause)
                 # Another prefill pod may take it when this one refused it (draining) or never answered
                 # (gone: DNS still names a deleted pod for a while) and nothing accepted it.
                 if problem is not Problem.PEER_DRAINING and not (problem is Problem.UNREACHABLE and res.released):
@@ -290,17 +296,18 @@ class PodServer:
                     self._shunned.add(str(ep))
                     self._recheck.set()
                 if problem is Problem.PEER_DRAINING:
-                    res = SyntheticResult(request_id, False, "draining", res.reason, 0, 0.0, res.seconds, -1, str(ep))
+                    res = SyntheticResult(request_id, False, FailureReason.DRAINING, res.reason, 0, 0.0, res.seconds,
+                                          -1, str(ep))
         finally:
             self._active -= 1
         seconds = time.perf_counter() - t0
         res = SyntheticResult(res.request_id, res.ok, res.failure, res.reason, res.bytes, res.write_s, seconds,
-                              res.mismatched, res.prefill)
-        if res.failure not in ("no_peer", "draining", "busy") or res.ok:
+                              res.mismatched, res.prefill, cause=res.cause)
+        if res.failure not in _NOT_THE_PATH or res.ok:
             self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure)
         if res.mismatched > 0:
             self.metrics.mismatched.inc(res.mismatched)
-        if kind == "request" and res.failure not in ("no_peer", "draining", "busy"):
+        if kind == "request" and res.failure not in _NOT_THE_PATH:
             self.readiness.record_transfer(res.ok, res.reason)
             if not res.ok:
                 self._recheck.set()
@@ -312,25 +319,25 @@ class PodServer:
     async def _through(self, ep: Endpoint, tokens: int, rid: str, seed: int, timeout_s: float,
                        verify: bool) -> SyntheticResult:
         assert self.launcher is not None
+        op = TransferOp(rid, ep.host, ep.port, tokens, seed, timeout_s, verify)
         try:
-            outs = await self.launcher.call_all("transfer", {
-                "request_id": rid, "host": ep.host, "port": ep.port, "tokens": tokens, "seed": seed,
-                "timeout_s": timeout_s, "verify": verify}, timeout_s=timeout_s + 30.0)
+            outs = [o for o in await self.launcher.call_all(op, timeout_s=timeout_s + 30.0)
+                    if isinstance(o, TransferResult)]
         except RankCallError as e:
-            return SyntheticResult(rid, False, "rank", str(e), 0, 0.0, 0.0, -1, str(ep))
-        failed = [o for o in outs if o["state"] != "success"]
-        mismatched = sum(max(0, o["mismatched"]) for o in outs)
-        moved = sum(o["bytes"] for o in outs)
-        write_s = max(o["write_s"] for o in outs)
+            return SyntheticResult(rid, False, FailureReason.RANK, str(e), 0, 0.0, 0.0, -1, str(ep))
+        failed = [o for o in outs if not o.ok]
+        mismatched = sum(max(0, o.mismatched) for o in outs)
+        moved = sum(o.bytes for o in outs)
+        write_s = max((o.write_s for o in outs), default=0.0)
         if failed:
             f = failed[0]
             # The prefill pod had no room for it: load, not the path (no canary verdict, not a failing pod).
-            failure = "busy" if busy(f["failure"], f["reason"]) else f["failure"]
-            return SyntheticResult(rid, False, failure, f["reason"], moved, write_s, 0.0, -1, str(ep),
-                                   released=all(o.get("released", False) for o in outs))
+            failure = FailureReason.BUSY if busy(f.failure, f.cause) else f.failure
+            return SyntheticResult(rid, False, failure, f.reason, moved, write_s, 0.0, -1, str(ep),
+                                   released=all(o.released for o in outs), cause=f.cause)
         if mismatched:
-            return SyntheticResult(rid, False, "verify", f"{mismatched} bytes arrived different from the seeded state",
-                                   moved, write_s, 0.0, mismatched, str(ep))
+            return SyntheticResult(rid, False, FailureReason.VERIFY, f"{mismatched} bytes arrived different from the "
+                                   "seeded state", moved, write_s, 0.0, mismatched, str(ep))
         return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep))
 
     def _endpoints_for_requests(self) -> list[Endpoint]:
@@ -366,10 +373,10 @@ class PodServer:
                         break
                     res = await self.run_synthetic("canary", tokens, f"canary-{o.instance}-{next(n)}", 0,
                                                    o.canary_timeout_s, endpoint=ep)
-                    if res.failure == "busy":
+                    if res.failure is FailureReason.BUSY:
                         continue  # pools full of real traffic: no verdict either way
                     check = self.readiness.record_canary(str(ep), CanaryResult(
-                        res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched)))
+                        res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched), res.cause))
                     if check.ok:
                         self._shunned.discard(str(ep))
                     self.metrics.canary_gbps.labels(str(ep)).set(check.gbps or 0.0)
@@ -435,14 +442,14 @@ class PodServer:
             r.bootstrap_registered = len(self.bootstrap.state.ranks)
         self.metrics.ready.set(1 if r.verdict().ready else 0)
 
-    def _on_report(self, rank: int, rep: dict[str, Any]) -> None:
+    def _on_report(self, rank: int, rep: LegReport) -> None:
         """A prefill rank's status of one leg: metrics, and the canary / failure facts of readiness."""
-        kind = "canary" if rep["request_id"].startswith("canary-") else "request"
-        ok = rep["state"] == "success"
-        self.metrics.transfer(kind, ok, rep["bytes"], rep["write_s"], rep["failure"])
-        if rep["failure"] == "cancelled" or busy(rep["failure"], rep["reason"]):
+        kind = "canary" if rep.request_id.startswith("canary-") else "request"
+        ok = rep.ok
+        self.metrics.transfer(kind, ok, rep.bytes, rep.write_s, rep.failure)
+        if rep.failure is FailureReason.CANCELLED or busy(rep.failure):
             return  # the decode gave up, or this pod had no room for it: says nothing about this pod's path
-        self.readiness.record_transfer(ok, rep["reason"])
+        self.readiness.record_transfer(ok, rep.reason)
         if ok and kind == "canary":
             self.readiness.canaries_served += 1
 
@@ -506,7 +513,8 @@ class PodServer:
         n = self._in_flight_estimate()
         if self.bootstrap is not None and self.launcher is not None and self.launcher.up:
             with contextlib.suppress(RankCallError):
-                n += sum(s["in_flight"] for s in await self.launcher.call_all("stats", {}, timeout_s=5.0))
+                n += sum(s.in_flight for s in await self.launcher.call_all(StatsOp(), timeout_s=5.0)
+                         if isinstance(s, RankStats))
         return n
 
 

@@ -2,8 +2,8 @@
 
 Rank processes use the ``spawn`` context (a forked torch or engine is not safe), are daemons (they
 die with the pod process) and exit on EOF of their pipe (the pod process was killed). The pod
-process reads every pipe from its event loop (``add_reader``), so calls (``call``/``call_all``)
-are plain awaits with a timeout, and reports reach ``on_report`` without a thread. A rank that dies
+process reads every pipe from its event loop (``add_reader``), so calls (``call``/``call_all``, typed
+operations of ``pipe`` answered by typed results) are plain awaits with a timeout, and reports reach ``on_report`` without a thread. A rank that dies
 is noticed within ``watch_s`` and fails its pending calls; the pod then reports itself unhealthy
 (its container is restarted: a pod with a dead rank cannot serve).
 
@@ -22,11 +22,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 from pdfleet_runtime.config import RuntimeConfig
 
 from .options import FaultOptions
+from .pipe import (
+    Call,
+    CallFailed,
+    Exit,
+    LegReport,
+    RankFailed,
+    RankOp,
+    RankReady,
+    RankResult,
+    Reply,
+    Transport,
+)
 
 __all__ = ["LaunchError", "RankCallError", "RankLauncher", "RankSpec"]
 
@@ -79,7 +90,7 @@ class _Handle:
     spec: RankSpec
     proc: BaseProcess
     conn: Connection
-    info: dict[str, Any] | None = None
+    info: RankReady | None = None
     error: str = ""
     ready: asyncio.Future[None] | None = None
 
@@ -87,12 +98,12 @@ class _Handle:
 class RankLauncher:
     """Starts, talks to and stops the rank processes of one pod."""
 
-    def __init__(self, specs: list[RankSpec], *, on_report: Callable[[int, dict[str, Any]], None] | None = None,
+    def __init__(self, specs: list[RankSpec], *, on_report: Callable[[int, LegReport], None] | None = None,
                  watch_s: float = 0.5) -> None:
         self.specs = specs
         self._on_report, self._watch_s = on_report, watch_s
         self.handles: list[_Handle] = []
-        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._calls: dict[int, asyncio.Future[RankResult]] = {}
         self._owner: dict[int, int] = {}
         self._ids = itertools.count(1)
         self._watch: asyncio.Task[None] | None = None
@@ -108,8 +119,8 @@ class RankLauncher:
     def healthy(self) -> bool:
         return not self.died
 
-    def transports(self) -> list[dict[str, Any]]:
-        return [h.info["transport"] for h in self.handles if h.info is not None]
+    def transports(self) -> list[Transport]:
+        return [h.info.transport for h in self.handles if h.info is not None]
 
     async def start(self, timeout_s: float = 180.0) -> None:
         """Spawn every rank and wait until each said ready; ``LaunchError`` (all stopped) otherwise."""
@@ -133,31 +144,32 @@ class RankLauncher:
             await self.stop(5.0)
             raise LaunchError(f"rank processes did not start: {e or f'not ready after {timeout_s:.0f}s'}") from None
 
-    async def call(self, rank: int, op: str, args: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    async def call(self, rank: int, op: RankOp, *, timeout_s: float) -> RankResult:
+        """The rank's answer to ``op`` (never ``CallFailed``: that raises ``RankCallError``)."""
         h = self.handles[rank]
+        name = type(op).__name__
         if not h.proc.is_alive():
             raise RankCallError(f"{h.spec.name} is not running ({h.error or f'exit code {h.proc.exitcode}'})")
         call_id = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[RankResult] = asyncio.get_running_loop().create_future()
         self._calls[call_id], self._owner[call_id] = fut, rank
         try:
-            h.conn.send(("call", call_id, op, args))
+            h.conn.send(Call(call_id, op))
             async with asyncio.timeout(timeout_s):
                 reply = await fut
         except TimeoutError:
-            raise RankCallError(f"{h.spec.name} did not answer {op} within {timeout_s:.1f}s") from None
+            raise RankCallError(f"{h.spec.name} did not answer {name} within {timeout_s:.1f}s") from None
         except OSError as e:
             raise RankCallError(f"{h.spec.name} is gone: {e}") from None
         finally:
             self._calls.pop(call_id, None)
             self._owner.pop(call_id, None)
-        if "error" in reply:
-            raise RankCallError(f"{h.spec.name}: {op} failed: {reply['error']}")
+        if isinstance(reply, CallFailed):
+            raise RankCallError(f"{h.spec.name}: {name} failed: {reply.error}")
         return reply
 
-    async def call_all(self, op: str, args: dict[str, Any], *, timeout_s: float) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(self.call(i, op, args, timeout_s=timeout_s)
-                                           for i in range(len(self.handles)))))
+    async def call_all(self, op: RankOp, *, timeout_s: float) -> list[RankResult]:
+        return list(await asyncio.gather(*(self.call(i, op, timeout_s=timeout_s) for i in range(len(self.handles)))))
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Ask every rank to exit, wait up to ``timeout_s`` in all, then kill what is left."""
@@ -170,7 +182,7 @@ class RankLauncher:
         self._stopping = True
         for h in self.handles:
             with contextlib.suppress(OSError, ValueError):
-                h.conn.send(("exit",))
+                h.conn.send(Exit())
         deadline = time.monotonic() + timeout_s
         for h in self.handles:
             await asyncio.to_thread(h.proc.join, max(0.1, deadline - time.monotonic()))
@@ -194,24 +206,26 @@ class RankLauncher:
                 asyncio.get_running_loop().remove_reader(h.conn.fileno())
             self._gone(rank, h, h.error or "closed its pipe")
 
-    def _dispatch(self, rank: int, h: _Handle, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "ready":
-            h.info = msg[1]
-            if h.ready is not None and not h.ready.done():
-                h.ready.set_result(None)
-            log.info("%s ready (pid %s, engine %s, transport %s)", h.spec.name, h.info.get("pid"),
-                     h.info.get("engine"), h.info.get("transport", {}).get("effective"))
-        elif kind == "reply":
-            fut = self._calls.get(msg[1])
-            if fut is not None and not fut.done():
-                fut.set_result(msg[2])
-        elif kind == "report":
-            if self._on_report is not None:
-                self._on_report(rank, msg[1])
-        elif kind == "error":
-            h.error = msg[1].strip().splitlines()[-1] if msg[1].strip() else "failed"
-            log.error("%s failed:\n%s", h.spec.name, msg[1])
+    def _dispatch(self, rank: int, h: _Handle, msg: object) -> None:
+        match msg:
+            case RankReady():
+                h.info = msg
+                if h.ready is not None and not h.ready.done():
+                    h.ready.set_result(None)
+                log.info("%s ready (pid %s, engine %s, transport %s)", h.spec.name, msg.pid, msg.engine,
+                         msg.transport.effective)
+            case Reply():
+                fut = self._calls.get(msg.call_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg.result)
+            case LegReport():
+                if self._on_report is not None:
+                    self._on_report(rank, msg)
+            case RankFailed():
+                h.error = msg.traceback.strip().splitlines()[-1] if msg.traceback.strip() else "failed"
+                log.error("%s failed:\n%s", h.spec.name, msg.traceback)
+            case _:
+                log.error("%s sent an unknown message %s", h.spec.name, type(msg).__name__)
 
     def _gone(self, rank: int, h: _Handle, why: str) -> None:
         line = f"{h.spec.name} exited ({why}; exit code {h.proc.exitcode})"
@@ -223,7 +237,7 @@ class RankLauncher:
         for call_id, owner in list(self._owner.items()):
             fut = self._calls.get(call_id)
             if owner == rank and fut is not None and not fut.done():
-                fut.set_result({"error": line})
+                fut.set_result(CallFailed(line))
 
     async def _watcher(self) -> None:
         while True:

@@ -1,16 +1,11 @@
 """One rank process of a pod: its pools, its engine, its protocol coordinator, driven over a pipe.
 
 Started by ``launcher`` with the ``spawn`` context (one per local GPU rank, as a daemon). The pod's
-process never imports torch or an engine; this one does. Messages (tuples) on the pipe:
+process never imports torch or an engine; this one does. The messages on the pipe are the typed
+ones of ``pipe``; EOF (the pod process died) ends the rank at once.
 
-- rank -> pod: ``("ready", info)`` once the engine is up (prefill: registered with the pod's
-  bootstrap), ``("reply", call_id, payload)``, ``("report", payload)`` per status a prefill rank
-  sends (metrics and readiness), ``("error", traceback)`` before dying;
-- pod -> rank: ``("call", call_id, op, args)`` and ``("exit",)``. EOF (the pod process died) ends
-  the rank at once.
-
-Decode ops: ``transfer`` (one synthetic request through this rank: allocate, ``DecodeRank.transfer``
-with a ``SyntheticFill``, verify every byte, free) and ``stats``. Prefill ops: ``stats``. A prefill
+Decode ops: ``TransferOp`` (one synthetic request through this rank: allocate, ``DecodeRank.transfer``
+with a ``SyntheticFill``, verify every byte, free) and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill
 rank makes a synthetic request's state when the decode's ``TransferRequest`` asks for it.
 """
 
@@ -35,11 +30,26 @@ from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
 from pdfleet_runtime.protocol.messages import StatusReport, SyntheticFill
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings, SyntheticError
-from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
+from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
 from pdfleet_runtime.records import ParallelShape, RequestIndices
 
 from .launcher import RankSpec
-from .readiness import POOLS_FULL
+from .pipe import (
+    Call,
+    CallFailed,
+    Exit,
+    LegReport,
+    RankFailed,
+    RankOp,
+    RankReady,
+    RankResult,
+    RankStats,
+    Reply,
+    StatsOp,
+    TransferOp,
+    TransferResult,
+    Transport,
+)
 from .synthetic import corrupt_request, fill_request, verify_request
 
 __all__ = ["rank_main"]
@@ -56,7 +66,7 @@ def rank_main(conn: Connection, spec: RankSpec) -> None:
         pass
     except BaseException:
         with contextlib.suppress(Exception):
-            conn.send(("error", traceback.format_exc()))
+            conn.send(RankFailed(traceback.format_exc()))
         raise
 
 
@@ -116,35 +126,41 @@ class _Rank:
 
     def _ready(self) -> None:
         t = self.engine.transport()
-        self.conn.send(("ready", {
-            "rank": [self.spec.tp, self.spec.pp], "pid": os.getpid(), "engine": self.info.name,
-            "transport": {"requested": t.requested.value if t.requested else None, "engine_protocol": t.engine_protocol,
-                          "effective": t.effective, "pinned": t.pinned},
-            "pool_bytes": self.pools.region.total_bytes,
-        }))
+        self.conn.send(RankReady(
+            (self.spec.tp, self.spec.pp), os.getpid(), self.info.name,
+            Transport(t.requested.value if t.requested else None, t.engine_protocol, t.effective, t.pinned),
+            self.pools.region.total_bytes))
 
     def _readable(self) -> None:
         try:
             while self.conn.poll():
                 msg = self.conn.recv()
-                if msg[0] == "exit":
+                if isinstance(msg, Exit):
                     self.stop.set()
-                elif msg[0] == "call":
-                    task = asyncio.get_running_loop().create_task(self._call(*msg[1:]))
+                elif isinstance(msg, Call):
+                    task = asyncio.get_running_loop().create_task(self._call(msg))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
         except (EOFError, OSError):
             os._exit(0)  # the pod process is gone: so is this rank
 
-    async def _call(self, call_id: int, op: str, args: dict[str, Any]) -> None:
+    async def _call(self, call: Call) -> None:
+        result: RankResult
         try:
-            handler = getattr(self, f"op_{op}")
-            payload = await handler(**args)
+            result = await self._handle(call.op)
         except Exception as e:  # a bad call must not kill the rank: the pod sees the error
-            log.exception("call %s failed", op)
-            payload = {"error": f"{type(e).__name__}: {e}"}
+            log.exception("call %s failed", type(call.op).__name__)
+            result = CallFailed(f"{type(e).__name__}: {e}")
         with contextlib.suppress(OSError):
-            self.conn.send(("reply", call_id, payload))
+            self.conn.send(Reply(call.call_id, result))
+
+    async def _handle(self, op: RankOp) -> RankResult:
+        match op:
+            case TransferOp() if self.spec.config.role is Role.DECODE:
+                return await self.transfer(op)
+            case StatsOp():
+                return self.stats()
+        return CallFailed(f"a {self.spec.config.role.value} rank does not take {type(op).__name__}")
 
     # ------------------------------------------------------------------ prefill
 
@@ -169,7 +185,7 @@ class _Rank:
         try:
             idx = self.alloc.allocate(fill.tokens)
         except PoolExhausted as e:
-            raise SyntheticError(f"prefill {POOLS_FULL}: {e}") from None
+            raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
         self.held[request_id] = idx
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
         log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
@@ -184,9 +200,7 @@ class _Rank:
         log.info("request %s -> %s%s: %s%s, %d bytes in %.4fs", r.request_id, r.instance, list(r.dst.pair),
                  r.state.value, f" ({r.failure.value}: {r.reason})" if r.failure else "", r.bytes, r.write_seconds)
         with contextlib.suppress(OSError):
-            self.conn.send(("report", {"request_id": r.request_id, "state": r.state.value,
-                                       "failure": r.failure.value if r.failure else None, "reason": r.reason,
-                                       "bytes": r.bytes, "write_s": r.write_seconds}))
+            self.conn.send(LegReport(r.request_id, r.state, r.failure, r.reason, r.bytes, r.write_seconds))
 
     # ------------------------------------------------------------------ decode
 
@@ -212,20 +226,22 @@ class _Rank:
                 release=self._release, **wire)
         return coord
 
-    async def op_transfer(self, request_id: str, host: str, port: int, tokens: int, seed: int, timeout_s: float,
-                          verify: bool = True) -> dict[str, Any]:
+    async def transfer(self, op: TransferOp) -> TransferResult:
         """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
+        request_id, seed = op.request_id, op.seed
         if request_id in self.held:
-            return _failed(request_id, "conflict", f"request id {request_id} is already in flight on this rank")
+            return TransferResult(request_id, RequestState.FAILED, FailureReason.CONFLICT,
+                                  reason=f"request id {request_id} is already in flight on this rank")
         try:
-            idx = self.alloc.allocate(tokens)
+            idx = self.alloc.allocate(op.tokens)
         except PoolExhausted as e:
-            return _failed(request_id, "busy", f"decode {POOLS_FULL}: {e}")
+            return TransferResult(request_id, RequestState.FAILED, FailureReason.BUSY,
+                                  reason=f"decode pools are full: {e}")
         self.held[request_id] = idx
         self.in_flight += 1
         try:
-            out = await self._coord(Endpoint(host, port)).transfer(
-                request_id, idx, timeout_s=timeout_s, fill=SyntheticFill(seed=seed, tokens=tokens))
+            out = await self._coord(Endpoint(op.host, op.port)).transfer(
+                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens))
         finally:
             self.in_flight -= 1
         moved = sum(r.bytes for r in out.reports)
@@ -234,31 +250,24 @@ class _Rank:
         if out.state is RequestState.SUCCESS:
             if self.spec.faults.corrupt_received:
                 await asyncio.to_thread(corrupt_request, self.pools, idx)
-            mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if verify else 0
+            mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if op.verify else 0
             self._release(request_id)
         log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
                  out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
         # Released: no source can still write these items (the request was never accepted, or it ended), so
         # the pod may send the same request to another prefill pod.
-        return {"request_id": request_id, "state": out.state.value,
-                "failure": out.failure.value if out.failure else None, "reason": out.reason, "bytes": moved,
-                "write_s": write_s, "seconds": out.seconds, "mismatched": mismatched,
-                "released": request_id not in self.held}
+        return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,
+                              out.seconds, mismatched, released=request_id not in self.held)
 
-    async def op_stats(self) -> dict[str, Any]:
+    def stats(self) -> RankStats:
         free = {k.value: v for k, v in self.alloc.free_counts().items()}
         if self.spec.config.role is Role.PREFILL:
-            return {"in_flight": self.coord.in_flight, "held": len(self.held), "free": free}
+            return RankStats(self.coord.in_flight, len(self.held), free)
         fenced: dict[str, int] = {}
         for c in self.coords.values():
             for k, v in c.fenced.items():
                 fenced[k] = fenced.get(k, 0) + v
-        return {"in_flight": self.in_flight, "held": len(self.held), "free": free, "fenced": fenced,
-                "fences_pending": sum(c.fences_pending for c in self.coords.values()),
-                "handshakes": sum(c.handshakes for c in self.coords.values())}
-
-
-def _failed(request_id: str, failure: str, reason: str) -> dict[str, Any]:
-    return {"request_id": request_id, "state": RequestState.FAILED.value, "failure": failure, "reason": reason,
-            "bytes": 0, "write_s": 0.0, "seconds": 0.0, "mismatched": -1, "released": False}
+        return RankStats(self.in_flight, len(self.held), free, fenced,
+                         fences_pending=sum(c.fences_pending for c in self.coords.values()),
+                         handshakes=sum(c.handshakes for c in self.coords.values()))

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
 
-__all__ = ["POOLS_FULL", "CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify"]
+from pdfleet_runtime.protocol.states import FailureReason
 
-POOLS_FULL = "pools are full"
-"""In the reason of a request refused for room: a rank's pools had no free items for it (load, not the path)."""
+__all__ = ["CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify"]
 
 
 class Problem(StrEnum):
@@ -46,34 +46,41 @@ class CanaryResult:
     """One canary through every rank of the pod towards one prefill pod."""
 
     ok: bool
-    failure: str | None = None
+    failure: FailureReason | None = None
     reason: str = ""
     bytes: int = 0
     write_s: float = 0.0
     mismatched: int = 0
+    cause: FailureReason | None = None
 
     @property
     def gbps(self) -> float | None:
         return self.bytes / self.write_s / 1e9 if self.ok and self.write_s > 0 and self.bytes else None
 
 
-def busy(failure: str | None, reason: str) -> bool:
+def busy(failure: FailureReason | None, cause: FailureReason | None = None) -> bool:
     """A transfer that failed for room on either side (pools full of other requests): it says nothing
     about the path, so it is no verdict either way (a canary then waits for its next round)."""
-    return failure == "busy" or (failure in ("plan", "source_failed") and POOLS_FULL in reason)
+    return FailureReason.BUSY in (failure, cause)
 
 
-def classify(failure: str | None, reason: str) -> Problem:
-    """A failed transfer's kind and reason as a readiness problem."""
-    if failure in ("peer_unreachable", "peer_lost", "peer_restarted"):
-        return Problem.UNREACHABLE
-    if failure == "refused":
-        return Problem.PEER_DRAINING if "refused: draining" in reason else Problem.INCOMPATIBLE
-    if failure == "source_failed" and " reported plan" in reason:
-        return Problem.INCOMPATIBLE  # the prefill cannot plan into these buffers: another layout or shape
-    if failure == "verify":
-        return Problem.CORRUPT
-    return Problem.FAILING
+_PROBLEMS: MappingProxyType[tuple[FailureReason | None, FailureReason | None], Problem] = MappingProxyType({
+    (FailureReason.PEER_UNREACHABLE, None): Problem.UNREACHABLE,
+    (FailureReason.PEER_LOST, None): Problem.UNREACHABLE,
+    (FailureReason.PEER_RESTARTED, None): Problem.UNREACHABLE,
+    (FailureReason.REFUSED, None): Problem.INCOMPATIBLE,
+    (FailureReason.REFUSED, FailureReason.DRAINING): Problem.PEER_DRAINING,
+    (FailureReason.DRAINING, None): Problem.PEER_DRAINING,
+    # The prefill cannot plan into these buffers: another layout or shape.
+    (FailureReason.SOURCE_FAILED, FailureReason.PLAN): Problem.INCOMPATIBLE,
+    (FailureReason.VERIFY, None): Problem.CORRUPT,
+})
+"""(kind, cause) -> problem; a kind is looked up with its cause first, then alone; the rest is ``FAILING``."""
+
+
+def classify(failure: FailureReason | None, cause: FailureReason | None = None) -> Problem:
+    """A failed transfer's kind (and, for ``SOURCE_FAILED`` or ``REFUSED``, its cause) as a readiness problem."""
+    return _PROBLEMS.get((failure, cause)) or _PROBLEMS.get((failure, None)) or Problem.FAILING
 
 
 @dataclass
@@ -121,7 +128,7 @@ class Readiness:
     def record_canary(self, endpoint: str, result: CanaryResult) -> PeerCheck:
         gbps = result.gbps
         if not result.ok:
-            problem = Problem.CORRUPT if result.mismatched > 0 else classify(result.failure, result.reason)
+            problem = Problem.CORRUPT if result.mismatched > 0 else classify(result.failure, result.cause)
             check = PeerCheck(endpoint, False, problem, result.reason, None, self.clock())
         elif gbps is not None and gbps < self.floor_gbps:
             check = PeerCheck(endpoint, False, Problem.SLOW, f"canary write throughput {gbps:.4f} GB/s is below the "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdfleet_runtime.protocol.states import FailureReason as F
 from pdfleet_runtime.server.readiness import CanaryResult, Problem, Readiness, busy, classify
 
 
@@ -33,41 +34,51 @@ def test_below_the_floor_is_not_ready_and_names_both_numbers() -> None:
     assert not v.ready and v.problem is Problem.SLOW and "0.5000 GB/s" in v.reason and "floor 1 GB/s" in v.reason
 
 
-@pytest.mark.parametrize(("failure", "reason", "problem"), [
-    ("peer_unreachable", "bootstrap 1.2.3.4:8998 unreachable", Problem.UNREACHABLE),
-    ("refused", "prefill pod speaks wire protocol 2.0; this decode rank speaks 1.0", Problem.INCOMPATIBLE),
-    ("refused", "prefill pod refused: draining: prefill pod is draining", Problem.PEER_DRAINING),
-    ("source_failed", "prefill rank (0, 0) reported plan: buffers differ", Problem.INCOMPATIBLE),
-    ("source_failed", "prefill rank (0, 0) reported engine: write failed", Problem.FAILING),
-    ("timeout", "deadline passed", Problem.FAILING),
+@pytest.mark.parametrize(("failure", "cause", "reason", "problem"), [
+    (F.PEER_UNREACHABLE, None, "bootstrap 1.2.3.4:8998 unreachable", Problem.UNREACHABLE),
+    (F.PEER_LOST, None, "prefill rank (0, 0) stopped polling", Problem.UNREACHABLE),
+    (F.PEER_RESTARTED, None, "prefill pod restarted", Problem.UNREACHABLE),
+    (F.REFUSED, None, "prefill pod speaks wire protocol 2.0; this decode rank speaks 1.0", Problem.INCOMPATIBLE),
+    (F.REFUSED, F.DRAINING, "prefill pod refused: draining: prefill pod is draining", Problem.PEER_DRAINING),
+    (F.DRAINING, None, "prefill pod refused: draining: prefill pod is draining", Problem.PEER_DRAINING),
+    (F.SOURCE_FAILED, F.PLAN, "prefill rank (0, 0) reported plan: buffers differ", Problem.INCOMPATIBLE),
+    (F.SOURCE_FAILED, F.ENGINE, "prefill rank (0, 0) reported engine: write failed", Problem.FAILING),
+    (F.VERIFY, None, "12 bytes arrived different from the seeded state", Problem.CORRUPT),
+    (F.TIMEOUT, None, "deadline passed", Problem.FAILING),
+    # The kind decides, never the text: a reason that reads like another kind changes nothing.
+    (F.REFUSED, None, "prefill pod refused: draining: prefill pod is draining", Problem.INCOMPATIBLE),
+    (F.SOURCE_FAILED, F.ENGINE, "prefill rank (0, 0) reported plan: buffers differ", Problem.FAILING),
 ])
-def test_failed_canaries_are_classified(failure: str, reason: str, problem: Problem) -> None:
-    assert classify(failure, reason) is problem
+def test_failed_canaries_are_classified(failure: F, cause: F | None, reason: str, problem: Problem) -> None:
+    assert classify(failure, cause) is problem
     r = decode()
-    r.record_canary("p:1", CanaryResult(False, failure, reason))
+    r.record_canary("p:1", CanaryResult(False, failure, reason, cause=cause))
     v = r.verdict()
     assert not v.ready and v.problem is problem and reason in v.reason
 
 
-@pytest.mark.parametrize(("failure", "reason", "is_busy"), [
-    ("busy", "decode pools are full: kv: asked for 4, 2 of 64 free", True),
-    ("source_failed", "prefill rank (0, 0) reported plan: synthetic request r1: prefill pools are full: slot: "
-     "asked for 1, 0 of 8 free", True),
-    ("plan", "synthetic request r1: prefill pools are full: slot: asked for 1, 0 of 8 free", True),
-    ("source_failed", "prefill rank (0, 0) reported plan: buffers differ", False),
-    ("verify", "pools are full", False),
+@pytest.mark.parametrize(("failure", "cause", "is_busy"), [
+    (F.BUSY, None, True),  # decode pools are full
+    (F.SOURCE_FAILED, F.BUSY, True),  # a prefill rank reported its pools full
+    (F.BUSY, F.BUSY, True),  # the pod's own answer for the one above
+    (F.SOURCE_FAILED, F.PLAN, False),
+    (F.VERIFY, None, False),
+    (None, None, False),
 ])
-def test_a_transfer_refused_for_room_is_load_not_a_path_problem(failure: str, reason: str, is_busy: bool) -> None:
+def test_a_transfer_refused_for_room_is_load_not_a_path_problem(failure: F | None, cause: F | None,
+                                                                  is_busy: bool) -> None:
     """A busy prefill must not make a decode's canary name it incompatible (a gate failure: a rollback)."""
-    assert busy(failure, reason) is is_busy
+    assert busy(failure, cause) is is_busy
+    if is_busy:
+        assert classify(failure, cause) is not Problem.INCOMPATIBLE
 
 
 def test_one_good_prefill_pod_is_enough_and_bytes_that_differ_never_are() -> None:
     r = decode()
-    r.record_canary("a:1", CanaryResult(False, "peer_unreachable", "gone"))
+    r.record_canary("a:1", CanaryResult(False, F.PEER_UNREACHABLE, "gone"))
     r.record_canary("b:1", GOOD)
     assert r.verdict().ready
-    r.record_canary("b:1", CanaryResult(False, "verify", "12 bytes differ", mismatched=12))
+    r.record_canary("b:1", CanaryResult(False, F.VERIFY, "12 bytes differ", mismatched=12))
     assert r.verdict().problem is Problem.UNREACHABLE  # the first endpoint's problem leads; both are listed
     assert "12 bytes differ" in r.verdict().reason and r.peers["b:1"].problem is Problem.CORRUPT
 
