@@ -145,8 +145,11 @@ def _synthetic(args: argparse.Namespace) -> int:
 
 def _parity(args: argparse.Namespace) -> int:
     from pdfleet_runtime.layouts import LayoutError, resolve_layout
-    from pdfleet_runtime.parity import ENGINE_BACKENDS, ParityConfig, run_parity, run_parity_engine
     from pdfleet_runtime.records import ParallelShape
+
+    # Imported here, not at the top: the harness imports torch, and ``serve``'s pod process must not.
+    from pdfleet_runtime.verify import parity
+    from pdfleet_runtime.verify.results import ParityConfig
 
     try:
         cfg = ParityConfig(
@@ -160,7 +163,7 @@ def _parity(args: argparse.Namespace) -> int:
     except LayoutError as e:
         print(f"pdfleet-runtime parity: {e}", file=sys.stderr)
         return EXIT_REJECTED
-    result = run_parity_engine(cfg) if cfg.backend in ENGINE_BACKENDS else run_parity(cfg)
+    result = parity.run_parity_engine(cfg) if cfg.backend in parity.ENGINE_BACKENDS else parity.run_parity(cfg)
     if args.json:
         print(json.dumps(result.as_json(cfg), sort_keys=True))
     elif result.rejection is not None:

@@ -20,9 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, run_group
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.verify.cases import CaseSpec, GroupSpec
+from pdfleet_runtime.verify.group import run_group
 
 SHAPES = (("tp=1", "tp=1"), ("tp=2", "tp=2"), ("tp=2", "tp=1"))
 LAYOUT = "qwen3.8-flash-next"
@@ -51,12 +52,11 @@ def main() -> int:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pdfleet-gpu-parity-") as tmp:
             r = run_group(spec, Path(tmp))[0]
-        details = getattr(r, "details", {})
         line = {"backend": args.backend, "layout": layout, "prefill": p, "decode": d, "ok": r.ok, "bytes_moved": r.bytes_moved,
                 "descriptors": r.descriptors, "mismatched_bytes": r.mismatched_bytes,
                 "first_mismatch": r.first_mismatch.describe() if r.first_mismatch else None,
                 "rejected": r.rejection.reason if r.rejection else None, "request_tokens": r.request_tokens,
-                "devices": details.get("devices"), "transfer_seconds": round(r.copy_seconds, 4),
+                "devices": r.details.devices if r.details else None, "transfer_seconds": round(r.copy_seconds, 4),
                 "ucx_tls": args.ucx_tls, "wall_seconds": round(time.perf_counter() - t0, 1)}
         print(json.dumps(line), flush=True)
         if r.rejection is not None and layout == LAYOUT:  # the matrix's verdict, not a failure

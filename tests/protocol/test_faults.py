@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from pdfleet_runtime.layouts import PRESETS, pool_counts
-from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, ProcessGroup, RankProcess
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH
 from pdfleet_runtime.records import ParallelShape as S
+from pdfleet_runtime.verify.cases import CaseSpec, GroupSpec
+from pdfleet_runtime.verify.group import ProcessGroup
+from pdfleet_runtime.verify.procs import RankProcess
 
 pytestmark = pytest.mark.slow
 

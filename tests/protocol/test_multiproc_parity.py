@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from pdfleet_runtime.layouts import PRESETS
-from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, run_group
-from pdfleet_runtime.parity import ParityConfig, run_parity
 from pdfleet_runtime.planner import source_ranks
 from pdfleet_runtime.records import ParallelShape as S
+from pdfleet_runtime.verify.cases import CaseSpec, GroupSpec
+from pdfleet_runtime.verify.group import run_group
+from pdfleet_runtime.verify.parity import run_parity
+from pdfleet_runtime.verify.results import ParityConfig
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +48,7 @@ def test_every_preset_is_byte_exact_across_processes(backend: str, combo: str, t
         if local.rejection is not None:
             assert res.rejection is not None and res.rejection.rule == local.rejection.rule, case
             assert res.rejection.reason
-            assert not hasattr(res, "details"), "a rejected case must not reach a process"
+            assert res.details is None, "a rejected case must not reach a process"
             continue
         admitted += 1
         assert res.ok, (case, res.first_mismatch, res.details)
@@ -55,8 +57,9 @@ def test_every_preset_is_byte_exact_across_processes(backend: str, combo: str, t
         assert res.descriptors_by_state == local.descriptors_by_state, case
         # Every source rank reported for every request, on every decode rank (also ranks that sent nothing).
         pairs = sum(len(source_ranks(p, d, t, k)) for t, k in d.coords())
-        assert sum(len(x["reports"]) for x in res.details["decode"]) == REQUESTS * pairs, case
-        for served in res.details["prefill"]:
+        assert res.details is not None
+        assert sum(len(x["reports"]) for x in res.details.decode) == REQUESTS * pairs, case
+        for served in res.details.prefill:
             assert served["released"] == served["requests"] == REQUESTS
             before, after = served["free_before"], served["free_after"]
             assert after["slot"] == before["slot"] + REQUESTS and after["page"] > before["page"]

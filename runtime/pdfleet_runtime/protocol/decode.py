@@ -238,6 +238,11 @@ class DecodeRank:
     def _rpc(self, deadline: float) -> float:
         return max(0.05, min(self.settings.rpc_timeout_s, deadline - self._clock()))
 
+    @property
+    def sources(self) -> tuple[Pair, ...] | None:
+        """The source ranks of this decode rank on the kept link (None before a handshake)."""
+        return self._link.sources if self._link is not None else None
+
     # ------------------------------------------------------------------ requests
 
     async def transfer(self, request_id: str, indices: RequestIndices, *,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import pdfleet_runtime.multiproc as multiproc
+import pdfleet_runtime.verify.procs as procs
 from pdfleet_runtime.cli import main
 
 
@@ -16,7 +16,7 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("a process was started for a rejected combination")
 
-    monkeypatch.setattr(multiproc.RankProcess, "__init__", refuse)
+    monkeypatch.setattr(procs.RankProcess, "__init__", refuse)
 
 
 @pytest.mark.usefixtures("no_processes")

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from pdfleet_runtime.engines import EngineConfig, create_engine
 from pdfleet_runtime.layouts import PRESETS
-from pdfleet_runtime.parity import _compare, _fill_background, _write_requests
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import SIGNATURE_HEADER, Codec
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH, BootstrapServer, BootstrapState
@@ -32,6 +31,7 @@ from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTi
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.records import ParallelShape as S
 from pdfleet_runtime.seeded import request_lengths
+from pdfleet_runtime.verify.arena import compare, fill_background, write_requests
 from tests.unit.protocol.helpers import SECRET, snapshot
 
 LAYOUT_NAME = "llama-dense"
@@ -54,8 +54,8 @@ class Rig:
 
     def verify(self) -> int:
         expected = [b.copy() for b in self.backgrounds]
-        _write_requests(self.dst_pools, SEED, self.dst_reqs, expected)
-        return sum(_compare(p, e)[0] for p, e in zip(self.dst_pools, expected, strict=True))
+        write_requests(self.dst_pools, SEED, self.dst_reqs, expected)
+        return sum(compare(p, e)[0] for p, e in zip(self.dst_pools, expected, strict=True))
 
 
 async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeouts | None = None,
@@ -67,12 +67,12 @@ async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeo
     src = [RankPools(lay, p, t, k, cap) for t, k in p.coords()]
     dst = [RankPools(lay, d, t, k, cap) for t, k in d.coords()]
     for pools in src:
-        _fill_background(pools, SEED, 1)
-    backgrounds = [_fill_background(pools, SEED, 2) for pools in dst]
+        fill_background(pools, SEED, 1)
+    backgrounds = [fill_background(pools, SEED, 2) for pools in dst]
     lengths = request_lengths(TOKENS, REQUESTS, SEED)
     sa, da = RequestAllocator(lay, cap, seed=SEED * 2 + 1), RequestAllocator(lay, cap, seed=SEED * 2 + 2)
     src_reqs, dst_reqs = [sa.allocate(n) for n in lengths], [da.allocate(n) for n in lengths]
-    _write_requests(src, SEED, src_reqs, None)
+    write_requests(src, SEED, src_reqs, None)
     r = Rig(server, [], [], src, dst, src_reqs, dst_reqs, backgrounds)
     for pools in src:
         eng = create_engine(EngineConfig("local"))

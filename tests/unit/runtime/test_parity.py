@@ -27,10 +27,11 @@ from pdfleet_runtime.layouts import (
     rank_buffers,
     stage_layers,
 )
-from pdfleet_runtime.parity import ParityConfig, run_parity
 from pdfleet_runtime.planner import Blocks, PlanError, check_shapes
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.seeded import request_lengths
+from pdfleet_runtime.verify.parity import run_parity
+from pdfleet_runtime.verify.results import ParityConfig
 from tests.unit.runtime.builders import plan_all, tiny_hybrid
 
 S = ParallelShape
@@ -269,7 +270,7 @@ def test_cli_unknown_preset_exits_two(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_cli_mismatch_exits_one(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import pdfleet_runtime.parity as parity
+    import pdfleet_runtime.verify.parity as parity
 
     real = parity.run_parity
 

@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet_runtime.config import RoleShape, RuntimeConfig
 from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
-from pdfleet_runtime.parity import LocalCopyExecutor
 from pdfleet_runtime.planner import Blocks, compile_destination
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
@@ -28,6 +27,7 @@ from pdfleet_runtime.server.synthetic import (
     request_bytes,
     verify_request,
 )
+from pdfleet_runtime.verify.arena import LocalCopyExecutor
 
 
 def cfg(**kw: Any) -> RuntimeConfig:

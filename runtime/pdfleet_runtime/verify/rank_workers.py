@@ -1,6 +1,6 @@
-"""The rank processes of ``multiproc``: pools for every case, one engine, one coordinator per case.
+"""The rank processes of a parity group (``group``): pools for every case, one engine, one coordinator per case.
 
-Separate from ``multiproc`` so that the bootstrap host process never imports torch. Commands
+Separate from ``group`` and ``bootstrap_host`` so that the bootstrap host process never imports torch. Commands
 (tuples over the pipe) are handled as asyncio tasks, so a test can send ``add`` while ``serve``
 runs. Request ids are ``<case>-<attempt>-<q>``: ``q`` indexes the case's request list, whose
 logical bytes ``seeded.logical_items`` derives from the seed, so both sides agree without talking.
@@ -22,8 +22,6 @@ import numpy as np
 from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
 from pdfleet_runtime.engines import cuda as cuda_facts
 from pdfleet_runtime.layouts import resolve_layout
-from pdfleet_runtime.multiproc import CaseSpec, GroupSpec, _commands, gpu_of
-from pdfleet_runtime.parity import _compare, _fill_background, _write_requests
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
@@ -34,7 +32,11 @@ from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 from pdfleet_runtime.records import RequestIndices
 from pdfleet_runtime.seeded import request_lengths
 
-__all__ = ["DecodeWorker", "PrefillWorker"]
+from .arena import compare, fill_background, write_requests
+from .cases import CaseSpec, GroupSpec, gpu_of
+from .procs import guard, serve_commands
+
+__all__ = ["DecodeWorker", "PrefillWorker", "decode_main", "prefill_main"]
 
 _EMPTY = RequestIndices([])
 
@@ -62,7 +64,7 @@ class _Case:
         if idx is None:
             idx = self.reqs[q] = self.alloc.allocate(self.lengths[q])
             if write:
-                _write_requests([self.pools], self.spec.seed, [idx if i == q else _EMPTY
+                write_requests([self.pools], self.spec.seed, [idx if i == q else _EMPTY
                                                                 for i in range(len(self.reqs))], None)
                 cuda_facts.synchronize(self.pools.region.device)  # engines may read on their own streams
         return idx
@@ -78,17 +80,17 @@ class _Case:
 
 
 def _build(case: CaseSpec, spec: GroupSpec, tp: int, pp: int, side: int, device: str = "cpu") -> _Case:
-    """Pools, background and allocations of one case on one rank, as ``parity.run_parity`` makes them."""
+    """Pools, background and allocations of one case on one rank, as ``verify.parity.run_parity`` makes them."""
     layout = resolve_layout(case.layout_name)
     shape = spec.prefill if side == 1 else spec.decode
     cap = Capacity(case.requests, case.tokens)
     pools = RankPools(layout, shape, tp, pp, cap, device)
-    background = _fill_background(pools, case.seed, side)
+    background = fill_background(pools, case.seed, side)
     alloc = RequestAllocator(layout, cap, seed=case.seed * 2 + side)
     lengths = request_lengths(case.tokens, case.requests, case.seed)
     reqs: list[RequestIndices | None] = [alloc.allocate(n) for n in lengths]
     if side == 1:
-        _write_requests([pools], case.seed, [r or _EMPTY for r in reqs], None)
+        write_requests([pools], case.seed, [r or _EMPTY for r in reqs], None)
     cuda_facts.synchronize(device)  # engines may read (and UCX writes) on streams of their own
     return _Case(case, pools, alloc, lengths, reqs, background)
 
@@ -134,7 +136,7 @@ class _Worker:
                                          [r for c in self.cases for r in c.pools.records])
         self.conn.send(("ready", {"seconds": time.perf_counter() - t0, "device": self.device}))
         try:
-            await _commands(self.conn, self.handle)
+            await serve_commands(self.conn, self.handle)
         finally:
             await self.aclose()
             self.engine.close()
@@ -269,7 +271,7 @@ class DecodeWorker(_Worker):
             if o.state is RequestState.SUCCESS:
                 c.done[q] = c.reqs[q]  # type: ignore[assignment]
         mismatched, first = self._verify(c)
-        sources = len(coord._link.sources) if coord._link is not None else None
+        sources = len(coord.sources) if coord.sources is not None else None
         ok = [o for o in outcomes if o.state is RequestState.SUCCESS]
         self.conn.send(("transferred", {
             "outcomes": [{"request_id": o.request_id, "state": o.state.value,
@@ -300,6 +302,16 @@ class DecodeWorker(_Worker):
                 exp = expected[view].reshape(rec.count, rec.spec.item_bytes)
                 exp[items] = actual[view].reshape(rec.count, rec.spec.item_bytes)[items]
         reqs = [c.done.get(q, _EMPTY) for q in range(len(c.reqs))]
-        _write_requests([c.pools], c.spec.seed, reqs, [expected])
-        n, m = _compare(c.pools, expected)
+        write_requests([c.pools], c.spec.seed, reqs, [expected])
+        n, m = compare(c.pools, expected)
         return n, (dataclasses.asdict(m) if m is not None else None)
+
+
+def prefill_main(conn: Connection, spec: GroupSpec, tp: int, pp: int) -> None:
+    """Process entry point of a prefill rank (spawned)."""
+    guard(conn, lambda: asyncio.run(PrefillWorker(conn, spec, tp, pp).main()))
+
+
+def decode_main(conn: Connection, spec: GroupSpec, tp: int, pp: int, resolver_file: str) -> None:
+    """Process entry point of a decode rank (spawned)."""
+    guard(conn, lambda: asyncio.run(DecodeWorker(conn, spec, tp, pp, Path(resolver_file)).main()))
