@@ -45,10 +45,10 @@ from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.seeded import request_seed
 
 from .gate import GateWriter, NoGate
-from .launcher import LaunchError, RankCallError, RankLauncher, RankSpec
+from .launcher import LaunchError, RankCallError, RankLauncher
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
-from .pipe import LegReport, RankStats, StatsOp, TransferOp, TransferResult, Transport
+from .pipe import LegReport, RankSpec, RankStats, StatsOp, TransferOp, TransferResult, Transport
 from .readiness import CanaryResult, Problem, Readiness, busy, classify
 
 __all__ = ["DrainPhase", "PodServer", "SyntheticResult"]

@@ -19,13 +19,10 @@ import logging
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from pdfleet_runtime.config import RuntimeConfig
-
-from .options import FaultOptions
 from .pipe import (
     Call,
     CallFailed,
@@ -35,11 +32,12 @@ from .pipe import (
     RankOp,
     RankReady,
     RankResult,
+    RankSpec,
     Reply,
     Transport,
 )
 
-__all__ = ["LaunchError", "RankCallError", "RankLauncher", "RankSpec"]
+__all__ = ["LaunchError", "RankCallError", "RankLauncher"]
 
 log = logging.getLogger(__name__)
 
@@ -50,33 +48,6 @@ class LaunchError(RuntimeError):
 
 class RankCallError(RuntimeError):
     """A call to a rank failed: it died, timed out, or the operation raised there."""
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What one rank process needs (pickled to the spawned process)."""
-
-    config: RuntimeConfig
-    tp: int
-    pp: int
-    secret: bytes = field(repr=False)
-    instance: str
-    host: str
-    bootstrap: tuple[str, int]
-    """Prefill: this pod's own bootstrap endpoint (loopback)."""
-    request_timeout_s: float = 60.0
-    write_timeout_s: float = 30.0
-    fence_timeout_s: float = 35.0
-    log_level: str = "INFO"
-    faults: FaultOptions = field(default_factory=FaultOptions)
-
-    @property
-    def name(self) -> str:
-        return f"{self.config.role.value}[{self.tp},{self.pp}]"
-
-    @property
-    def index(self) -> int:
-        return self.pp * self.config.shape.tensor + self.tp
 
 
 def _entry(conn: Connection, spec: RankSpec) -> None:

@@ -4,6 +4,7 @@ Pure (no torch, no engine), so the pod process can import it. As ``protocol/mess
 wire, every message is a named, frozen type; a rank dispatches on the operation's type and answers
 with the result's type, and failures keep their ``FailureReason`` from the prefill rank to readiness.
 
+- pod -> rank, at spawn: ``RankSpec`` (what the process needs);
 - pod -> rank: ``Call(call_id, op)`` with ``op`` a ``TransferOp`` or ``StatsOp``; ``Exit()``;
 - rank -> pod: ``RankReady`` once the engine is up (prefill: registered with the pod's bootstrap),
   ``Reply(call_id, result)`` with a ``TransferResult``, ``RankStats`` or ``CallFailed``, ``LegReport``
@@ -14,7 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
+
+from .options import FaultOptions
 
 __all__ = [
     "Call",
@@ -25,6 +29,7 @@ __all__ = [
     "RankOp",
     "RankReady",
     "RankResult",
+    "RankSpec",
     "RankStats",
     "Reply",
     "StatsOp",
@@ -35,6 +40,33 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- pod -> rank
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What one rank process needs (pickled to the spawned process)."""
+
+    config: RuntimeConfig
+    tp: int
+    pp: int
+    secret: bytes = field(repr=False)
+    instance: str
+    host: str
+    bootstrap: tuple[str, int]
+    """Prefill: this pod's own bootstrap endpoint (loopback)."""
+    request_timeout_s: float = 60.0
+    write_timeout_s: float = 30.0
+    fence_timeout_s: float = 35.0
+    log_level: str = "INFO"
+    faults: FaultOptions = field(default_factory=FaultOptions)
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.role.value}[{self.tp},{self.pp}]"
+
+    @property
+    def index(self) -> int:
+        return self.pp * self.config.shape.tensor + self.tp
+
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings, Synth
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
 from pdfleet_runtime.records import ParallelShape, RequestIndices
 
-from .launcher import RankSpec
 from .pipe import (
     Call,
     CallFailed,
@@ -43,6 +42,7 @@ from .pipe import (
     RankOp,
     RankReady,
     RankResult,
+    RankSpec,
     RankStats,
     Reply,
     StatsOp,
