@@ -36,7 +36,6 @@ from pdfleet_runtime.matrix import (
     GENERAL_RULES,
     MatrixInput,
     RoleShape,
-    Severity,
     Verdict,
     Violation,
     all_rules,
@@ -483,10 +482,3 @@ def validate_text(text: str, source: str) -> list[ObjectVerdict]:
         else:
             out.append(validate_object(obj, where))
     return out
-
-
-def severity_counts(verdicts: list[ObjectVerdict]) -> dict[Severity, int]:
-    return {
-        Severity.ERROR: sum(len(v.violations) for v in verdicts),
-        Severity.WARNING: sum(len(v.warnings) for v in verdicts),
-    }

@@ -1,4 +1,4 @@
-"""Distinct ID types for the runtime, so a page index is never passed where a slot is meant.
+"""Distinct ID types for the runtime, so a slot index is never passed where a row is meant.
 
 Scalars are ``NewType``s over ``int`` (free at run time, checked by type checkers); arrays of
 indices travel in :class:`pdfleet_runtime.pools.RequestIndices`, whose fields name the kind.
@@ -15,15 +15,12 @@ __all__ = [
     "QSA_ROPE_LAYER_ID",
     "SENTINEL_LAYER_IDS",
     "LayerId",
-    "PageId",
     "RankId",
     "RowId",
     "SlotId",
     "is_sentinel",
 ]
 
-PageId = NewType("PageId", int)
-"""Index of a page (``page_size`` tokens) in a page pool (KV, QSA compressed, SWA)."""
 SlotId = NewType("SlotId", int)
 """Index of a per-request slot (linear-attention state, PLE state)."""
 RowId = NewType("RowId", int)

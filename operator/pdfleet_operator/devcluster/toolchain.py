@@ -69,7 +69,6 @@ class Pins:
 # Bump when the build recipe changes so old outputs are not reused.
 SCRIPT_REV = "1"
 PINS = Pins()
-BINARIES = ("etcd", *PINS.kube_cmds, "kwok", "helm")
 
 
 def cache_root() -> Path:

@@ -38,7 +38,7 @@ from pdfleet_runtime.engines.errors import (
     TransportMismatch,
     UnknownPeer,
 )
-from pdfleet_runtime.engines.registry import ADAPTERS, adapter_class, backend_capabilities, create_engine
+from pdfleet_runtime.engines.registry import ADAPTERS, adapter_class, create_engine
 from pdfleet_runtime.engines.settings import LOCAL_BACKEND, EngineConfig, ResolvedSettings, resolve
 
 __all__ = [
@@ -76,7 +76,6 @@ __all__ = [
     "TransportReport",
     "UnknownPeer",
     "adapter_class",
-    "backend_capabilities",
     "create_engine",
     "granules_of",
     "resolve",

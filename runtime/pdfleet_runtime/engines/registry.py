@@ -11,12 +11,12 @@ import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from pdfleet_runtime.engines.base import EngineCapabilities, TransferEngine
+from pdfleet_runtime.engines.base import TransferEngine
 from pdfleet_runtime.engines.errors import SettingsError
 from pdfleet_runtime.engines.settings import LOCAL_BACKEND, EngineConfig
 from pdfleet_runtime.transfer import Backend
 
-__all__ = ["ADAPTERS", "adapter_class", "backend_capabilities", "create_engine"]
+__all__ = ["ADAPTERS", "adapter_class", "create_engine"]
 
 ADAPTERS: Mapping[str, str] = MappingProxyType({
     LOCAL_BACKEND: "pdfleet_runtime.engines.local:LocalEngine",
@@ -35,11 +35,6 @@ def adapter_class(backend: str | Backend) -> type[TransferEngine]:
         raise SettingsError(f"unknown backend {name!r}; known: {sorted(ADAPTERS)}")
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
-
-
-def backend_capabilities(backend: str | Backend) -> EngineCapabilities:
-    """What a backend declares (for the capability matrix), without importing its engine."""
-    return adapter_class(backend).capabilities
 
 
 def create_engine(config: EngineConfig) -> TransferEngine:

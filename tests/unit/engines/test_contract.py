@@ -28,7 +28,7 @@ from pdfleet_runtime.engines import (
     TransferStatus,
     TransferTimeout,
     UnknownPeer,
-    backend_capabilities,
+    adapter_class,
     base,
     create_engine,
     nixl,
@@ -37,8 +37,9 @@ from pdfleet_runtime.engines.base import PeerId
 from pdfleet_runtime.engines.blocks import Granule
 from pdfleet_runtime.engines.mooncake import map_write_failure
 from pdfleet_runtime.engines.nixl import _new_agent, map_nixl_error, memory_type
+from pdfleet_runtime.matrix import LATEST_MATRIX_VERSION, MATRICES, Feature
 from pdfleet_runtime.records import RegionRecord
-from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.transfer import ENGINE_SETTINGS, UNSUPPORTED_PROTOCOLS, Backend, Protocol
 
 
 def _pair(chunk: int = 3) -> tuple[object, object, np.ndarray, np.ndarray, str]:
@@ -113,7 +114,7 @@ def test_connect_refuses_another_backend_or_protocol() -> None:
 
 def test_importing_the_package_imports_no_engine() -> None:
     code = ("import sys, pdfleet_runtime.engines as e\n"
-            "[e.backend_capabilities(b) for b in ('local', 'mooncake', 'nixl', 'mori')]\n"
+            "[e.adapter_class(b).capabilities for b in ('local', 'mooncake', 'nixl', 'mori')]\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('mooncake', 'nixl', 'nixl_cu12', 'nixl_cu13', 'mori')]\n"
             "assert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -121,7 +122,7 @@ def test_importing_the_package_imports_no_engine() -> None:
 
 
 def test_mori_declares_capabilities_and_fails_at_start_naming_its_library() -> None:
-    caps = backend_capabilities("mori")
+    caps = adapter_class("mori").capabilities
     assert caps.protocols == frozenset({Protocol.RDMA}) and not caps.publishes_layer_ids
     engine = create_engine(EngineConfig("mori", Protocol.RDMA))
     with pytest.raises(EngineUnavailable, match="libamdhip64") as info:
@@ -244,3 +245,15 @@ def test_nixl_agent_progress_thread_waits_instead_of_spinning() -> None:
     assert api.nixlBind.delays == [nixl.PROGRESS_THREAD_DELAY_US] and nixl.PROGRESS_THREAD_DELAY_US >= 1000
     assert api.nixlBind.nixlAgent == real  # the binding is restored
     assert _new_agent(SimpleNamespace(nixl_agent=lambda n, c: n, nixl_agent_config=lambda backends: None), "b") == "b"
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+def test_the_matrix_states_what_each_adapter_declares(backend: Backend) -> None:
+    """The matrix (pure, no engine import) restates each adapter's declared capabilities: the two agree."""
+    caps = adapter_class(backend).capabilities
+    matrix = MATRICES[LATEST_MATRIX_VERSION]
+    served = {p for (b, p) in ENGINE_SETTINGS if b is backend}
+    assert caps.protocols == served, (backend, caps.protocols, served)
+    assert not {p for (b, p) in UNSUPPORTED_PROTOCOLS if b is backend} & caps.protocols
+    # Layer-id pairing of QSA across pipeline stages needs the handshake's per-buffer layer ids.
+    assert matrix.supports(backend, Feature.QSA_PIPELINE).supported is caps.publishes_layer_ids
