@@ -1,10 +1,12 @@
 """``pdfleet-runtime serve``: the runtime pod server (one process per GPU rank, health, readiness, metrics, drain).
 
 Reading order: ``options`` (what a pod runs with, read once at start; the local-run overrides),
-``launcher`` (one spawned process per rank, supervised), ``ranks`` (a rank process: pools, engine,
-protocol coordinator), ``synthetic`` (seeded request state, filled and verified), ``readiness``
-(the pure verdict), ``metrics``, ``gate`` (the pod readiness-gate condition), ``app`` (HTTP, the
-canary loop, drain, SIGTERM), ``main``. docs/runtime-server.md describes endpoints, metrics,
+``pipe`` (the typed messages between the pod process and its ranks), ``launcher`` (one spawned
+process per rank, supervised), ``ranks`` (a rank process: pools, engine, protocol coordinator),
+``synthetic`` (seeded request state, filled and verified), ``readiness`` (the pure verdict),
+``routing`` (which prefill pod a request goes to, what its outcome means), ``drain`` (the drain's
+phases), ``metrics``, ``gate`` (the pod readiness-gate condition), ``app`` (HTTP, the canary loop,
+the operator's drain requests, SIGTERM), ``main``. docs/runtime-server.md describes endpoints, metrics,
 readiness and drain.
 
 Importing this package imports neither torch nor an engine: only the rank processes do.
@@ -12,7 +14,8 @@ Importing this package imports neither torch nor an engine: only the rank proces
 
 from __future__ import annotations
 
-from .app import DrainPhase, PodServer, SyntheticResult
+from .app import PodServer
+from .drain import DrainPhase
 from .gate import GateWriter, KubeGate, NoGate, make_gate
 from .main import serve
 from .options import (
@@ -24,6 +27,7 @@ from .options import (
     ServeOptions,
 )
 from .readiness import CanaryResult, Problem, Readiness, Verdict
+from .routing import SyntheticResult
 
 __all__ = [
     "CANARY_FLOORS_GBPS",

@@ -2,8 +2,9 @@
 
 Reading order: ``PodServer.run`` (start, serve, shut down), the HTTP handlers, then the loops:
 ``_canary_loop`` (decode: find prefill pods, canary each, record verdicts), ``_gate_loop`` (the
-verdict to /readyz, the ``pdfleet_ready`` gauge and the pod's readiness-gate condition), and drain
-(``start_drain``, ``_drain_watch``).
+verdict to /readyz, the ``pdfleet_ready`` gauge and the pod's readiness-gate condition), ``_pod_loop``
+(the operator's drain requests) and drain (``start_drain``, ``cancel_drain``; the phases are ``drain.Drain``).
+Where a synthetic request goes is ``routing.RequestRouter``.
 
 HTTP (``httpPort``, 8080): ``GET /healthz`` (the pod process and every rank process are alive),
 ``GET /readyz`` (the transfer-path verdict with its reason; 200 or 503), ``GET /metrics``
@@ -19,11 +20,8 @@ import contextlib
 import itertools
 import logging
 import signal
-import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from aiohttp import web
@@ -42,51 +40,20 @@ from pdfleet_runtime.protocol.discovery import (
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.seeded import request_seed
 
+from .drain import Drain, DrainPhase
 from .gate import GateWriter, NoGate
 from .launcher import LaunchError, RankCallError, RankLauncher
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
-from .pipe import LegReport, RankSpec, RankStats, StatsOp, TransferOp, TransferResult, Transport
-from .readiness import CanaryResult, Problem, Readiness, busy, classify
+from .pipe import LegReport, RankSpec, RankStats, StatsOp, Transport
+from .readiness import CanaryResult, Readiness, busy
+from .routing import NOT_THE_PATH, RequestRouter
 
-__all__ = ["DrainPhase", "PodServer", "SyntheticResult"]
+__all__ = ["PodServer"]
 
 log = logging.getLogger("pdfleet_runtime.server")
-_NOT_THE_PATH = frozenset({FailureReason.BUSY, FailureReason.NO_PEER, FailureReason.DRAINING})
-"""Failures that say nothing about a transfer path: no metric failure, no readiness fact, HTTP 503."""
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@+=-")
-
-
-class DrainPhase(StrEnum):
-    SERVING = "serving"
-    DRAINING = "draining"
-    DRAINED = "drained"
-
-
-@dataclass(frozen=True)
-class SyntheticResult:
-    """One synthetic request through every rank of this decode pod."""
-
-    request_id: str
-    ok: bool
-    failure: FailureReason | None
-    reason: str
-    bytes: int
-    write_s: float
-    seconds: float
-    mismatched: int
-    prefill: str | None
-    released: bool = False
-    """Failed with every rank's items given back at once (nothing accepted it): another pod may take it."""
-    cause: FailureReason | None = None
-    """Under ``failure``: the failed prefill rank's kind (``SOURCE_FAILED``) or ``DRAINING`` (``REFUSED``)."""
-
-    def as_json(self) -> dict[str, Any]:
-        return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
-                "bytes": self.bytes, "writeSeconds": self.write_s, "seconds": self.seconds,
-                "mismatchedBytes": self.mismatched, "prefill": self.prefill}
 
 
 class PodServer:
@@ -108,16 +75,10 @@ class PodServer:
             else:
                 resolver = DnsResolver(cfg.prefill_service, cfg.bootstrap_port)
         self.resolver = resolver
-        self.phase = DrainPhase.SERVING
-        self.drain_started: float | None = None
-        self.drain_forced = False
-        self._drained = asyncio.Event()
-        self._drain_task: asyncio.Task[None] | None = None
+        self.drain = Drain(cfg.drain_timeout_seconds, self._in_flight_now, on_change=self._set_draining,
+                           on_done=lambda forced: self.metrics.drains.labels("forced" if forced else "drained").inc())
         self._recheck = asyncio.Event()
-        self._active = 0
-        self._endpoints: list[Endpoint] = []
-        self._shunned: set[str] = set()  # prefill pods that refused a request as draining or did not answer
-        self._rr = itertools.count()
+        self.router = RequestRouter(self.readiness, self.metrics, self._recheck)
         self._tasks: list[asyncio.Task[None]] = []
         self._gate_written: tuple[bool, str] | None = None
         self._drain_by_operator = False
@@ -148,7 +109,7 @@ class PodServer:
             await self._start_http()
             log.info("%s pod %s serving HTTP on %s:%d%s", self.role.value, opts.instance, opts.bind_host,
                      self.http_port, f", bootstrap on :{self.bootstrap.port}" if self.bootstrap else "")
-            self.launcher = RankLauncher(self._specs(secret), on_report=self._on_report)
+            self.launcher = self.router.launcher = RankLauncher(self._specs(secret), on_report=self._on_report)
             await self.launcher.start()
         except (LaunchError, OSError) as e:
             log.error("cannot start: %s", e)
@@ -180,15 +141,13 @@ class PodServer:
         stop.set()
 
     async def _shutdown(self) -> None:
-        if self.phase is not DrainPhase.SERVING and self.drain_started is not None:
-            left = self.drain_started + self.opts.config.drain_timeout_seconds - time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), max(0.0, left) + 0.5)
+        await self.drain.wait()
         await self._close()
-        log.info("stopped (drain %s)", "forced" if self.drain_forced else self.phase.value)
+        log.info("stopped (drain %s)", "forced" if self.drain.forced else self.drain.phase.value)
 
     async def _close(self) -> None:
-        for t in [*self._tasks, *([self._drain_task] if self._drain_task else [])]:
+        self.drain.close()
+        for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._runner is not None:  # first: no request may reach a rank that is stopping
@@ -217,7 +176,7 @@ class PodServer:
 
     async def _healthz(self, _: web.Request) -> web.Response:
         died = self.launcher.died if self.launcher else []
-        body = {"alive": not died, "role": self.role.value, "phase": self.phase.value,
+        body = {"alive": not died, "role": self.role.value, "phase": self.drain.phase.value,
                 "ranksUp": self.launcher.up if self.launcher else 0, "ranks": self.opts.config.shape.ranks,
                 "died": died}
         return web.json_response(body, status=503 if died else 200)
@@ -234,10 +193,7 @@ class PodServer:
     async def _drain(self, request: web.Request) -> web.Response:
         self.start_drain()
         if request.query.get("wait", "").lower() in ("1", "true", "yes"):
-            assert self.drain_started is not None
-            left = self.drain_started + self.opts.config.drain_timeout_seconds - time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), max(0.0, left) + 0.5)
+            await self.drain.wait()
         return web.json_response(await self._drain_body())
 
     async def _undrain(self, _: web.Request) -> web.Response:
@@ -245,14 +201,15 @@ class PodServer:
         return web.json_response(await self._drain_body())
 
     async def _drain_body(self) -> dict[str, Any]:
-        return {"phase": self.phase.value, "drained": self.phase is DrainPhase.DRAINED, "forced": self.drain_forced,
+        return {"phase": self.drain.phase.value, "drained": self.drain.phase is DrainPhase.DRAINED,
+                "forced": self.drain.forced,
                 "inFlight": await self._in_flight_now()}
 
     async def _synthetic(self, request: web.Request) -> web.Response:
         if self.role is not Role.DECODE:
             return web.json_response({"error": "synthetic requests start at a decode pod"}, status=409)
-        if self.phase is not DrainPhase.SERVING:
-            return web.json_response({"error": f"the pod is draining ({self.phase.value}): no new requests"},
+        if not self.drain.serving:
+            return web.json_response({"error": f"the pod is draining ({self.drain.phase.value}): no new requests"},
                                      status=503)
         if self.launcher is None or self.launcher.up < self.opts.config.shape.ranks:
             return web.json_response({"error": "rank processes are not up"}, status=503)
@@ -269,88 +226,9 @@ class PodServer:
                 raise ValueError(f"requestId {rid[:50]!r} is not a valid request id")
         except (ValueError, TypeError, AttributeError) as e:
             return web.json_response({"error": f"bad synthetic request: {e}"}, status=400)
-        res = await self.run_synthetic("request", tokens, rid, seed, timeout_s, verify=verify)
-        status = 200 if res.ok else 503 if res.failure in _NOT_THE_PATH else 502
+        res = await self.router.run("request", tokens, rid, seed, timeout_s, verify=verify)
+        status = 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 502
         return web.json_response(res.as_json(), status=status)
-
-    # ------------------------------------------------------------------ synthetic requests
-
-    async def run_synthetic(self, kind: str, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                            verify: bool = True, endpoint: Endpoint | None = None) -> SyntheticResult:
-        """One request through every rank of this decode pod; tries the next prefill pod (up to 3) when one
-        refused it as draining or was unreachable before anything accepted it."""
-        self._active += 1
-        t0 = time.perf_counter()
-        try:
-            candidates = [endpoint] if endpoint is not None else self._endpoints_for_requests()
-            res = SyntheticResult(request_id, False, FailureReason.NO_PEER, "no prefill pod known", 0, 0.0, 0.0, -1,
-                                  None)
-            for ep in candidates[:3]:
-                res = await self._through(ep, tokens, request_id, request_seed(request_id, seed), timeout_s, verify)
-                problem = None if res.ok else classify(res.failure, res.cause)
-                # Another prefill pod may take it when this one refused it (draining) or never answered
-                # (gone: DNS still names a deleted pod for a while) and nothing accepted it.
-                if problem is not Problem.PEER_DRAINING and not (problem is Problem.UNREACHABLE and res.released):
-                    break
-                if kind == "request":  # requests try it last from now on, until a canary passes there again
-                    self._shunned.add(str(ep))
-                    self._recheck.set()
-                if problem is Problem.PEER_DRAINING:
-                    res = SyntheticResult(request_id, False, FailureReason.DRAINING, res.reason, 0, 0.0, res.seconds,
-                                          -1, str(ep))
-        finally:
-            self._active -= 1
-        seconds = time.perf_counter() - t0
-        res = SyntheticResult(res.request_id, res.ok, res.failure, res.reason, res.bytes, res.write_s, seconds,
-                              res.mismatched, res.prefill, cause=res.cause)
-        if res.failure not in _NOT_THE_PATH or res.ok:
-            self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure)
-        if res.mismatched > 0:
-            self.metrics.mismatched.inc(res.mismatched)
-        if kind == "request" and res.failure not in _NOT_THE_PATH:
-            self.readiness.record_transfer(res.ok, res.reason)
-            if not res.ok:
-                self._recheck.set()
-        log.info("request %s (%s, %d tokens) via prefill %s: %s%s, %d bytes in %.4fs", request_id, kind, tokens,
-                 res.prefill, "success" if res.ok else "failed", "" if res.ok else f" ({res.failure}: {res.reason})",
-                 res.bytes, seconds)
-        return res
-
-    async def _through(self, ep: Endpoint, tokens: int, rid: str, seed: int, timeout_s: float,
-                       verify: bool) -> SyntheticResult:
-        assert self.launcher is not None
-        op = TransferOp(rid, ep.host, ep.port, tokens, seed, timeout_s, verify)
-        try:
-            outs = [o for o in await self.launcher.call_all(op, timeout_s=timeout_s + 30.0)
-                    if isinstance(o, TransferResult)]
-        except RankCallError as e:
-            return SyntheticResult(rid, False, FailureReason.RANK, str(e), 0, 0.0, 0.0, -1, str(ep))
-        failed = [o for o in outs if not o.ok]
-        mismatched = sum(max(0, o.mismatched) for o in outs)
-        moved = sum(o.bytes for o in outs)
-        write_s = max((o.write_s for o in outs), default=0.0)
-        if failed:
-            f = failed[0]
-            # The prefill pod had no room for it: load, not the path (no canary verdict, not a failing pod).
-            failure = FailureReason.BUSY if busy(f.failure, f.cause) else f.failure
-            return SyntheticResult(rid, False, failure, f.reason, moved, write_s, 0.0, -1, str(ep),
-                                   released=all(o.released for o in outs), cause=f.cause)
-        if mismatched:
-            return SyntheticResult(rid, False, FailureReason.VERIFY, f"{mismatched} bytes arrived different from the "
-                                   "seeded state", moved, write_s, 0.0, mismatched, str(ep))
-        return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep))
-
-    def _endpoints_for_requests(self) -> list[Endpoint]:
-        """Prefill pods whose canary passed first (round robin), then the others known, then those that
-        refused a request as draining or did not answer since their last canary."""
-        good = [e for e in self._endpoints if (c := self.readiness.peers.get(str(e))) is not None and c.ok
-                and str(e) not in self._shunned]
-        shunned = [e for e in self._endpoints if str(e) in self._shunned]
-        rest = [e for e in self._endpoints if e not in good and e not in shunned] + shunned
-        if good:
-            k = next(self._rr) % len(good)
-            good = good[k:] + good[:k]
-        return good + rest
 
     # ------------------------------------------------------------------ loops
 
@@ -359,26 +237,26 @@ class PodServer:
         o = self.opts
         while True:
             self._recheck.clear()  # first: a recheck asked for during this round starts the next one at once
-            if self.phase is DrainPhase.SERVING:
+            if self.drain.serving:
                 try:
-                    self._endpoints = await asyncio.to_thread(self.resolver.resolve)
+                    endpoints = await asyncio.to_thread(self.resolver.resolve)
                 except ResolveError as e:
-                    self._endpoints = []
+                    endpoints = []
                     self.readiness.discovery_error = f"cannot find prefill pods: {e}"
-                self.readiness.forget_peers({str(e) for e in self._endpoints})
-                self._shunned &= {str(e) for e in self._endpoints}
+                self.router.found(endpoints)
+                self.readiness.forget_peers({str(e) for e in endpoints})
                 tokens = min(o.canary_tokens, o.config.kv_tokens)
-                for ep in list(self._endpoints):
-                    if self.phase is not DrainPhase.SERVING:
+                for ep in list(endpoints):
+                    if not self.drain.serving:
                         break
-                    res = await self.run_synthetic("canary", tokens, f"canary-{o.instance}-{next(n)}", 0,
-                                                   o.canary_timeout_s, endpoint=ep)
+                    res = await self.router.run("canary", tokens, f"canary-{o.instance}-{next(n)}", 0,
+                                                o.canary_timeout_s, endpoint=ep)
                     if res.failure is FailureReason.BUSY:
                         continue  # pools full of real traffic: no verdict either way
                     check = self.readiness.record_canary(str(ep), CanaryResult(
                         res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched), res.cause))
                     if check.ok:
-                        self._shunned.discard(str(ep))
+                        self.router.shunned.discard(str(ep))
                     self.metrics.canary_gbps.labels(str(ep)).set(check.gbps or 0.0)
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
@@ -414,18 +292,18 @@ class PodServer:
                 annotations = None
             if annotations is not None:
                 wanted = DRAIN_ANNOTATION in annotations
-                if wanted and self.phase is DrainPhase.SERVING:
+                if wanted and self.drain.serving:
                     log.info("the operator asked for a drain (annotation %s)", DRAIN_ANNOTATION)
                     self.start_drain()
                     reported = False
-                elif not wanted and self.phase is not DrainPhase.SERVING and self._drain_by_operator:
+                elif not wanted and not self.drain.serving and self._drain_by_operator:
                     self.cancel_drain()
                 self._drain_by_operator = wanted
-                if wanted and self.phase is DrainPhase.DRAINED and not reported:
+                if wanted and self.drain.phase is DrainPhase.DRAINED and not reported:
                     try:
                         await self.gate.set_condition(DRAINED_CONDITION, True,
-                                                      "Forced" if self.drain_forced else "Drained",
-                                                      "no transfer in flight" if not self.drain_forced else
+                                                      "Forced" if self.drain.forced else "Drained",
+                                                      "no transfer in flight" if not self.drain.forced else
                                                       "drain deadline passed with transfers in flight")
                         reported = True
                     except Exception as e:
@@ -457,28 +335,14 @@ class PodServer:
 
     def start_drain(self) -> None:
         """Stop admitting (synthetic requests refused; prefill: the bootstrap refuses new requests); idempotent."""
-        if self.phase is not DrainPhase.SERVING:
-            return
-        self.phase = DrainPhase.DRAINING
-        self.drain_started = time.monotonic()
-        self.drain_forced = False
-        self._drained.clear()
-        self._set_draining(True)
-        log.info("drain started: %d transfers in flight", self._in_flight_estimate())
-        self._drain_task = asyncio.get_running_loop().create_task(self._drain_watch())
+        if self.drain.start():
+            log.info("drain started: %d transfers in flight", self._in_flight_estimate())
 
     def cancel_drain(self) -> None:
         """A drain no longer wanted: take requests again (the pod becomes routable after its next check)."""
-        if self.phase is DrainPhase.SERVING:
-            return
-        if self._drain_task is not None:
-            self._drain_task.cancel()
-        self.phase = DrainPhase.SERVING
-        self.drain_started = None
-        self._drained.clear()
-        self._set_draining(False)
-        self._recheck.set()
-        log.info("drain cancelled")
+        if self.drain.cancel():
+            self._recheck.set()
+            log.info("drain cancelled")
 
     def _set_draining(self, draining: bool) -> None:
         """Readiness, the metric and (prefill) the bootstrap's admission follow the drain together."""
@@ -487,25 +351,10 @@ class PodServer:
         if self.bootstrap is not None:
             self.bootstrap.state.drain(draining)
 
-    async def _drain_watch(self) -> None:
-        assert self.drain_started is not None
-        deadline = self.drain_started + self.opts.config.drain_timeout_seconds
-        while True:
-            n = await self._in_flight_now()
-            if n == 0 or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.05)
-        self.drain_forced = n > 0
-        self.phase = DrainPhase.DRAINED
-        self.metrics.drains.labels("forced" if self.drain_forced else "drained").inc()
-        log.info("drain %s after %.2fs%s", "forced" if self.drain_forced else "finished",
-                 time.monotonic() - self.drain_started, f": {n} transfers still in flight" if n else "")
-        self._drained.set()
-
     def _in_flight_estimate(self) -> int:
         if self.bootstrap is not None:
             return self.bootstrap.state.unfinished
-        return self._active
+        return self.router.active
 
     async def _in_flight_now(self) -> int:
         """Decode: requests admitted and not answered. Prefill: requests some source has not finished, and

@@ -1,0 +1,96 @@
+"""The pod's drain: serving -> draining -> drained, back to serving when cancelled (one owner of the phase).
+
+A drain stops admission at once (``on_change(True)``: readiness, the metric and, prefill, the
+bootstrap's admission follow together), then waits until nothing is in flight or the budget
+(``drainTimeoutSeconds``) passes; past the budget it is *forced*. A cancel (the operator took its
+request back) makes the pod take requests again (``on_change(False)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+
+__all__ = ["Drain", "DrainPhase"]
+
+log = logging.getLogger("pdfleet_runtime.server")
+
+
+class DrainPhase(StrEnum):
+    SERVING = "serving"
+    DRAINING = "draining"
+    DRAINED = "drained"
+
+
+class Drain:
+    """``in_flight()``: transfers not finished (polled every 50 ms); ``on_done(forced)`` once drained."""
+
+    def __init__(self, budget_s: float, in_flight: Callable[[], Awaitable[int]], *,
+                 on_change: Callable[[bool], None], on_done: Callable[[bool], None],
+                 poll_s: float = 0.05) -> None:
+        self.budget_s, self._in_flight, self._on_change, self._on_done = budget_s, in_flight, on_change, on_done
+        self._poll_s = poll_s
+        self.phase = DrainPhase.SERVING
+        self.started: float | None = None
+        self.forced = False
+        self._drained = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.phase is DrainPhase.SERVING
+
+    def start(self) -> bool:
+        """Stop admitting and watch in-flight transfers; False when a drain already runs (idempotent)."""
+        if self.phase is not DrainPhase.SERVING:
+            return False
+        self.phase = DrainPhase.DRAINING
+        self.started = time.monotonic()
+        self.forced = False
+        self._drained.clear()
+        self._on_change(True)
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return True
+
+    def cancel(self) -> bool:
+        """Take requests again; False when the pod was serving anyway."""
+        if self.phase is DrainPhase.SERVING:
+            return False
+        if self._task is not None:
+            self._task.cancel()
+        self.phase = DrainPhase.SERVING
+        self.started = None
+        self._drained.clear()
+        self._on_change(False)
+        return True
+
+    async def wait(self) -> None:
+        """Until drained, or the budget (from the drain's start) has passed; at once when serving."""
+        if self.phase is DrainPhase.SERVING or self.started is None:
+            return
+        left = self.started + self.budget_s - time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained.wait(), max(0.0, left) + 0.5)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _watch(self) -> None:
+        assert self.started is not None
+        deadline = self.started + self.budget_s
+        while True:
+            n = await self._in_flight()
+            if n == 0 or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(self._poll_s)
+        self.forced = n > 0
+        self.phase = DrainPhase.DRAINED
+        log.info("drain %s after %.2fs%s", "forced" if self.forced else "finished",
+                 time.monotonic() - self.started, f": {n} transfers still in flight" if n else "")
+        self._on_done(self.forced)
+        self._drained.set()
