@@ -1,6 +1,6 @@
 """The protocol end to end in one process: a real bootstrap server on 127.0.0.1, prefill and decode
 coordinators, the in-process ``local`` engine. Fast, so the flow, versions, timeouts, releases and
-the HTTP surface's refusals are covered without spawning; tests/protocol repeats the flow with
+the HTTP surface's refusals are covered without spawning; tests/verify repeats the flow with
 one process per rank and the real engines.
 """
 
