@@ -45,8 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from pdfleet_runtime.engines import BlockBatch, EngineConfig, PeerInfo, create_engine
+from pdfleet_runtime.engines import EngineConfig, PeerInfo, create_engine
 from pdfleet_runtime.engines.base import poll_interval
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.transfer import Protocol
 
 LAYOUT = "qwen3.8-flash-next"
@@ -92,7 +93,7 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def _raw_write(engine: Any, peer: str, b: BlockBatch) -> Any:
+def _raw_write(engine: Any, peer: str, b: Blocks) -> Any:
     if engine.settings.backend == "mooncake":
         if b.descriptors > int(RAW_QUEUE):
             raise ValueError(f"{b.descriptors} blocks do not fit the raw Mooncake batch's queue of {RAW_QUEUE}")
@@ -178,7 +179,7 @@ def _initiator(config: EngineConfig, target: Connection, out: Connection, tokens
         remote = hello["registrations"][t]
         blocks = compile_pair(regs[t], remote).plan(
             RequestAllocator(lay, cap, seed=5).allocate(t), RequestAllocator(lay, cap, seed=6).allocate(t))
-        batch = BlockBatch.of(blocks)
+        batch = blocks
         reports: list[Any] = []
         local = create_engine(EngineConfig("local"))
         local.start()
@@ -187,7 +188,7 @@ def _initiator(config: EngineConfig, target: Connection, out: Connection, tokens
         helper.start()
         dst = np.empty(remote.region.total_bytes, dtype=np.uint8)
         local_peer = local.connect(helper.register([RegionRecord(dst.ctypes.data, dst.size, "cpu")]))
-        shifted = BlockBatch(batch.src, batch.dst - remote.region.address + dst.ctypes.data, batch.length)
+        shifted = Blocks(batch.src, batch.dst - remote.region.address + dst.ctypes.data, batch.length)
         src_view = pools[t].arena.numpy()
         flat = np.empty(batch.bytes, dtype=np.uint8)
         flat_src = np.resize(src_view, batch.bytes) if src_view.size < batch.bytes else src_view[: batch.bytes]

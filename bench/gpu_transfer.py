@@ -228,8 +228,9 @@ def _prefill(conn: Connection, counters_arr: Any, args: argparse.Namespace, devi
 def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, device: str, peer_device: str) -> None:
     torch = _setup(device)
     from pdfleet_runtime import staging
-    from pdfleet_runtime.engines import BlockBatch, PeerInfo, create_engine
+    from pdfleet_runtime.engines import PeerInfo, create_engine
     from pdfleet_runtime.engines import cuda as cuda_facts
+    from pdfleet_runtime.planner import Blocks
     from pdfleet_runtime.records import RegionRecord
 
     hello = conn.recv()
@@ -365,7 +366,7 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
             info["prepare_ms"] = (time.perf_counter() - tp) * 1e3
         t0 = time.perf_counter()
         if mode == "raw":
-            raw_write(BlockBatch(b.src, b.dst, b.length))
+            raw_write(Blocks(b.src, b.dst, b.length))
         elif mode == "adapter":
             rep = engine.write(peer, b, timeout_s=TIMEOUT_S)
             info = {"engine_calls": rep.engine_calls, "prepared": rep.prepared_descriptors,

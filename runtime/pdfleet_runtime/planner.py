@@ -23,7 +23,7 @@ Errors are ``PlanError``s naming the state type, the layer and the indices.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -326,12 +326,16 @@ def elect_sentinel_stages(sources: Iterable[RankRegistration]) -> dict[tuple[Sta
 
 @dataclass(frozen=True)
 class Blocks:
-    """Byte blocks ``(src address, dst address, length)``, with the state type of each (``STATE_ORDER``)."""
+    """Byte blocks ``(src address, dst address, length)``, int64, with the state type of each (``STATE_ORDER``).
+
+    The one block type: the planner makes it, engines take it (``engines.blocks.checked`` validates it
+    at the adapter). ``state`` is None for blocks nobody planned (an engine test's scratch writes).
+    """
 
     src: np.ndarray
     dst: np.ndarray
     length: np.ndarray
-    state: np.ndarray
+    state: np.ndarray | None = None
 
     @staticmethod
     def empty() -> Blocks:
@@ -342,7 +346,9 @@ class Blocks:
     def concat(parts: Sequence[Blocks]) -> Blocks:
         if not parts:
             return Blocks.empty()
-        return Blocks(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "length", "state")))
+        states = [p.state for p in parts]
+        return Blocks(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "length")),
+                      None if any(s is None for s in states) else np.concatenate(states))
 
     @property
     def descriptors(self) -> int:
@@ -353,8 +359,20 @@ class Blocks:
         return int(self.length.sum())
 
     def bytes_by_state(self) -> dict[str, int]:
+        if self.state is None:
+            return {}
         sums = np.bincount(self.state, weights=self.length, minlength=len(STATE_ORDER))
         return {s.value: int(sums[i]) for i, s in enumerate(STATE_ORDER) if sums[i]}
+
+    def take(self, sel: np.ndarray | slice) -> Blocks:
+        return Blocks(self.src[sel], self.dst[sel], self.length[sel], None if self.state is None else self.state[sel])
+
+    def chunks(self, max_entries: int) -> Iterator[Blocks]:
+        """Consecutive slices of at most ``max_entries`` blocks (views, no copies)."""
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        for start in range(0, self.descriptors, max_entries):
+            yield self.take(slice(start, start + max_entries))
 
 
 def coalesce(blocks: Blocks) -> Blocks:
@@ -364,10 +382,12 @@ def coalesce(blocks: Blocks) -> Blocks:
         return blocks
     end_s = blocks.src[:-1] + blocks.length[:-1]
     end_d = blocks.dst[:-1] + blocks.length[:-1]
-    join = (end_s == blocks.src[1:]) & (end_d == blocks.dst[1:]) & (blocks.state[:-1] == blocks.state[1:])
+    join = (end_s == blocks.src[1:]) & (end_d == blocks.dst[1:])
+    if blocks.state is not None:
+        join &= blocks.state[:-1] == blocks.state[1:]
     starts = np.flatnonzero(np.concatenate(([True], ~join)))
     return Blocks(blocks.src[starts], blocks.dst[starts], np.add.reduceat(blocks.length, starts),
-                  blocks.state[starts])
+                  None if blocks.state is None else blocks.state[starts])
 
 
 # --------------------------------------------------------------------------- compiled pair

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from pdfleet_runtime.engines import BlockBatch, EngineConfig, PeerInfo, TransferEngine, create_engine
+from pdfleet_runtime.engines import EngineConfig, PeerInfo, TransferEngine, create_engine
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RankRegistration
 
 LAYOUT = "qwen3.8-flash-next"
@@ -113,7 +114,7 @@ class Ctx:
     target_scratch: int
     expected: dict[int, np.ndarray]
 
-    def apply(self, blocks: BlockBatch) -> None:
+    def apply(self, blocks: Blocks) -> None:
         """Record ``blocks`` in the expected target arenas (the oracle: what the receiver must hold)."""
         for s, d, n in zip(blocks.src.tolist(), blocks.dst.tolist(), blocks.length.tolist(), strict=True):
             src, so = self.mem.locate(s)
@@ -125,13 +126,13 @@ class Ctx:
         got = self.target.recv()
         return got == {b: hashlib.sha256(a).hexdigest() for b, a in self.expected.items()}
 
-    def scratch_blocks(self, n: int, size: int, seed: int) -> BlockBatch:
+    def scratch_blocks(self, n: int, size: int, seed: int) -> Blocks:
         """``n`` disjoint blocks of ``size`` bytes between the two scratch regions, shuffled."""
         rng = np.random.default_rng(seed)
         slots = SCRATCH // size
         src = rng.choice(slots, n, replace=False) * size + self.mem.scratch.ctypes.data
         dst = rng.choice(slots, n, replace=False) * size + self.target_scratch
-        return BlockBatch.of((src, dst, np.full(n, size)))
+        return Blocks(src, dst, np.full(n, size, dtype=np.int64))
 
 
 def _report(r: Any) -> dict[str, Any]:
@@ -219,7 +220,7 @@ def _planned(ctx: Ctx, pools_index: int) -> dict[str, Any]:
     plan = compile_pair(ctx.mem.pools[pools_index].registration(), ctx.target_reg)
     blocks = plan.plan(src_idx, dst_idx)
     report = ctx.engine.write(ctx.peer, blocks, timeout_s=60)
-    ctx.apply(BlockBatch.of(blocks))
+    ctx.apply(blocks)
     pages_fragmented = bool((np.diff(np.sort(dst_idx.pages)) != 1).any())
     return {"match": ctx.target_matches(), "fragmented": pages_fragmented, **_report(report)}
 
@@ -233,7 +234,7 @@ def planned_hetero_tp(ctx: Ctx) -> dict[str, Any]:
     return _planned(ctx, 1)
 
 
-def _refused(ctx: Ctx, bad: BlockBatch) -> dict[str, Any]:
+def _refused(ctx: Ctx, bad: Blocks) -> dict[str, Any]:
     calls = ctx.engine.batches_to_engine
     try:
         ctx.engine.write(ctx.peer, bad, timeout_s=10)
@@ -254,7 +255,7 @@ def out_of_range_local(ctx: Ctx) -> dict[str, Any]:
     good = ctx.scratch_blocks(8, 4096, seed=21)
     src = good.src.copy()
     src[5] = ctx.mem.scratch.ctypes.data + SCRATCH - 4096 + 64
-    return _refused(ctx, BlockBatch(src, good.dst, good.length))
+    return _refused(ctx, Blocks(src, good.dst, good.length))
 
 
 def out_of_range_remote(ctx: Ctx) -> dict[str, Any]:
@@ -262,7 +263,7 @@ def out_of_range_remote(ctx: Ctx) -> dict[str, Any]:
     good = ctx.scratch_blocks(8, 4096, seed=22)
     dst = good.dst.copy()
     dst[2] = ctx.target_scratch + SCRATCH - 100
-    return _refused(ctx, BlockBatch(good.src, dst, good.length))
+    return _refused(ctx, Blocks(good.src, dst, good.length))
 
 
 def _write_verified(ctx: Ctx, n: int, size: int, seed: int) -> dict[str, Any]:
@@ -329,7 +330,7 @@ def idle_cpu(ctx: Ctx) -> dict[str, Any]:
 
 def empty_batch(ctx: Ctx) -> dict[str, Any]:
     """A batch of no blocks completes at once, with no engine request."""
-    report = ctx.engine.write(ctx.peer, BlockBatch.of((np.zeros(0, np.int64),) * 3), timeout_s=5)
+    report = ctx.engine.write(ctx.peer, Blocks(*(np.zeros(0, np.int64),) * 3), timeout_s=5)
     return _report(report)
 
 

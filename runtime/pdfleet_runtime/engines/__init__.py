@@ -18,7 +18,7 @@ from pdfleet_runtime.engines.base import (
     TransferReport,
     TransportReport,
 )
-from pdfleet_runtime.engines.blocks import BlockBatch, Granule, GranuleTable, RegionTable, granules_of
+from pdfleet_runtime.engines.blocks import Granule, GranuleTable, RegionTable, checked, granules_of
 from pdfleet_runtime.engines.errors import (
     BlockError,
     BlockRangeError,
@@ -45,7 +45,6 @@ __all__ = [
     "ADAPTERS",
     "LOCAL_BACKEND",
     "PEER_INFO_VERSION",
-    "BlockBatch",
     "BlockError",
     "BlockRangeError",
     "EngineCapabilities",
@@ -76,6 +75,7 @@ __all__ = [
     "TransportReport",
     "UnknownPeer",
     "adapter_class",
+    "checked",
     "create_engine",
     "granules_of",
     "resolve",

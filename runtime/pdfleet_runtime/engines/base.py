@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NewType
 
-from pdfleet_runtime.engines.blocks import BlockBatch, Granule, GranuleTable, RegionTable, granules_of
+from pdfleet_runtime.engines.blocks import Granule, GranuleTable, RegionTable, checked, granules_of
 from pdfleet_runtime.engines.errors import (
     EngineState,
     EngineStateError,
@@ -38,6 +38,7 @@ from pdfleet_runtime.engines.errors import (
     UnknownPeer,
 )
 from pdfleet_runtime.engines.settings import PROCESS_ENV, EngineConfig, ResolvedSettings, resolve
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import BufferRecord, RankRegistration, RegionRecord
 from pdfleet_runtime.transfer import Protocol
 
@@ -193,7 +194,7 @@ class Transfer(ABC):
 
     sleep_after_every_poll: ClassVar[bool] = False
 
-    def __init__(self, peer: PeerId, batch: BlockBatch) -> None:
+    def __init__(self, peer: PeerId, batch: Blocks) -> None:
         self.peer = peer
         self.batch = batch
         self.status = TransferStatus.PENDING
@@ -329,19 +330,19 @@ class TransferEngine(ABC):
 
     # ------------------------------------------------------------------ writes
 
-    def submit(self, peer: PeerId, blocks: object) -> Transfer:
-        """Check and start a write of ``blocks`` (planner ``Blocks``, (n, 3) or a triple) to ``peer``."""
+    def submit(self, peer: PeerId, blocks: Blocks) -> Transfer:
+        """Check and start a write of ``blocks`` to ``peer``."""
         self._require(EngineState.REGISTERED)
         state = self._peers.get(peer)
         if state is None:
             raise UnknownPeer(f"peer {peer!r} is not connected (connected: {sorted(self._peers)})")
-        batch = BlockBatch.of(blocks)
+        batch = checked(blocks)
         self._local.check(batch.src, batch.length)
         state.regions.check(batch.dst, batch.length)
         self.batches_to_engine += 1
         return self._submit(peer, state, batch)
 
-    def write(self, peer: PeerId, blocks: object, *, timeout_s: float = 60.0) -> TransferReport:
+    def write(self, peer: PeerId, blocks: Blocks, *, timeout_s: float = 60.0) -> TransferReport:
         """``submit`` then ``wait``: returns when every byte is written, or raises a typed error."""
         return self.submit(peer, blocks).wait(timeout_s)
 
@@ -392,7 +393,7 @@ class TransferEngine(ABC):
         pass
 
     @abstractmethod
-    def _submit(self, peer_id: PeerId, peer: PeerState, batch: BlockBatch) -> Transfer: ...
+    def _submit(self, peer_id: PeerId, peer: PeerState, batch: Blocks) -> Transfer: ...
 
     def _close(self) -> None:  # noqa: B027 - optional hook
         pass

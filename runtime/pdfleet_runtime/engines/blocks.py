@@ -1,7 +1,7 @@
 """Block arrays and the vectorized checks every adapter runs before an engine sees a block.
 
-A batch is three equal-length int64 arrays ``(src address, dst address, length)``: the planner's
-``Blocks``, an ``(n, 3)`` array, or a triple of arrays. ``RegionTable`` refuses any block not
+A batch is the planner's ``Blocks``: three equal-length int64 arrays ``(src address, dst address,
+length)`` (``checked`` makes sure). ``RegionTable`` refuses any block not
 wholly inside one registered region (one ``searchsorted`` for the whole batch; Mooncake once
 returned success for a write from an unregistered address without moving a byte).
 ``GranuleTable`` maps blocks made of whole items of a buffer to item indices, the addressing of
@@ -10,15 +10,16 @@ NIXL's prepared descriptor lists.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from pdfleet_runtime.engines.errors import BlockError, BlockRangeError, Side
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import BufferRecord, RegionRecord
 
-__all__ = ["BlockBatch", "Granule", "GranuleTable", "RegionTable", "granules_of"]
+__all__ = ["Granule", "GranuleTable", "RegionTable", "checked", "granules_of"]
 
 _MAX_ADDR = np.iinfo(np.int64).max
 
@@ -36,56 +37,23 @@ def _as_int64(values: object, name: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-@dataclass(frozen=True)
-class BlockBatch:
-    """Byte blocks to write: ``src`` (local), ``dst`` (remote) addresses and ``length``, all int64."""
-
-    src: np.ndarray
-    dst: np.ndarray
-    length: np.ndarray
-
-    @classmethod
-    def of(cls, blocks: object) -> BlockBatch:
-        """Normalize planner ``Blocks``, an ``(n, 3)`` array or a ``(src, dst, length)`` triple, and validate."""
-        if isinstance(blocks, BlockBatch):
-            return blocks
-        if all(hasattr(blocks, f) for f in ("src", "dst", "length")):
-            parts = (blocks.src, blocks.dst, blocks.length)  # type: ignore[attr-defined]
-        elif isinstance(blocks, np.ndarray):
-            if blocks.ndim != 2 or blocks.shape[1] != 3:
-                raise BlockError(f"a block array must have shape (n, 3), got {blocks.shape}")
-            parts = (blocks[:, 0], blocks[:, 1], blocks[:, 2])
-        elif isinstance(blocks, Sequence) and len(blocks) == 3:
-            parts = tuple(blocks)
-        else:
-            raise BlockError(f"cannot read blocks from {type(blocks).__name__}")
-        src, dst, length = (_as_int64(p, n) for p, n in zip(parts, ("src", "dst", "length"), strict=True))
-        if not (src.size == dst.size == length.size):
-            raise BlockError(f"block arrays differ in length: src {src.size}, dst {dst.size}, length {length.size}")
-        if length.size:
-            bad = np.flatnonzero((length <= 0) | (src < 0) | (dst < 0))
-            if bad.size:
-                raise BlockError(f"{bad.size} block(s) with a non-positive length or negative address, "
-                                 f"first indices {bad[:8].tolist()}")
-        return cls(src, dst, length)
-
-    @property
-    def descriptors(self) -> int:
-        return int(self.length.size)
-
-    @property
-    def bytes(self) -> int:
-        return int(self.length.sum())
-
-    def take(self, sel: np.ndarray | slice) -> BlockBatch:
-        return BlockBatch(self.src[sel], self.dst[sel], self.length[sel])
-
-    def chunks(self, max_entries: int) -> Iterator[BlockBatch]:
-        """Consecutive slices of at most ``max_entries`` blocks (views, no copies)."""
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
-        for start in range(0, self.descriptors, max_entries):
-            yield self.take(slice(start, start + max_entries))
+def checked(blocks: Blocks) -> Blocks:
+    """``blocks`` with int64 arrays of one length, every length positive and every address non-negative;
+    ``BlockError`` otherwise (what every adapter runs before an engine sees a block)."""
+    if not isinstance(blocks, Blocks):
+        raise BlockError(f"engines take planner Blocks, got {type(blocks).__name__}")
+    src, dst, length = (_as_int64(p, n) for p, n in zip((blocks.src, blocks.dst, blocks.length),
+                                                         ("src", "dst", "length"), strict=True))
+    if not (src.size == dst.size == length.size):
+        raise BlockError(f"block arrays differ in length: src {src.size}, dst {dst.size}, length {length.size}")
+    if length.size:
+        bad = np.flatnonzero((length <= 0) | (src < 0) | (dst < 0))
+        if bad.size:
+            raise BlockError(f"{bad.size} block(s) with a non-positive length or negative address, "
+                             f"first indices {bad[:8].tolist()}")
+    if src is blocks.src and dst is blocks.dst and length is blocks.length:
+        return blocks
+    return Blocks(src, dst, length, blocks.state)
 
 
 class RegionTable:

@@ -21,9 +21,9 @@ from pdfleet_runtime.engines.base import (
     TransferEngine,
     TransferReport,
 )
-from pdfleet_runtime.engines.blocks import BlockBatch
 from pdfleet_runtime.engines.errors import HandshakeError
 from pdfleet_runtime.engines.settings import LOCAL_BACKEND
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
 from pdfleet_runtime.transfer import Protocol
 
@@ -33,7 +33,7 @@ _DEFAULT_CHUNK = 4096
 
 
 class _LocalTransfer(Transfer):
-    def __init__(self, peer: PeerId, batch: BlockBatch, chunk: int) -> None:
+    def __init__(self, peer: PeerId, batch: Blocks, chunk: int) -> None:
         super().__init__(peer, batch)
         self._chunks = list(batch.chunks(chunk))
         self._next = 0
@@ -73,5 +73,5 @@ class LocalEngine(TransferEngine):
             raise HandshakeError(f"local peer {info.name} lives in another process")
         return None
 
-    def _submit(self, peer_id: PeerId, peer: PeerState, batch: BlockBatch) -> Transfer:
+    def _submit(self, peer_id: PeerId, peer: PeerState, batch: Blocks) -> Transfer:
         return _LocalTransfer(peer_id, batch, self.settings.max_batch_entries or _DEFAULT_CHUNK)

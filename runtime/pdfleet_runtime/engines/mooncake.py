@@ -43,13 +43,13 @@ from pdfleet_runtime.engines.base import (
     TransportReport,
     import_first,
 )
-from pdfleet_runtime.engines.blocks import BlockBatch
 from pdfleet_runtime.engines.errors import (
     EngineStartError,
     PeerUnreachable,
     TransferFailed,
     TransportMismatch,
 )
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
 from pdfleet_runtime.transfer import Protocol
 
@@ -89,7 +89,7 @@ class _MooncakeTransfer(Transfer):
     may have landed partly is simply written again.
     """
 
-    def __init__(self, engine: MooncakeEngine, peer: PeerId, batch: BlockBatch, chunk: int, depth: int) -> None:
+    def __init__(self, engine: MooncakeEngine, peer: PeerId, batch: Blocks, chunk: int, depth: int) -> None:
         super().__init__(peer, batch)
         self._engine = engine
         self._chunks = list(batch.chunks(chunk))
@@ -227,7 +227,7 @@ class MooncakeEngine(TransferEngine):
             raise PeerUnreachable(f"peer {info.name} does not answer the handshake probe (returned {rc})")
         return None
 
-    def _submit(self, peer_id: PeerId, peer: PeerState, batch: BlockBatch) -> Transfer:
+    def _submit(self, peer_id: PeerId, peer: PeerState, batch: Blocks) -> Transfer:
         limit = self.settings.max_batch_entries
         # Two chunks of half the per-peer queue keep the link busy without ever filling the queue.
         return _MooncakeTransfer(self, peer_id, batch, limit or batch.descriptors or 1, 2 if limit else 1)
@@ -252,7 +252,7 @@ class MooncakeEngine(TransferEngine):
         if fault is InjectedFault.POISON:
             self._poisoned = True
 
-    def _call(self, peer: str, chunk: BlockBatch) -> int:
+    def _call(self, peer: str, chunk: Blocks) -> int:
         self.engine_calls += 1
         if self._poisoned:
             return -1
@@ -260,7 +260,7 @@ class MooncakeEngine(TransferEngine):
         return int(self._engine.batch_transfer_sync_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
                                                           chunk.length.tolist()))
 
-    def _call_async(self, peer: str, chunk: BlockBatch) -> int:
+    def _call_async(self, peer: str, chunk: Blocks) -> int:
         """Submit one chunk; the engine's batch id, or -1 when it refused (or a fault is injected)."""
         self.engine_calls += 1
         if self._poisoned:
@@ -274,7 +274,7 @@ class MooncakeEngine(TransferEngine):
         """Block until batch ``bid`` ends: 0 when every entry succeeded."""
         return int(self._engine.get_batch_transfer_status([bid]))
 
-    def _write_chunk(self, peer: PeerId, chunk: BlockBatch) -> tuple[int, int]:
+    def _write_chunk(self, peer: PeerId, chunk: Blocks) -> tuple[int, int]:
         """Write one chunk; on failure probe, rebuild once and retry. Returns (engine calls, recoveries)."""
         rc = self._call(peer, chunk)
         if rc == 0:

@@ -18,8 +18,8 @@ from pdfleet_runtime.engines.base import (
     Transfer,
     TransferEngine,
 )
-from pdfleet_runtime.engines.blocks import BlockBatch
 from pdfleet_runtime.engines.errors import EngineUnavailable
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
 from pdfleet_runtime.transfer import Protocol
 
@@ -62,5 +62,5 @@ class MoriEngine(TransferEngine):
     def _connect(self, info: PeerInfo) -> Any:
         self._unsupported()
 
-    def _submit(self, peer_id: PeerId, peer: PeerState, batch: BlockBatch) -> Transfer:
+    def _submit(self, peer_id: PeerId, peer: PeerState, batch: Blocks) -> Transfer:
         self._unsupported()

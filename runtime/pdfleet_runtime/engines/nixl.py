@@ -42,7 +42,7 @@ from pdfleet_runtime.engines.base import (
     TransportReport,
     import_first,
 )
-from pdfleet_runtime.engines.blocks import BlockBatch, GranuleTable
+from pdfleet_runtime.engines.blocks import GranuleTable
 from pdfleet_runtime.engines.errors import (
     EngineError,
     EngineStartError,
@@ -51,6 +51,7 @@ from pdfleet_runtime.engines.errors import (
     SettingsError,
     TransferFailed,
 )
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
 from pdfleet_runtime.transfer import Protocol
 
@@ -134,7 +135,7 @@ class _NixlTransfer(Transfer):
 
     sleep_after_every_poll = True
 
-    def __init__(self, engine: NixlEngine, peer: PeerId, batch: BlockBatch, prepared: int, adhoc: int) -> None:
+    def __init__(self, engine: NixlEngine, peer: PeerId, batch: Blocks, prepared: int, adhoc: int) -> None:
         super().__init__(peer, batch)
         self._engine = engine
         self._handles: list[Any] = []
@@ -264,7 +265,7 @@ class NixlEngine(TransferEngine):
         except Exception as e:
             raise map_nixl_error(peer, e) from e
 
-    def _indices(self, peer: PeerState, batch: BlockBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _indices(self, peer: PeerState, batch: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Blocks addressable in the prepared lists (whole, equal-sized items on both sides): their mask
         and the local and remote item indices of those blocks, in order. None when no block is."""
         if self._local_dlist is None or peer.handle.dlist is None:
@@ -280,7 +281,7 @@ class NixlEngine(TransferEngine):
             return None
         return mask, GranuleTable.expand(lfirst, items), GranuleTable.expand(rfirst, items)
 
-    def _submit(self, peer_id: PeerId, peer: PeerState, batch: BlockBatch) -> Transfer:
+    def _submit(self, peer_id: PeerId, peer: PeerState, batch: Blocks) -> Transfer:
         agent, remote = self._agent, peer.handle
         by_index = self._indices(peer, batch) if batch.descriptors else None
         if by_index is None:

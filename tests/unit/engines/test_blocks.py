@@ -1,4 +1,5 @@
-"""Block arrays: normalization, batch splitting, vectorized range checks and granule indexing."""
+"""Block arrays: the adapters' check of planner ``Blocks``, batch splitting, vectorized range checks and granule
+indexing."""
 
 from __future__ import annotations
 
@@ -8,45 +9,48 @@ import numpy as np
 import pytest
 
 from pdfleet_runtime.engines import (
-    BlockBatch,
     BlockError,
     BlockRangeError,
     Granule,
     GranuleTable,
     RegionTable,
     Side,
+    checked,
 )
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
 
 
-def test_accepts_planner_blocks_n_by_3_and_triples() -> None:
+def test_accepts_planner_blocks_of_any_integer_dtype_as_int64() -> None:
     src, dst, length = np.array([0, 100]), np.array([1000, 2000]), np.array([10, 20])
-    planner = Blocks(src, dst, length, np.zeros(2, dtype=np.uint8))
-    stacked = np.stack([src, dst, length], 1).astype(np.uint64)
-    for form in (planner, stacked, (src, dst, length), (src.tolist(), dst.tolist(), length.tolist())):
-        b = BlockBatch.of(form)
-        assert b.src.dtype == np.int64 and b.src.tolist() == [0, 100] and b.bytes == 30
+    planned = Blocks(src, dst, length, np.zeros(2, dtype=np.uint8))
+    assert checked(planned) is planned  # already int64: no copy
+    for form in (planned, Blocks(src.astype(np.uint64), dst.astype(np.uint32), length.astype(np.int32))):
+        b = checked(form)
+        assert b.src.dtype == b.dst.dtype == b.length.dtype == np.int64
+        assert b.src.tolist() == [0, 100] and b.bytes == 30
 
 
 @pytest.mark.parametrize(
     "bad",
     [
-        (np.array([0, 1]), np.array([0]), np.array([1, 1])),
-        (np.array([0]), np.array([0]), np.array([0])),
-        (np.array([-5]), np.array([0]), np.array([4])),
-        np.zeros((4, 2), dtype=np.int64),
-        (np.array([2**63], dtype=np.uint64), np.array([0], dtype=np.uint64), np.array([1], dtype=np.uint64)),
+        Blocks(np.array([0, 1]), np.array([0]), np.array([1, 1])),
+        Blocks(np.array([0]), np.array([0]), np.array([0])),
+        Blocks(np.array([-5]), np.array([0]), np.array([4])),
+        Blocks(np.array([0.5]), np.array([0]), np.array([4])),
+        Blocks(np.array([2**63], dtype=np.uint64), np.array([0], dtype=np.uint64), np.array([1], dtype=np.uint64)),
+        np.zeros((4, 3), dtype=np.int64),
+        (np.array([0]), np.array([0]), np.array([1])),
     ],
 )
 def test_malformed_blocks_are_refused(bad: object) -> None:
     with pytest.raises(BlockError):
-        BlockBatch.of(bad)
+        checked(bad)  # type: ignore[arg-type]
 
 
 def test_chunks_cover_everything_in_order_within_the_limit() -> None:
     n = 10_000
-    b = BlockBatch.of((np.arange(n), np.arange(n) + n, np.ones(n, dtype=np.int64)))
+    b = Blocks(np.arange(n), np.arange(n) + n, np.ones(n, dtype=np.int64))
     parts = list(b.chunks(1024))
     assert [p.descriptors for p in parts] == [1024] * 9 + [784]
     assert np.concatenate([p.src for p in parts]).tolist() == b.src.tolist()

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from pdfleet_runtime.engines import (
-    BlockBatch,
     BlockRangeError,
     EngineConfig,
     EngineState,
@@ -38,6 +37,7 @@ from pdfleet_runtime.engines.blocks import Granule
 from pdfleet_runtime.engines.mooncake import map_write_failure
 from pdfleet_runtime.engines.nixl import _new_agent, map_nixl_error, memory_type
 from pdfleet_runtime.matrix import LATEST_MATRIX_VERSION, MATRICES, Feature
+from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
 from pdfleet_runtime.transfer import ENGINE_SETTINGS, UNSUPPORTED_PROTOCOLS, Backend, Protocol
 
@@ -56,8 +56,8 @@ def _pair(chunk: int = 3) -> tuple[object, object, np.ndarray, np.ndarray, str]:
 def test_local_engine_writes_byte_exact_in_chunks() -> None:
     a, _, src, dst, peer = _pair()
     s0, d0 = src.ctypes.data, dst.ctypes.data
-    t = a.submit(peer, (np.array([s0, s0 + 100, s0 + 4000, s0 + 7]), np.array([d0 + 10, d0 + 500, d0 + 0, d0 + 3000]),
-                        np.array([5, 50, 96, 1])))
+    t = a.submit(peer, Blocks(np.array([s0, s0 + 100, s0 + 4000, s0 + 7]),
+                              np.array([d0 + 10, d0 + 500, d0 + 0, d0 + 3000]), np.array([5, 50, 96, 1])))
     assert t.poll() is TransferStatus.PENDING  # 4 blocks in chunks of 3: one poll is not enough
     report = t.wait(5)
     assert t.status is TransferStatus.DONE and report.engine_calls == 2 and report.bytes == 152
@@ -70,13 +70,13 @@ def test_refused_blocks_never_touch_memory() -> None:
     a, _, src, dst, peer = _pair()
     s0, d0 = src.ctypes.data, dst.ctypes.data
     with pytest.raises(BlockRangeError):
-        a.write(peer, (np.array([s0, s0]), np.array([d0, d0 + 4090]), np.array([8, 8])))
+        a.write(peer, Blocks(np.array([s0, s0]), np.array([d0, d0 + 4090]), np.array([8, 8])))
     assert not dst.any() and a.batches_to_engine == 0
     with pytest.raises(UnknownPeer, match="not connected"):
-        a.write("nobody", (np.array([s0]), np.array([d0]), np.array([1])))
+        a.write("nobody", Blocks(np.array([s0]), np.array([d0]), np.array([1])))
     a.forget(peer)
     with pytest.raises(UnknownPeer):
-        a.write(peer, (np.array([s0]), np.array([d0]), np.array([1])))
+        a.write(peer, Blocks(np.array([s0]), np.array([d0]), np.array([1])))
 
 
 def test_lifecycle_is_enforced() -> None:
@@ -166,7 +166,7 @@ class _Steps(Transfer):
     """A transfer done after ``steps`` polls, each taking ``clock.step`` (a blocking engine call when long)."""
 
     def __init__(self, steps: int, clock: _Clock | None = None) -> None:
-        super().__init__(PeerId("p"), BlockBatch.of((np.zeros(0, np.int64),) * 3))
+        super().__init__(PeerId("p"), Blocks(*(np.zeros(0, np.int64),) * 3))
         self.left, self.clock = steps, clock
 
     def _advance(self) -> TransferReport | None:
