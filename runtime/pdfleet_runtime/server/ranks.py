@@ -4,9 +4,9 @@ Started by ``launcher`` with the ``spawn`` context (one per local GPU rank, as a
 process never imports torch or an engine; this one does. The messages on the pipe are the typed
 ones of ``pipe``; EOF (the pod process died) ends the rank at once.
 
-Decode ops: ``TransferOp`` (one synthetic request through this rank: allocate, ``DecodeRank.transfer``
-with a ``SyntheticFill``, verify every byte, free) and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill
-rank makes a synthetic request's state when the decode's ``TransferRequest`` asks for it.
+Decode ops: ``TransferOp`` (one synthetic request through this rank: ``rank_requests.DecodeRequests``)
+and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill rank makes a synthetic request's state when the
+decode's ``TransferRequest`` asks for it (``rank_requests.SyntheticSource``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ from typing import Any, cast
 from pdfleet_runtime.config import Role
 from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
 from pdfleet_runtime.layouts import resolve_layout
-from pdfleet_runtime.pools import Capacity, PoolExhausted, RankPools, RequestAllocator
+from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
-from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
-from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
-from pdfleet_runtime.protocol.messages import StatusReport, SyntheticFill
-from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings, SyntheticError
-from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
-from pdfleet_runtime.records import ParallelShape, RequestIndices
+from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.messages import StatusReport
+from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
+from pdfleet_runtime.protocol.states import StateTimeouts
+from pdfleet_runtime.records import ParallelShape
 
 from .pipe import (
     Call,
@@ -47,10 +46,9 @@ from .pipe import (
     Reply,
     StatsOp,
     TransferOp,
-    TransferResult,
     Transport,
 )
-from .synthetic import corrupt_request, fill_request, verify_request
+from .rank_requests import DecodeRequests, SyntheticSource
 
 __all__ = ["rank_main"]
 
@@ -89,9 +87,8 @@ class _Rank:
         self.conn, self.spec = conn, spec
         cfg = spec.config
         self.shape = ParallelShape(cfg.shape.tensor, cfg.shape.pipeline)
-        self.held: dict[str, RequestIndices] = {}
         self.stop = asyncio.Event()
-        self.in_flight = 0
+        self.work: SyntheticSource | DecodeRequests | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -156,8 +153,8 @@ class _Rank:
 
     async def _handle(self, op: RankOp) -> RankResult:
         match op:
-            case TransferOp() if self.spec.config.role is Role.DECODE:
-                return await self.transfer(op)
+            case TransferOp() if isinstance(self.work, DecodeRequests):
+                return await self.work.transfer(op)
             case StatsOp():
                 return self.stats()
         return CallFailed(f"a {self.spec.config.role.value} rank does not take {type(op).__name__}")
@@ -169,32 +166,18 @@ class _Rank:
         engine = self.engine
         if spec.faults.write_delay_s > 0:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
+        self.work = source = SyntheticSource(self.pools, self.alloc)
         client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"))
         timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
-                                 release=self._release, synthetic=self._synthetic, on_report=self._on_report)
+                                 release=source.release, synthetic=source.fill, on_report=self._on_report)
         await self.coord.register()
         self._ready()
         try:
             await self.coord.run(self.stop)
         finally:
             await client.close()
-
-    async def _synthetic(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
-        try:
-            idx = self.alloc.allocate(fill.tokens)
-        except PoolExhausted as e:
-            raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
-        self.held[request_id] = idx
-        await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
-        log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
-        return idx
-
-    def _release(self, request_id: str) -> None:
-        idx = self.held.pop(request_id, None)
-        if idx is not None:
-            self.alloc.free(idx)
 
     def _on_report(self, r: StatusReport) -> None:
         log.info("request %s -> %s%s: %s%s, %d bytes in %.4fs", r.request_id, r.instance, list(r.dst.pair),
@@ -205,69 +188,14 @@ class _Rank:
     # ------------------------------------------------------------------ decode
 
     async def _decode(self) -> None:
-        self.coords: dict[Endpoint, DecodeRank] = {}
+        self.work = DecodeRequests(self.spec, self.pools, self.alloc, self.info)
         self._ready()
         try:
             await self.stop.wait()
         finally:
-            for coord in self.coords.values():
-                await coord.close()
-
-    def _coord(self, ep: Endpoint) -> DecodeRank:
-        coord = self.coords.get(ep)
-        if coord is None:
-            spec = self.spec
-            timeouts = StateTimeouts(bootstrapping_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
-            wire = {"wire": spec.faults.wire} if spec.faults.wire else {}
-            coord = self.coords[ep] = DecodeRank(
-                self.pools.registration(), self.info, StaticResolver([ep]),
-                Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
-                settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
-                release=self._release, **wire)
-        return coord
-
-    async def transfer(self, op: TransferOp) -> TransferResult:
-        """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
-        request_id, seed = op.request_id, op.seed
-        if request_id in self.held:
-            return TransferResult(request_id, RequestState.FAILED, FailureReason.CONFLICT,
-                                  reason=f"request id {request_id} is already in flight on this rank")
-        try:
-            idx = self.alloc.allocate(op.tokens)
-        except PoolExhausted as e:
-            return TransferResult(request_id, RequestState.FAILED, FailureReason.BUSY,
-                                  reason=f"decode pools are full: {e}")
-        self.held[request_id] = idx
-        self.in_flight += 1
-        try:
-            out = await self._coord(Endpoint(op.host, op.port)).transfer(
-                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens))
-        finally:
-            self.in_flight -= 1
-        moved = sum(r.bytes for r in out.reports)
-        write_s = max((r.write_seconds for r in out.reports), default=0.0)
-        mismatched = -1
-        if out.state is RequestState.SUCCESS:
-            if self.spec.faults.corrupt_received:
-                await asyncio.to_thread(corrupt_request, self.pools, idx)
-            mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if op.verify else 0
-            self._release(request_id)
-        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
-                 out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
-                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
-        # Released: no source can still write these items (the request was never accepted, or it ended), so
-        # the pod may send the same request to another prefill pod.
-        return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,
-                              out.seconds, mismatched, released=request_id not in self.held)
+            await self.work.close()
 
     def stats(self) -> RankStats:
-        free = {k.value: v for k, v in self.alloc.free_counts().items()}
-        if self.spec.config.role is Role.PREFILL:
-            return RankStats(self.coord.in_flight, len(self.held), free)
-        fenced: dict[str, int] = {}
-        for c in self.coords.values():
-            for k, v in c.fenced.items():
-                fenced[k] = fenced.get(k, 0) + v
-        return RankStats(self.in_flight, len(self.held), free, fenced,
-                         fences_pending=sum(c.fences_pending for c in self.coords.values()),
-                         handshakes=sum(c.handshakes for c in self.coords.values()))
+        if isinstance(self.work, SyntheticSource):
+            return self.work.stats(self.coord.in_flight)
+        return self.work.stats()

@@ -1,0 +1,134 @@
+"""What a rank process does with a synthetic request, apart from its pipe: fill it (prefill), move and check it (decode).
+
+``SyntheticSource`` is a prefill rank's ``synthetic`` callback: allocate the request's items, fill
+them with seeded state, give them back on release; full pools fail the request ``BUSY``.
+``DecodeRequests`` runs one ``TransferOp`` on a decode rank: allocate, ``DecodeRank.transfer`` with a
+``SyntheticFill`` (one coordinator per prefill pod), verify every byte, free, and answer a
+``TransferResult`` whose failure and cause are the protocol's own ``FailureReason``s. ``ranks``
+drives both from the pipe; tests drive them in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pdfleet_runtime.engines.base import PeerInfo
+from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
+from pdfleet_runtime.protocol.auth import Codec
+from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
+from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
+from pdfleet_runtime.protocol.messages import SyntheticFill
+from pdfleet_runtime.protocol.prefill import SyntheticError
+from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
+from pdfleet_runtime.records import RequestIndices
+
+from .pipe import RankSpec, RankStats, TransferOp, TransferResult
+from .synthetic import corrupt_request, fill_request, verify_request
+
+__all__ = ["DecodeRequests", "SyntheticSource"]
+
+log = logging.getLogger("pdfleet_runtime.server.rank")
+
+
+class _Items:
+    """The items a rank holds for requests in flight, by request id."""
+
+    def __init__(self, pools: RankPools, alloc: RequestAllocator) -> None:
+        self.pools, self.alloc = pools, alloc
+        self.held: dict[str, RequestIndices] = {}
+
+    def release(self, request_id: str) -> None:
+        idx = self.held.pop(request_id, None)
+        if idx is not None:
+            self.alloc.free(idx)
+
+    def free(self) -> dict[str, int]:
+        return {k.value: v for k, v in self.alloc.free_counts().items()}
+
+
+class SyntheticSource(_Items):
+    """A prefill rank's seeded request state (``PrefillRank(synthetic=source.fill, release=source.release)``)."""
+
+    async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
+        try:
+            idx = self.alloc.allocate(fill.tokens)
+        except PoolExhausted as e:
+            raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
+        self.held[request_id] = idx
+        await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
+        log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
+        return idx
+
+    def stats(self, in_flight: int) -> RankStats:
+        return RankStats(in_flight, len(self.held), self.free())
+
+
+class DecodeRequests(_Items):
+    """A decode rank's synthetic requests: one ``DecodeRank`` per prefill pod, every byte checked."""
+
+    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo) -> None:
+        super().__init__(pools, alloc)
+        self.spec, self.info = spec, info
+        self.coords: dict[Endpoint, DecodeRank] = {}
+        self.in_flight = 0
+
+    def _coord(self, ep: Endpoint) -> DecodeRank:
+        coord = self.coords.get(ep)
+        if coord is None:
+            spec = self.spec
+            timeouts = StateTimeouts(bootstrapping_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
+            wire = {"wire": spec.faults.wire} if spec.faults.wire else {}
+            coord = self.coords[ep] = DecodeRank(
+                self.pools.registration(), self.info, StaticResolver([ep]),
+                Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
+                settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
+                release=self.release, **wire)
+        return coord
+
+    async def transfer(self, op: TransferOp) -> TransferResult:
+        """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
+        request_id, seed = op.request_id, op.seed
+        if request_id in self.held:
+            return TransferResult(request_id, RequestState.FAILED, FailureReason.CONFLICT,
+                                  reason=f"request id {request_id} is already in flight on this rank")
+        try:
+            idx = self.alloc.allocate(op.tokens)
+        except PoolExhausted as e:
+            return TransferResult(request_id, RequestState.FAILED, FailureReason.BUSY,
+                                  reason=f"decode pools are full: {e}")
+        self.held[request_id] = idx
+        self.in_flight += 1
+        try:
+            out = await self._coord(Endpoint(op.host, op.port)).transfer(
+                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens))
+        finally:
+            self.in_flight -= 1
+        moved = sum(r.bytes for r in out.reports)
+        write_s = max((r.write_seconds for r in out.reports), default=0.0)
+        mismatched = -1
+        if out.state is RequestState.SUCCESS:
+            if self.spec.faults.corrupt_received:
+                await asyncio.to_thread(corrupt_request, self.pools, idx)
+            mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if op.verify else 0
+            self.release(request_id)
+        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
+                 out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
+                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
+        # Released: no source can still write these items (the request was never accepted, or it ended), so
+        # the pod may send the same request to another prefill pod.
+        return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,
+                              out.seconds, mismatched, released=request_id not in self.held)
+
+    def stats(self) -> RankStats:
+        fenced: dict[str, int] = {}
+        for c in self.coords.values():
+            for k, v in c.fenced.items():
+                fenced[k] = fenced.get(k, 0) + v
+        return RankStats(self.in_flight, len(self.held), self.free(), fenced,
+                         fences_pending=sum(c.fences_pending for c in self.coords.values()),
+                         handshakes=sum(c.handshakes for c in self.coords.values()))
+
+    async def close(self) -> None:
+        for coord in self.coords.values():
+            await coord.close()
