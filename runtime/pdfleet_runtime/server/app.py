@@ -38,7 +38,6 @@ from pdfleet_runtime.protocol.discovery import (
     StaticResolver,
 )
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
-from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.records import ParallelShape
 
 from .drain import Drain, DrainPhase
@@ -47,8 +46,8 @@ from .launcher import LaunchError, RankCallError, RankLauncher
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
 from .pipe import LegReport, RankSpec, RankStats, StatsOp, Transport
-from .readiness import CanaryResult, Readiness, busy
-from .routing import NOT_THE_PATH, RequestRouter
+from .readiness import Readiness
+from .routing import NOT_THE_PATH, RequestRouter, canary_result
 
 __all__ = ["PodServer"]
 
@@ -251,10 +250,10 @@ class PodServer:
                         break
                     res = await self.router.run("canary", tokens, f"canary-{o.instance}-{next(n)}", 0,
                                                 o.canary_timeout_s, endpoint=ep)
-                    if res.failure is FailureReason.BUSY:
+                    canary = canary_result(res)
+                    if canary is None:
                         continue  # pools full of real traffic: no verdict either way
-                    check = self.readiness.record_canary(str(ep), CanaryResult(
-                        res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched), res.cause))
+                    check = self.readiness.record_canary(str(ep), canary)
                     if check.ok:
                         self.router.shunned.discard(str(ep))
                     self.metrics.canary_gbps.labels(str(ep)).set(check.gbps or 0.0)
@@ -322,14 +321,9 @@ class PodServer:
 
     def _on_report(self, rank: int, rep: LegReport) -> None:
         """A prefill rank's status of one leg: metrics, and the canary / failure facts of readiness."""
-        kind = "canary" if rep.request_id.startswith("canary-") else "request"
-        ok = rep.ok
-        self.metrics.transfer(kind, ok, rep.bytes, rep.write_s, rep.failure)
-        if rep.failure is FailureReason.CANCELLED or busy(rep.failure):
-            return  # the decode gave up, or this pod had no room for it: says nothing about this pod's path
-        self.readiness.record_transfer(ok, rep.reason)
-        if ok and kind == "canary":
-            self.readiness.canaries_served += 1
+        canary = rep.request_id.startswith("canary-")
+        self.metrics.transfer("canary" if canary else "request", rep.ok, rep.bytes, rep.write_s, rep.failure)
+        self.readiness.record_leg(rep.ok, rep.failure, rep.reason, canary=canary)
 
     # ------------------------------------------------------------------ drain
 

@@ -146,6 +146,15 @@ class Readiness:
         for ep in [e for e in self.peers if e not in keep]:
             del self.peers[ep]
 
+    def record_leg(self, ok: bool, failure: FailureReason | None, reason: str, *, canary: bool) -> None:
+        """A prefill rank's status of one leg it wrote (or failed to). A leg the decode cancelled, or one
+        this pod had no room for, says nothing about this pod's path."""
+        if failure is FailureReason.CANCELLED or busy(failure):
+            return
+        self.record_transfer(ok, reason)
+        if ok and canary:
+            self.canaries_served += 1
+
     def record_transfer(self, ok: bool, reason: str = "") -> None:
         if ok:
             self.failed_in_row = 0

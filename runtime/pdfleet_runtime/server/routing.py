@@ -23,9 +23,9 @@ from pdfleet_runtime.seeded import request_seed
 from .launcher import RankCallError, RankLauncher
 from .metrics import ServerMetrics
 from .pipe import TransferOp, TransferResult
-from .readiness import Problem, Readiness, busy, classify
+from .readiness import CanaryResult, Problem, Readiness, busy, classify
 
-__all__ = ["NOT_THE_PATH", "RequestRouter", "SyntheticResult"]
+__all__ = ["NOT_THE_PATH", "RequestRouter", "SyntheticResult", "canary_result"]
 
 log = logging.getLogger("pdfleet_runtime.server")
 
@@ -55,6 +55,13 @@ class SyntheticResult:
         return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
                 "bytes": self.bytes, "writeSeconds": self.write_s, "seconds": self.seconds,
                 "mismatchedBytes": self.mismatched, "prefill": self.prefill}
+
+
+def canary_result(res: SyntheticResult) -> CanaryResult | None:
+    """A canary's answer as readiness takes it; None when it says nothing about the path (pools full)."""
+    if res.failure is FailureReason.BUSY:
+        return None
+    return CanaryResult(res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched), res.cause)
 
 
 class RequestRouter:
