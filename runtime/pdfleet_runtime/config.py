@@ -10,7 +10,6 @@ Ports are fixed (not chosen at run time) so a NetworkPolicy can scope them.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from pydantic.alias_generators import to_camel
 
 from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.roles import Role
 from pdfleet_runtime.transfer import Backend, Protocol
 
 __all__ = [
@@ -56,11 +56,6 @@ DnsName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-
 
 class ConfigError(ValueError):
     """The runtime config cannot be read; the message names the file and the field."""
-
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class _Model(BaseModel):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from pdfleet_runtime.roles import Role
+
 __all__ = [
     "API_VERSION",
     "CATEGORIES",
@@ -41,11 +43,6 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_REVISION = f"{GROUP}/revision"
-
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class ConditionType(StrEnum):

@@ -27,6 +27,7 @@ from pdfleet_runtime.records import (
     RegionRecord,
     RequestIndices,
 )
+from pdfleet_runtime.roles import Role
 from pdfleet_runtime.versions import RUNTIME_RELEASES, WireProtocol
 
 from .states import FailureReason, RequestState
@@ -99,11 +100,6 @@ class _Msg(BaseModel):
         if info.context and info.context.get("lenient") and isinstance(data, dict):
             return {k: v for k, v in data.items() if k in cls.model_fields}
         return data
-
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 class RefusalCode(StrEnum):
