@@ -31,7 +31,7 @@ from pdfleet_operator.api.constants import API_VERSION, KIND, LIST_KIND
 from pdfleet_operator.api.crd import openapi_schema
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.api.rules import CEL_RULES
-from pdfleet_runtime.layouts import PRESETS, LayoutError, LayoutRef
+from pdfleet_runtime.layouts import PRESETS, LayoutRef
 from pdfleet_runtime.matrix import (
     GENERAL_RULES,
     MatrixInput,
@@ -40,8 +40,8 @@ from pdfleet_runtime.matrix import (
     Violation,
     all_rules,
     evaluate,
-    layout_facts,
 )
+from pdfleet_runtime.matrix import matrix_input as build_matrix_input
 
 __all__ = [
     "ObjectVerdict",
@@ -265,17 +265,8 @@ def _role_shape(role: Any) -> RoleShape:
 
 def matrix_input(spec: PDDeploymentSpec) -> MatrixInput:
     """The matrix's view of a spec; an unresolvable layout becomes ``layout=None``."""
-    try:
-        facts = layout_facts(spec.model.layout)
-    except (LayoutError, ValueError):
-        facts = None
-    return MatrixInput(
-        facts,
-        spec.transfer.backend,
-        spec.transfer.protocol,
-        _role_shape(spec.prefill),
-        _role_shape(spec.decode),
-    )
+    return build_matrix_input(spec.model.layout, spec.transfer.backend, spec.transfer.protocol,
+                              _role_shape(spec.prefill), _role_shape(spec.decode))
 
 
 def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:

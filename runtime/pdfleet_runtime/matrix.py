@@ -30,6 +30,7 @@ from pdfleet_runtime.layouts import (
     AttentionKind,
     IndexKind,
     Layout,
+    LayoutError,
     LayoutRef,
     pool_counts,
     rank_buffers,
@@ -58,6 +59,7 @@ __all__ = [
     "evaluate_rule",
     "explain_rule",
     "layout_facts",
+    "matrix_input",
 ]
 
 QSA_STATES = frozenset({"qsa_pending", "qsa_compressed"})
@@ -740,3 +742,14 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
     if preset is not None and base == "spec.model.layout":
         _PRESET_FACTS[preset] = facts
     return facts
+
+
+def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: Protocol | str,
+                 prefill: RoleShape, decode: RoleShape) -> MatrixInput:
+    """The one builder of an evaluation's input (the operator's admission and the parity harness):
+    the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``)."""
+    try:
+        facts: LayoutFacts | None = layout_facts(layout)
+    except (LayoutError, ValueError):
+        facts = None
+    return MatrixInput(facts, backend, protocol, prefill, decode)

@@ -9,7 +9,11 @@ from pdfleet_runtime.records import ParallelShape
 
 from .results import ParityConfig, Rejection
 
-__all__ = ["PRECHECK_RULE", "check_matrix", "precheck"]
+__all__ = ["MATRIX_PROTOCOL", "PRECHECK_RULE", "check_matrix", "precheck"]
+
+MATRIX_PROTOCOL = "rdma"
+"""The link a parity run asks the matrix about: every backend's column serves RDMA, and the in-process
+run checks what a backend can move, not its link (the engine runs' own protocol is checked at start)."""
 
 PRECHECK_RULE = "runtime-precheck"
 """Rule id of a rejection by the runtime's own shape checks rather than by the matrix."""
@@ -18,13 +22,14 @@ PRECHECK_RULE = "runtime-precheck"
 def check_matrix(cfg: ParityConfig) -> Rejection | None:
     """The first error the capability matrix reports for this combination, or None if admitted."""
     named = cfg.layout_name in PRESETS and PRESETS[cfg.layout_name] == cfg.layout
-    facts = matrix.layout_facts(cfg.layout_name if named else cfg.layout)
     backend = "mooncake" if cfg.backend == "local" else cfg.backend
     # Capacity of the run; the GPU memory default is the matrix's own.
     def role(s: ParallelShape) -> matrix.RoleShape:
         return matrix.RoleShape(tensor=s.tp, pipeline=s.pp, max_requests=cfg.requests, kv_tokens=cfg.tokens)
 
-    verdict = matrix.evaluate(matrix.MatrixInput(facts, backend, "rdma", role(cfg.prefill), role(cfg.decode)))
+    inp = matrix.matrix_input(cfg.layout_name if named else cfg.layout, backend, MATRIX_PROTOCOL, role(cfg.prefill),
+                              role(cfg.decode))
+    verdict = matrix.evaluate(inp)
     if verdict.admitted:
         return None
     v = verdict.violations[0]
