@@ -105,6 +105,8 @@ class BootstrapState:
         self.ranks: dict[Pair, PrefillRegister] = {}
         self.last_seen: dict[Pair, float] = {}
         self.decodes: dict[tuple[str, Pair], DecodeRegister] = {}
+        self.sources: dict[tuple[str, Pair], tuple[Pair, ...]] = {}
+        """The source ranks of each registered decode rank, paired once at its registration."""
         self._events: dict[Pair, list[WorkEvent]] = {}
         self._seq: dict[Pair, int] = {}
         self.pending: dict[tuple[str, str, Pair], _Pending] = {}
@@ -179,8 +181,8 @@ class BootstrapState:
         self.last_seen[key] = self._clock()
         self._events[key] = []
         self._seq.setdefault(key, 0)
-        for (_inst, dst), dec in self.decodes.items():
-            if key in self._sources(dec.rank.shape, dst):
+        for dkey, dec in self.decodes.items():
+            if key in self.sources[dkey]:
                 self._push(key, decode=dec)
         self._changed()
         return Ack()
@@ -214,6 +216,7 @@ class BootstrapState:
             raise ProtocolError(RefusalCode.BUSY, f"{len(self.decodes)} decode ranks registered")
         if self.decodes.get(key) != msg:
             self.decodes[key] = msg
+            self.sources[key] = sources
             for src in sources:
                 self._push(src, decode=msg)
             self._changed()
@@ -238,7 +241,7 @@ class BootstrapState:
                                 "send it to another prefill pod")
         if len(self.pending) >= self.limits.max_requests:
             raise ProtocolError(RefusalCode.BUSY, f"{len(self.pending)} requests pending")
-        sources = self._sources(dec.rank.shape, dst)
+        sources = self.sources[(msg.instance, dst)]
         if sum(len(v) for v in self._events.values()) + len(sources) > self.limits.max_events:
             raise ProtocolError(RefusalCode.BUSY, "event queues are full")
         self.pending[key] = _Pending(msg, sources, self._clock())

@@ -42,7 +42,7 @@ from pdfleet_runtime.planner import (
     compile_destination,
     source_ranks,
 )
-from pdfleet_runtime.records import RankRegistration, RequestIndices
+from pdfleet_runtime.records import ParallelShape, RankRegistration, RequestIndices
 
 from .auth import ProtocolError
 from .client import BootstrapClient, BootstrapUnreachable
@@ -140,6 +140,7 @@ class PrefillRank:
         self._clock = clock
         self._siblings: dict[Pair, RankRegistration] = {}
         self._decodes: dict[LegKey, _Decode] = {}
+        self._targets: dict[ParallelShape, frozenset[Pair]] = {}  # decode shape -> the ranks this rank feeds
         self._requests: dict[str, _Request] = {}
         self._outbox: list[StatusReport] = []
         self._outbox_event = asyncio.Event()
@@ -312,10 +313,7 @@ class PrefillRank:
                 self._report(req, _Leg(msg), RequestState.FAILED, FailureReason.PLAN,
                              f"decode rank {leg_key[1]} of {msg.instance} sent a request before registering")
                 return
-            shape = dec.registration.shape
-            P = self.registration.shape
-            req.expected = frozenset(
-                (msg.instance, d) for d in shape.coords() if self.me in source_ranks(P, shape, d[0], d[1]))
+            req.expected = frozenset((msg.instance, d) for d in self._targets_of(dec.registration.shape))
         self._progress(req)
 
     async def _fill(self, req: _Request, fill: SyntheticFill) -> None:
@@ -414,6 +412,15 @@ class PrefillRank:
                 self._fence(leg)
         self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
                      write_s=time.perf_counter() - t1)
+
+    def _targets_of(self, shape: ParallelShape) -> frozenset[Pair]:
+        """The decode ranks of a shape that this rank is a source of (paired once per decode shape)."""
+        targets = self._targets.get(shape)
+        if targets is None:
+            P = self.registration.shape
+            targets = self._targets[shape] = frozenset(
+                d for d in shape.coords() if self.me in source_ranks(P, shape, d[0], d[1]))
+        return targets
 
     def _compile(self, key: LegKey, dec: _Decode) -> PairPlan:
         P, D = self.registration.shape, dec.registration.shape
