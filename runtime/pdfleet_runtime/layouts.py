@@ -56,6 +56,8 @@ __all__ = [
     "Sharding",
     "StateType",
     "UnknownPresetError",
+    "arena_offsets",
+    "item_bytes_by_kind",
     "pages_for_tokens",
     "pool_counts",
     "rank_buffers",
@@ -607,10 +609,30 @@ def pool_counts(layout: Layout, max_requests: int, max_tokens: int) -> dict[Inde
             IndexKind.SLOT: max_requests, IndexKind.ROW: max_requests}
 
 
+def arena_offsets(sizes: Iterable[int], align: int = 1) -> tuple[list[int], int]:
+    """Where buffers of these byte sizes start when laid back to back, each start ``align``-aligned, and
+    the arena's size: the one place arena bytes are added up (``pools.RankPools`` aligns to 256 bytes,
+    ``records.virtual_registration`` and ``rank_state_bytes`` do not align)."""
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total)
+        total += -(-n // align) * align
+    return offsets, total
+
+
+def item_bytes_by_kind(layout: Layout, tp: int, pp: int, pp_rank: int) -> dict[IndexKind, int]:
+    """Bytes of one item of each index kind over all buffers of a rank of stage ``pp_rank`` (all TP ranks
+    equal): a rank's pool bytes are these times the capacity's ``pool_counts``."""
+    per_kind: dict[IndexKind, int] = {}
+    for buf in rank_buffers(layout, tp, pp, 0, pp_rank):
+        per_kind[buf.index] = per_kind.get(buf.index, 0) + buf.item_bytes
+    return per_kind
+
+
 def rank_state_bytes(layout: Layout, tp: int, pp: int, pp_rank: int, max_requests: int, max_tokens: int) -> int:
     """GPU bytes one rank of stage ``pp_rank`` needs for its pools at this capacity (all TP ranks equal).
 
     Admission compares this with the memory of one device ("pools must fit the GPU").
     """
     counts = pool_counts(layout, max_requests, max_tokens)
-    return sum(b.item_bytes * counts[b.index] for b in rank_buffers(layout, tp, pp, 0, pp_rank))
+    return sum(b * counts[k] for k, b in item_bytes_by_kind(layout, tp, pp, pp_rank).items())

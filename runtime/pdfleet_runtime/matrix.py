@@ -32,8 +32,8 @@ from pdfleet_runtime.layouts import (
     Layout,
     LayoutError,
     LayoutRef,
+    item_bytes_by_kind,
     pool_counts,
-    rank_buffers,
     resolve_layout,
 )
 from pdfleet_runtime.transfer import UNSUPPORTED_PROTOCOLS, Backend, Protocol
@@ -682,7 +682,7 @@ _PRESET_FACTS: dict[str, LayoutFacts] = {}
 
 
 def _pool_bytes_fn(layout: Layout) -> Callable[[int, int, int, int], int]:
-    """Per-rank pool bytes of the deepest-loaded PP stage, from ``layouts.rank_state_bytes``.
+    """Per-rank pool bytes of the deepest-loaded PP stage, as ``layouts.rank_state_bytes`` counts them.
 
     Item bytes per index kind depend only on (tp, pp, stage); they are computed once per shape and
     multiplied by the capacity's item counts, so a re-evaluation costs a few multiplications.
@@ -692,12 +692,7 @@ def _pool_bytes_fn(layout: Layout) -> Callable[[int, int, int, int], int]:
     def pool_bytes(tp: int, pp: int, max_requests: int, kv_tokens: int) -> int:
         stages = per_shape.get((tp, pp))
         if stages is None:
-            stages = []
-            for stage in range(pp):
-                per_kind: dict[IndexKind, int] = {}
-                for buf in rank_buffers(layout, tp, pp, 0, stage):
-                    per_kind[buf.index] = per_kind.get(buf.index, 0) + buf.item_bytes
-                stages.append(per_kind)
+            stages = [item_bytes_by_kind(layout, tp, pp, stage) for stage in range(pp)]
             if len(per_shape) < 256:
                 per_shape[(tp, pp)] = stages
         counts = pool_counts(layout, max_requests, kv_tokens)

@@ -21,6 +21,7 @@ from pdfleet_runtime.layouts import (
     DType,
     IndexKind,
     Layout,
+    arena_offsets,
     pages_for_tokens,
     pool_counts,
     rank_buffers,
@@ -75,10 +76,7 @@ class RankPools:
         self.capacity = capacity
         counts = capacity.counts(layout)
         specs = rank_buffers(layout, shape.tp, shape.pp, tp_rank, pp_rank)
-        offsets, total = [], 0
-        for spec in specs:
-            offsets.append(total)
-            total += -(-counts[spec.index] * spec.item_bytes // ALIGN) * ALIGN
+        offsets, total = arena_offsets((counts[s.index] * s.item_bytes for s in specs), ALIGN)
         self.arena = torch.zeros(max(total, ALIGN), dtype=torch.uint8, device=device)
         base = self.arena.data_ptr()
         self._bytes: list[torch.Tensor] = []

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pdfleet_runtime.ids import RankId, RowId, SlotId
-from pdfleet_runtime.layouts import BufferSpec, IndexKind, Layout, LayoutError, pool_counts, rank_buffers
+from pdfleet_runtime.layouts import (
+    BufferSpec,
+    IndexKind,
+    Layout,
+    LayoutError,
+    arena_offsets,
+    pool_counts,
+    rank_buffers,
+)
 
 __all__ = [
     "BufferRecord", "ParallelShape", "RankRegistration", "RegionRecord", "RequestIndices", "virtual_registration",
@@ -162,8 +170,7 @@ def virtual_registration(
     Buffers are laid out back to back from ``base`` as ``pools.RankPools`` would, without alignment.
     """
     counts = pool_counts(layout, max_requests, max_tokens)
-    records, addr = [], base
-    for spec in rank_buffers(layout, shape.tp, shape.pp, tp_rank, pp_rank):
-        records.append(BufferRecord(spec, addr, counts[spec.index]))
-        addr += counts[spec.index] * spec.item_bytes
-    return RankRegistration(shape, tp_rank, pp_rank, RegionRecord(base, addr - base, "virtual"), tuple(records))
+    specs = rank_buffers(layout, shape.tp, shape.pp, tp_rank, pp_rank)
+    offsets, total = arena_offsets(counts[s.index] * s.item_bytes for s in specs)
+    records = tuple(BufferRecord(s, base + off, counts[s.index]) for s, off in zip(specs, offsets, strict=True))
+    return RankRegistration(shape, tp_rank, pp_rank, RegionRecord(base, total, "virtual"), records)
