@@ -17,6 +17,7 @@ from pdfleet_runtime.engines.base import (
     PeerState,
     Transfer,
     TransferEngine,
+    import_first,
 )
 from pdfleet_runtime.engines.errors import EngineUnavailable
 from pdfleet_runtime.planner import Blocks
@@ -45,8 +46,6 @@ class MoriEngine(TransferEngine):
     )
 
     def _start(self) -> None:
-        from pdfleet_runtime.engines.base import import_first
-
         import_first(MODULES, LIBRARY)
         raise EngineUnavailable(f"{LIBRARY} imported, but pdfleet has no tested MORI transfer path yet")
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from pdfleet_runtime.engines.base import PeerInfo  # a pure module: it imports no engine library
 from pdfleet_runtime.ids import LayerId, RowId, SlotId
 from pdfleet_runtime.layouts import BufferSpec, DType, EntryField, IndexKind, Sharding, StateType
 from pdfleet_runtime.records import (
@@ -234,8 +235,6 @@ class IndicesModel(_Msg):
 
 
 def _check_engine_info(value: dict[str, Any]) -> dict[str, Any]:
-    from pdfleet_runtime.engines.base import PeerInfo  # pure module: imports no engine library
-
     PeerInfo.from_wire(value)  # HandshakeError is a ValueError: pydantic reports it as a field error
     return value
 
