@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pdfleet_runtime.engines.blocks import RegionTable
+from pdfleet_runtime.engines.errors import Side
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.pools import RankPools
-from pdfleet_runtime.records import RequestIndices
+from pdfleet_runtime.records import RegionRecord, RequestIndices
 from pdfleet_runtime.seeded import background, logical_items, shard_logical
 
 __all__ = ["LocalCopyExecutor", "Mismatch", "compare", "fill_background", "write_requests"]
@@ -41,32 +43,24 @@ class Mismatch:
 class LocalCopyExecutor:
     """Copies blocks between registered arenas of this process (cpu or cuda tensors).
 
-    Every block must lie inside one registered region on each side; addresses are resolved
-    with one vectorized lookup, then copied per block.
+    Blocks are checked against the arenas with the engines' own ``RegionTable`` (one vectorized
+    lookup; ``BlockRangeError`` for a block outside every arena), then copied per block with tensor
+    views, which also reach GPU memory (the ``local`` engine's ``memmove`` copies host memory only).
     """
 
     def __init__(self, arenas: list[torch.Tensor]) -> None:
         order = sorted(arenas, key=lambda a: a.data_ptr())
-        self._arenas = order
-        self._bases = np.array([a.data_ptr() for a in order], dtype=np.int64)
-        self._ends = self._bases + np.array([a.numel() for a in order], dtype=np.int64)
+        regions = [RegionRecord(a.data_ptr(), a.numel(), str(a.device)) for a in order]
+        self._src, self._dst = RegionTable(regions, Side.LOCAL), RegionTable(regions, Side.REMOTE)
         self._views = [a.numpy() if a.device.type == "cpu" else a for a in order]
-
-    def _resolve(self, addr: np.ndarray, length: np.ndarray, side: str) -> np.ndarray:
-        region = np.searchsorted(self._bases, addr, side="right") - 1
-        bad = (region < 0) | (addr + length > self._ends[np.maximum(region, 0)])
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{side} block at {addr[i]:#x} (+{length[i]}) is outside every registered region")
-        return region
 
     def execute(self, blocks: Blocks) -> None:
         if not blocks.descriptors:
             return
-        sr = self._resolve(blocks.src, blocks.length, "source")
-        dr = self._resolve(blocks.dst, blocks.length, "destination")
-        so = (blocks.src - self._bases[sr]).tolist()
-        do = (blocks.dst - self._bases[dr]).tolist()
+        sr = self._src.check(blocks.src, blocks.length)
+        dr = self._dst.check(blocks.dst, blocks.length)
+        so = (blocks.src - self._src.bases[sr]).tolist()
+        do = (blocks.dst - self._dst.bases[dr]).tolist()
         for s_reg, d_reg, s, d, n in zip(sr.tolist(), dr.tolist(), so, do, blocks.length.tolist(), strict=True):
             self._views[d_reg][d : d + n] = self._views[s_reg][s : s + n]
 
