@@ -84,4 +84,5 @@ def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
         mla=mla,
         staging_buffer=spec.engine.staging_buffer,
         downloads_model=source is not None and source.hugging_face is not None,
+        rdma_device_map=bool(spec.transfer.rdma_device_map),
     )

@@ -83,6 +83,7 @@ class EngineInput:
     mla: bool = False
     staging_buffer: bool = False
     downloads_model: bool = False
+    rdma_device_map: bool = False  # spec.transfer.rdmaDeviceMap is set
     roles: tuple[str, ...] = field(default=("prefill", "decode"))
 
 
@@ -152,6 +153,11 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
             errors.append(_violation(ENGINE_RULES["engine-protocol-unsupported"],
                                      f"sglang has no settings for {inp.backend} over {inp.protocol}",
                                      ("spec.transfer.backend", "spec.transfer.protocol"), "sglang"))
+        settings = sglang.PROTOCOLS.get((inp.backend, inp.protocol))
+        if inp.rdma_device_map and settings is not None and not settings.per_gpu_devices:
+            errors.append(_violation(ENGINE_RULES["engine-protocol-unsupported"],
+                                     f"sglang's {inp.backend} connector takes one device list, not a per-GPU map",
+                                     ("spec.transfer.rdmaDeviceMap",), "sglang"))
         for role in inp.roles:
             errors += _role(inp, role)
         if inp.downloads_model:

@@ -84,6 +84,7 @@ class ProtocolSettings:
     backend_flag: str  # --disaggregation-transfer-backend
     env: Mapping[str, str]
     ib_device: bool = False  # render --disaggregation-ib-device from rdmaDeviceMap / rdmaDevices
+    per_gpu_devices: bool = True  # the connector reads SGLang's per-GPU JSON form (rdmaDeviceMap)
     host_ipc: bool = False
     note: str = ""
 
@@ -102,12 +103,14 @@ PROTOCOLS: Mapping[tuple[Backend, Protocol], ProtocolSettings] = MappingProxyTyp
         "mooncake", _env(SGLANG_MOONCAKE_CUSTOM_MEM_POOL="INTRA_NODE_NVLINK", MC_INTRANODE_NVLINK="1"),
         host_ipc=True, note="GPUs of one host; without MC_INTRANODE_NVLINK Mooncake silently uses TCP"),
     (Backend.NIXL, Protocol.RDMA): ProtocolSettings(
-        "nixl", _env(), note="UCX picks the verbs transports; rdmaDevices are Mooncake's flag only"),
+        "nixl", _env(), ib_device=True, note="the devices become UCX_NET_DEVICES per GPU"),
     (Backend.NIXL, Protocol.TCP): ProtocolSettings("nixl", _env(UCX_TLS="tcp")),
     (Backend.NIXL, Protocol.NVLINK): ProtocolSettings(
         "nixl", _env(UCX_TLS="cuda_ipc,cuda_copy,tcp"), host_ipc=True,
         note="tcp stays listed: NIXL's UCX backend needs an active-message lane"),
-    (Backend.MORI, Protocol.RDMA): ProtocolSettings("mori", _env(), note="AMD GPUs with ROCm"),
+    (Backend.MORI, Protocol.RDMA): ProtocolSettings(
+        "mori", _env(), ib_device=True, per_gpu_devices=False,
+        note="AMD GPUs with ROCm; the list becomes MORI_RDMA_DEVICES as written (no per-GPU map)"),
 })
 
 
