@@ -124,3 +124,17 @@ def test_huggingface_source_is_a_warning() -> None:
     v = validate_object(sglang_obj(spec__model__source={"huggingFace": {"id": "Qwen/Qwen3.8-Flash-Next",
                                                                         "tokenSecret": "hf-token"}}))
     assert v.admitted and [w.rule for w in v.warnings].count("warn-engine-model-download") == 1
+
+
+def test_matrix_engine_prints_every_rule_with_its_source(capsys) -> None:
+    from pdfleet_operator import cli
+    from pdfleet_runtime.engine_rules.sglang import RULES
+
+    assert cli.main(["matrix", "--engine", "sglang==0.5.23"]) == 0
+    out = capsys.readouterr().out
+    for rule in RULES["0.5.23"]:
+        assert rule.id in out and rule.source in out
+    assert "MC_FORCE_TCP=1" in out and "--tp-size" in out
+    assert {r.when for r in RULES["0.5.23"]} == {"start-up", "transfer"}
+    assert cli.main(["matrix", "--engine", "sglang==0.5.24"]) == 1
+    assert "known: sglang==0.5.23" in capsys.readouterr().err
