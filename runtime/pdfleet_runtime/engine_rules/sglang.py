@@ -178,6 +178,7 @@ class EngineRule:
     check: Callable[[RoleView], tuple[str, tuple[str, ...]] | None]
 
 
+_THRESHOLD = "disaggregation_decode_host_receive_threshold"
 _SRC = "python/sglang/srt/"
 _PD_HOOK = _SRC + "arg_groups/pd_disaggregation_hook.py"
 _KV_HOOK = _SRC + "arg_groups/kv_cache_hook.py"
@@ -226,6 +227,8 @@ def _prefill_complete(v: RoleView):
         why.append("staging buffers")
     if v.has("enable_pd_role_switch"):
         why.append("--enable-pd-role-switch")
+    if v.float_value(_THRESHOLD, 1.0) < 1:
+        why.append("decode host KV buffering (host-receive threshold < 1)")
     if not why:
         return None
     return (f"{v.role}: --disaggregation-decode-allocation-policy prefill_complete does not support "
@@ -270,9 +273,6 @@ def _watermark(v: RoleView):
     if v.has("enable_watermark"):
         return f"{v.role}: --enable-watermark is not supported with PD", (v.flag_path("enable_watermark"),)
     return None
-
-
-_THRESHOLD = "disaggregation_decode_host_receive_threshold"
 
 
 def _host_receive_range(v: RoleView):
@@ -364,7 +364,7 @@ RULES_0_5_23: tuple[EngineRule, ...] = (
           _KV_HOOK, _unified_pd),
     _rule("prefill-complete-allocation", "prefill_complete allocation needs mooncake, PP 1 and attention TP 1",
           "--disaggregation-decode-allocation-policy prefill_complete is built only for Mooncake without "
-          "pipeline or attention tensor parallelism, staging buffers or role switching",
+          "pipeline or attention tensor parallelism, staging buffers, role switching or decode host buffering",
           "use the default allocation policy (early), or mooncake with parallelism.tensor 1 and pipeline 1",
           _PD_HOOK, _prefill_complete),
     _rule("staging-buffer-backend", "SGLang's staging buffer needs mooncake or nixl",
