@@ -83,10 +83,13 @@ def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
 def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     inp = engine_input(spec)
     assert inp is not None
+    def field_ref(path: str) -> dict:  # apiVersion as the apiserver defaults it: render prints what is stored
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
     env: list[dict] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", **field_ref("metadata.name")},
+        {"name": "POD_NAMESPACE", **field_ref("metadata.namespace")},
+        {"name": "POD_IP", **field_ref("status.podIP")},
         {"name": "HOME", "value": CACHE_MOUNT},
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
     ]
