@@ -21,6 +21,7 @@ import yaml
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.rules import CEL_RULES
 from pdfleet_operator.engine import engine_input
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.engine_rules import evaluate_engine
@@ -54,6 +55,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("kv_cache_hook.py", r"disaggregation-decode-enable-offload-kvcache (is only supported|and)",
      "sglang.decode-offload-kvcache"),
 )
+STRUCTURAL = {r.id for r in CEL_RULES} | {"schema", "document", "yaml"}
 STARTUP = {r.id for r in RULES["0.5.23"] if r.when == "start-up"} | {"engine-flag-unknown"}
 
 
@@ -76,8 +78,8 @@ def as_sglang(obj: dict) -> dict | None:
     """An example as an SGLang deployment (its shape, transfer and layout), or None when SGLang's model
     family is unknown (inline layouts) or the spec does not parse."""
     v = validate_object(obj)
-    if v.spec is None:
-        return None
+    if v.spec is None or any(x.rule in STRUCTURAL for x in v.violations):
+        return None  # the apiserver itself refuses it: no pod, no command
     try:
         PDDeploymentSpec.model_validate(v.spec)
     except ValueError:

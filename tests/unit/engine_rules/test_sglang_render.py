@@ -149,3 +149,22 @@ def test_render_cli(tmp_path, capsys) -> None:
     assert cli.main(["render", "-f", str(bad)]) == 1
     out = capsys.readouterr()
     assert out.out == "" and "engine-flag-owned" in out.err and "DENIED" in out.err
+
+
+def test_render_and_validate_agree_on_every_example() -> None:
+    from pathlib import Path
+
+    from pdfleet_operator.render import render_text
+    from pdfleet_operator.validation import validate_text
+
+    examples = sorted((Path(__file__).resolve().parents[3] / "examples").rglob("*.yaml"))
+    assert len(examples) > 40
+    for path in examples:
+        text = path.read_text()
+        verdicts = validate_text(text, str(path))
+        rendered = render_text(text, str(path))
+        assert [v.admitted for v in verdicts] == [r.verdict.admitted for r in rendered], path
+        assert [{x.rule for x in v.violations} for v in verdicts] == [
+            {x.rule for x in r.verdict.violations} for r in rendered], path
+        for r in rendered:
+            assert bool(r.objects) is r.verdict.admitted, path
