@@ -168,3 +168,18 @@ def test_render_and_validate_agree_on_every_example() -> None:
             {x.rule for x in r.verdict.violations} for r in rendered], path
         for r in rendered:
             assert bool(r.objects) is r.verdict.admitted, path
+
+
+def test_docs_protocol_table_is_the_codes() -> None:
+    from pathlib import Path
+
+    from pdfleet_runtime.engine_rules.sglang import PROTOCOLS, RULES
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "sglang.md").read_text()
+    for (backend, protocol), s in PROTOCOLS.items():
+        row = f"| {protocol} | {backend} | {s.backend_flag} |"
+        assert row in doc, row
+        for k, v in s.env.items():
+            assert f"{k}={v}" in doc
+    for rule in RULES["0.5.23"]:
+        assert f"`{rule.id}`" in doc and rule.source.removeprefix("python/sglang/srt/") in doc
