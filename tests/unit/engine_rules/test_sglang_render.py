@@ -183,3 +183,17 @@ def test_docs_protocol_table_is_the_codes() -> None:
             assert f"{k}={v}" in doc
     for rule in RULES["0.5.23"]:
         assert f"`{rule.id}`" in doc and rule.source.removeprefix("python/sglang/srt/") in doc
+
+
+def test_engine_changes_are_new_revisions() -> None:
+    from pdfleet_operator.resources.revision import role_revision
+
+    def revs(obj) -> tuple[str, str]:
+        spec = PDDeploymentSpec.model_validate(obj["spec"])
+        return role_revision(spec, Role.PREFILL), role_revision(spec, Role.DECODE)
+
+    base = revs(sglang_obj())
+    shared = revs(sglang_obj(spec__engine__args=["--mem-fraction-static", "0.8"]))
+    assert shared[0] != base[0] and shared[1] != base[1]
+    decode_only = revs(sglang_obj(spec__decode__engine={"image": "lmsysorg/sglang:v0.5.23-cu13"}))
+    assert decode_only[0] == base[0] and decode_only[1] != base[1]  # a decode-only upgrade rolls decode only
