@@ -15,7 +15,7 @@ import json
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
-from pdfleet_runtime.engine_rules import role_env
+from pdfleet_runtime.engine_rules import table_env
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT, PROTOCOLS
 from pdfleet_runtime.transfer import Protocol
 
@@ -97,8 +97,7 @@ def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     if hf is not None and hf.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
     # the protocol table and the staging buffer, then the user's env (shared, then the role's)
-    shared = len(role_env(inp, role)) - len(getattr(inp, role.value).env)
-    env += [{"name": n, "value": v} for n, v, _ in role_env(inp, role)[:shared]]
+    env += [{"name": n, "value": v} for n, v, _ in table_env(inp)]
     return env + [dict(e) for e in role_engine(spec, role).env]
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "evaluate_engine",
     "known_versions",
     "role_env",
+    "table_env",
 ]
 
 
@@ -87,17 +88,21 @@ class EngineInput:
     roles: tuple[str, ...] = field(default=("prefill", "decode"))
 
 
-def role_env(inp: EngineInput, role: str) -> list[tuple[str, str | None, str]]:
-    """The engine container's environment from the spec, in order (later entries win in a pod):
-    the protocol table's, the staging buffer's, then the user's (shared, then the role's)."""
-    out: list[tuple[str, str | None, str]] = []
+def table_env(inp: EngineInput) -> list[tuple[str, str, str]]:
+    """(name, value, field path) the spec renders: the protocol table's, then the staging buffer's."""
+    out: list[tuple[str, str, str]] = []
     settings = sglang.PROTOCOLS.get((inp.backend, inp.protocol))
     if settings is not None:
         out += [(k, v, "spec.transfer.protocol") for k, v in settings.env.items()]
     if inp.staging_buffer:
         out.append((sglang.STAGING_BUFFER_ENV, "1", "spec.engine.stagingBuffer"))
-    out += list(getattr(inp, role).env)
     return out
+
+
+def role_env(inp: EngineInput, role: str) -> list[tuple[str, str | None, str]]:
+    """The engine container's environment from the spec, in order (later entries win in a pod):
+    ``table_env``, then the user's (shared, then the role's)."""
+    return [*table_env(inp), *getattr(inp, role).env]
 
 
 def _violation(rule: Rule, message: str, paths: tuple[str, ...], version: str) -> Violation:
@@ -132,8 +137,9 @@ def _role(inp: EngineInput, role: str) -> Iterator[Violation]:
             yield _violation(ENGINE_RULES["engine-flag-owned"],
                              f"{role}: {written}{alias} is owned by {owner.format(role=prefix)}",
                              (r.arg_paths[index],), tag)
-    env = {name: value for name, value, _ in role_env(inp, role)}
-    env_paths = {name: path for name, _, path in role_env(inp, role)}
+    effective = role_env(inp, role)
+    env = {name: value for name, value, _ in effective}
+    env_paths = {name: path for name, _, path in effective}
     peer = inp.decode if role == "prefill" else inp.prefill
     view = sglang.RoleView(role, prefix, parsed, r.arg_paths, MappingProxyType(env), MappingProxyType(env_paths),
                            r.tensor, r.pipeline, inp.backend, inp.protocol, inp.model, inp.state_types, inp.mla,

@@ -326,12 +326,14 @@ def _offload_kvcache(v: RoleView):
             (v.flag_path("disaggregation_decode_enable_offload_kvcache"),))
 
 
-def _hetero_tp(states: frozenset[str], backend: Backend, need_mla: bool | None, title: str):
+def _hetero_tp(states: frozenset[str], backend: Backend, title: str, mla_ok: bool = False):
+    """A transfer-time rule: ``backend`` cannot move ``states`` across different TP sizes (``mla_ok``:
+    except on an MLA model, whose latent state is replicated)."""
     def check(v: RoleView):
         # checked once, on decode (the receiving side names both TP sizes)
         if v.role != "decode" or v.backend is not backend or not (v.state_types & states):
             return None
-        if need_mla is not None and v.mla is need_mla:
+        if mla_ok and v.mla:
             return None
         prefill_tp = v.peer_tensor
         if prefill_tp == v.tensor:
@@ -398,20 +400,20 @@ RULES_0_5_23: tuple[EngineRule, ...] = (
           "SGLang's NIXL sender does not elect one writer for replicated linear-state siblings (PLE) when "
           "prefill and decode TP differ; the engines start and every transfer of such a request fails",
           "use equal prefill and decode TP, or mooncake", _SRC + "disaggregation/nixl/conn.py",
-          _hetero_tp(_PLE, Backend.NIXL, None, "cannot move replicated PLE state"), when="transfer"),
+          _hetero_tp(_PLE, Backend.NIXL, "cannot move replicated PLE state"), when="transfer"),
     _rule("nixl-qsa-hetero-tp-mha", "NIXL: no QSA state across TP sizes on a non-MLA model",
           "SGLang's NIXL connector raises 'PD Disaggregation does NOT support PD different TP sizes for "
           "non-MLA QSA hybrid models' at the first transfer", "use equal prefill and decode TP, or mooncake",
           _SRC + "disaggregation/nixl/conn.py",
-          _hetero_tp(_QSA, Backend.NIXL, True, "cannot move QSA state of a non-MLA model"), when="transfer"),
+          _hetero_tp(_QSA, Backend.NIXL, "cannot move QSA state of a non-MLA model", mla_ok=True), when="transfer"),
     _rule("mori-qsa-hetero-tp", "MORI: no QSA state across TP sizes",
           "SGLang's MORI connector raises 'heterogeneous TP not supported' for QSA state at transfer time",
           "use equal prefill and decode TP, or mooncake", _SRC + "disaggregation/mori/conn.py",
-          _hetero_tp(_QSA, Backend.MORI, None, "cannot move QSA state"), when="transfer"),
+          _hetero_tp(_QSA, Backend.MORI, "cannot move QSA state"), when="transfer"),
     _rule("mori-mamba-hetero-tp", "MORI: no replicated Mamba state across TP sizes",
           "SGLang's MORI connector requires matching attention TP for replicated Mamba state",
           "use equal prefill and decode TP, or mooncake", _SRC + "disaggregation/mori/conn.py",
-          _hetero_tp(_MAMBA, Backend.MORI, None, "cannot move replicated Mamba state"), when="transfer"),
+          _hetero_tp(_MAMBA, Backend.MORI, "cannot move replicated Mamba state"), when="transfer"),
 )
 
 RULES: Mapping[str, tuple[EngineRule, ...]] = MappingProxyType({"0.5.23": RULES_0_5_23})

@@ -105,12 +105,36 @@ def test_role_override_needs_an_engine() -> None:
     ({"spec__engine__args": ["--disaggregation-decode-host-receive-threshold", "0.5"]},
      "sglang.host-pool-on-prefill"),
     ({"spec__transfer__backend": "nixl", "spec__decode__parallelism": {"tensor": 1}}, "sglang.nixl-ple-hetero-tp"),
+    ({"spec__transfer__backend": "nixl", "spec__decode__parallelism": {"tensor": 1}},
+     "sglang.nixl-qsa-hetero-tp-mha"),
+    ({"spec__transfer__backend": "mori", "spec__decode__parallelism": {"tensor": 1}}, "sglang.mori-qsa-hetero-tp"),
+    ({"spec__model__layout": {"preset": "qwen3-next-hybrid"}, "spec__transfer__backend": "mori",
+      "spec__decode__parallelism": {"tensor": 1}}, "sglang.mori-mamba-hetero-tp"),
+    ({"spec__engine__args": ["--enable-pd-role-switch"], "spec__prefill__parallelism": {"tensor": 2, "pipeline": 2},
+      "spec__decode__parallelism": {"tensor": 2, "pipeline": 2}}, "sglang.role-switch"),
+    ({"spec__engine__args": ["--enable-watermark"]}, "sglang.watermark-pd"),
+    ({"spec__engine__args": ["--enable-unified-memory"]}, "sglang.qwen4-exp-unified-memory"),
+    ({"spec__engine__args": ["--enable-unified-memory"], "spec__model__layout": {"preset": "llama-dense"},
+      "spec__transfer__backend": "nixl"}, "sglang.unified-memory-pd"),
+    ({"spec__decode__engine": {"args": ["--disaggregation-decode-enable-offload-kvcache"]}},
+     "sglang.decode-offload-kvcache"),
+    ({"spec__decode__engine": {"args": ["--disaggregation-decode-host-receive-threshold=-0.5"]}},
+     "sglang.host-receive-threshold-range"),
+    ({"spec__decode__engine": {"args": ["--disaggregation-decode-host-receive-threshold", "0.5",
+                                        "--enable-pd-role-switch"]}}, "sglang.host-receive-conflicts"),
 ])
 def test_sglang_rules_deny_with_their_source(edits, rule) -> None:
     v = validate_object(sglang_obj(**edits))
     hits = [x for x in v.violations if x.rule == rule]
     assert hits, v.violations
     assert "python/sglang/srt/" in hits[0].reason and hits[0].matrix_version == "sglang==0.5.23"
+
+
+def test_mla_pairs_qsa_across_tp_on_nixl() -> None:
+    """NIXL maps QSA across TP sizes along MLA's replicated latent layout: no transfer-time rule."""
+    v = validate_object(sglang_obj(spec__model__layout={"preset": "deepseek-mla"}, spec__transfer__backend="nixl",
+                                   spec__decode__parallelism={"tensor": 1}))
+    assert not {x.rule for x in v.violations} & {"sglang.nixl-qsa-hetero-tp-mha", "sglang.nixl-ple-hetero-tp"}
 
 
 def test_rules_are_per_role() -> None:
