@@ -7,6 +7,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${PDFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pdfleet}
 pins="$repo/scripts/sglang"
 py=$(command -v python3.11 || command -v python3)
+if [ "$("$py" -c 'import sys; print(sys.version_info[:2] == (3, 11))')" != True ]; then
+  echo "error: SGLang 0.5.23 ships a cp311 wheel only: python3.11 is needed (found $("$py" -V))" >&2; exit 1
+fi
 key=$(cat "$pins/requirements.txt" "$pins/engine.txt" <("$py" -c 'import sys; print(sys.version_info[:2])') \
   | sha256sum | cut -c1-12)
 venv="$cache/sglang-venv-$key"
