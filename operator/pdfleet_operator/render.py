@@ -15,7 +15,7 @@ from typing import Any
 
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.plan import Owner, Snapshot, plan
-from pdfleet_operator.validation import ObjectVerdict, iter_objects, validate_object
+from pdfleet_operator.validation import ObjectVerdict, iter_objects, validate_object, validate_text
 
 __all__ = ["PLACEHOLDER_UID", "Rendered", "render_object", "render_text"]
 
@@ -35,8 +35,8 @@ def render_object(obj: object, source: str = "<object>") -> Rendered:
     if not verdict.admitted or verdict.spec is None or not isinstance(obj, dict):
         return Rendered(verdict)
     meta = obj.get("metadata") or {}
-    owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default",
-                  uid=meta.get("uid") or PLACEHOLDER_UID)
+    name = meta.get("name") or f"{meta.get('generateName', '')}xxxxx"  # the apiserver picks the suffix
+    owner = Owner(name=name, namespace=meta.get("namespace") or "default", uid=meta.get("uid") or PLACEHOLDER_UID)
     spec = PDDeploymentSpec.model_validate(verdict.spec)
     objects = []
     for action in plan(owner, spec, Snapshot()):
@@ -50,16 +50,11 @@ def render_object(obj: object, source: str = "<object>") -> Rendered:
 
 
 def render_text(text: str, source: str) -> list[Rendered]:
+    """Every document of a YAML text; a YAML error is a verdict (as ``validate_text`` gives it)."""
     out = []
     for where, obj in iter_objects(text, source):
         if isinstance(obj, Exception):
-            out += [Rendered(v) for v in _yaml_verdicts(text, source)]
+            out += [Rendered(v) for v in validate_text(text, source)[len(out):]]
             break
         out.append(render_object(obj, where))
     return out
-
-
-def _yaml_verdicts(text: str, source: str) -> list[ObjectVerdict]:
-    from pdfleet_operator.validation import validate_text
-
-    return [v for v in validate_text(text, source) if not v.admitted and v.violations[0].rule == "yaml"]
