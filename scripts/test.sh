@@ -12,4 +12,9 @@ echo "[test] pytest"
 # Two workers, whole files each (module fixtures stay together); each worker starts its own
 # control plane. Most cluster tests wait on the API, so two workers on 2 cores nearly halve the time.
 export PDFLEET_REQUIRE_ENGINES=1
+# SGLang's own parser and start-up hooks check the rendered engine commands (tests/sglang): a venv of
+# its own, cached by the pins in scripts/sglang/ (about 2-3.5 minutes and 6 GB the first time).
+echo "[test] sglang venv"
+PDFLEET_SGLANG_PYTHON="$(bash scripts/sglang-venv.sh)/bin/python"
+export PDFLEET_SGLANG_PYTHON
 exec python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@"

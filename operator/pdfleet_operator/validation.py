@@ -31,6 +31,8 @@ from pdfleet_operator.api.constants import API_VERSION, KIND, LIST_KIND
 from pdfleet_operator.api.crd import openapi_schema
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.api.rules import CEL_RULES
+from pdfleet_operator.engine import engine_input
+from pdfleet_runtime.engine_rules import evaluate_engine
 from pdfleet_runtime.layouts import PRESETS, LayoutRef
 from pdfleet_runtime.matrix import (
     GENERAL_RULES,
@@ -294,11 +296,20 @@ def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:
     inp = matrix_input(model)
     if layout_error is not None:
         inp = MatrixInput(None, inp.backend, inp.protocol, inp.prefill, inp.decode)
-    verdict = evaluate(inp)
+    verdict = _with_engine(evaluate(inp), model)
     if layout_error is None:
         return verdict
     rest = tuple(v for v in verdict.violations if v.rule != "layout-unresolved")
     return Verdict((layout_error, *rest), verdict.warnings, verdict.matrix_versions)
+
+
+def _with_engine(verdict: Verdict, spec: PDDeploymentSpec) -> Verdict:
+    """The engine's rules (flags, version, start-up and transfer rejections) added to the matrix's."""
+    inp = engine_input(spec)
+    if inp is None:
+        return verdict
+    errors, warnings = evaluate_engine(inp)
+    return Verdict(verdict.violations + errors, verdict.warnings + warnings, verdict.matrix_versions)
 
 
 def _pydantic_message(exc: ValidationError) -> str:

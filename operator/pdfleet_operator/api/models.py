@@ -8,6 +8,7 @@ shows the effective values.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AwareDatetime, Field, StringConstraints
@@ -21,6 +22,11 @@ from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_VERSION_PA
 __all__ = [
     "DEFAULT_GPU_MEMORY_GIB",
     "Condition",
+    "EngineKind",
+    "EngineOverride",
+    "EngineSpec",
+    "HuggingFaceSource",
+    "ModelSource",
     "ModelSpec",
     "PDDeployment",
     "PDDeploymentSpec",
@@ -49,12 +55,111 @@ def _defaults_of(model: type[ApiModel]) -> dict[str, Any]:
 IntOrPercent = int | Annotated[str, StringConstraints(pattern=r"^(100|[1-9]?[0-9])%$", max_length=4)]
 
 
+EngineArg = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+_ENGINE_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+([.-][0-9A-Za-z.-]+)?$"
+
+
+class EngineKind(StrEnum):
+    PDFLEET = "pdfleet"  # the built-in runtime (the reference runtime for tests and benchmarks)
+    SGLANG = "sglang"
+
+
+class EngineSpec(ApiModel):
+    """The inference engine each prefill and decode pod runs, beside the pdfleet agent."""
+
+    kind: EngineKind = Field(
+        EngineKind.PDFLEET,
+        description="pdfleet (default: the built-in runtime, no engine container) or sglang.",
+    )
+    version: Annotated[str, StringConstraints(pattern=_ENGINE_VERSION, max_length=64)] | None = Field(
+        None,
+        description="Engine version inside the image, e.g. 0.5.23; keys the engine's rules and flag set. "
+        "Required for sglang; unknown versions are denied, listing the known ones.",
+    )
+    image: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="Engine container image, e.g. lmsysorg/sglang:v0.5.23. Required for sglang.",
+    )
+    args: list[EngineArg] | None = Field(
+        None, max_length=256,
+        description="Extra engine flags for both roles, e.g. [--mem-fraction-static, '0.85']. Flags the "
+        "operator renders from spec fields (TP/PP/DP sizes, disaggregation mode, transfer backend, "
+        "bootstrap port, IB device, host, port, model path, served name) are denied, as are flags the "
+        "engine version does not have.",
+    )
+    env: list[EnvVar] | None = Field(
+        None, max_length=256, description="Extra environment of the engine container (both roles)."
+    )
+    staging_buffer: bool = Field(
+        False,
+        description="Use SGLang's own KV staging buffer (SGLANG_DISAGG_STAGING_BUFFER=1); mooncake and "
+        "nixl only.",
+    )
+
+
+class EngineOverride(ApiModel):
+    """Per-role engine settings: each field set here replaces (image, version) or extends (args, env)
+    spec.engine's for this role, so a decode-only engine upgrade is one field."""
+
+    image: str | None = Field(None, min_length=1, max_length=1024, description="Engine image of this role.")
+    version: Annotated[str, StringConstraints(pattern=_ENGINE_VERSION, max_length=64)] | None = Field(
+        None, description="Engine version of this role (keys its rules and flag set)."
+    )
+    args: list[EngineArg] | None = Field(
+        None, max_length=256, description="Flags added after spec.engine.args for this role only."
+    )
+    env: list[EnvVar] | None = Field(
+        None, max_length=256, description="Environment added after spec.engine.env for this role only."
+    )
+
+
+class HuggingFaceSource(ApiModel):
+    """A model downloaded from the Hugging Face Hub when the engine starts."""
+
+    id: str = Field(
+        min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
+        description="Repository id, e.g. Qwen/Qwen3.8-Flash-Next.",
+    )
+    token_secret: str | None = Field(
+        None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Secret in the deployment's namespace whose key `token` holds the Hub token (HF_TOKEN).",
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the engine reads the weights: a path in the pod (with the volume holding it), or the Hub."""
+
+    path: str | None = Field(
+        None, min_length=2, max_length=1024, pattern=r"^/",
+        description="Absolute path of the model directory in the engine container (--model-path).",
+    )
+    volume: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra=PRESERVE,
+        description="A core/v1 volume source (persistentVolumeClaim, hostPath, image, ...) mounted "
+        "read-only at path; omit it when the image holds the model.",
+    )
+    hugging_face: HuggingFaceSource | None = Field(
+        None,
+        alias="huggingFace",
+        description="Download from the Hugging Face Hub at start (allowed, with a warning: every pod "
+        "downloads the weights).",
+    )
+
+
 class ModelSpec(ApiModel):
     """The model being served: what request state each rank keeps."""
 
     layout: LayoutRef = Field(
         description="The model's state layout: {preset: NAME} for a built-in preset, or {inline: {...}} "
         "for a layout given in full. It decides which state types move and which shapes are legal."
+    )
+    served_name: str | None = Field(
+        None, min_length=1, max_length=256,
+        description="Model name clients send (--served-model-name); default: the deployment's name.",
+    )
+    source: ModelSource | None = Field(
+        None, description="Where the engine reads the weights; required for an engine other than pdfleet."
     )
 
 
@@ -75,7 +180,17 @@ class TransferSpec(ApiModel):
     rdma_devices: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] | None = Field(
         None,
         max_length=16,
-        description="RDMA device names (e.g. mlx5_0) for protocol rdma; empty lets the engine discover them.",
+        description="RDMA device names (e.g. mlx5_0) for protocol rdma, used by every GPU; empty lets the "
+        "engine discover them.",
+    )
+    rdma_device_map: dict[str, list[Annotated[str, StringConstraints(min_length=1, max_length=64)]]] | None = (
+        Field(
+            None,
+            json_schema_extra={"maxProperties": 64},
+            description="Per-GPU RDMA devices for protocol rdma: GPU index within the pod ('0', '1', ...) -> "
+            "device names, e.g. {'0': [mlx5_0], '1': [mlx5_1]}. Rendered as SGLang's per-GPU JSON "
+            "--disaggregation-ib-device. Exclusive with rdmaDevices.",
+        )
     )
     rdma_resource: Annotated[str, StringConstraints(
         pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", max_length=253
@@ -184,6 +299,9 @@ class RoleSpec(ApiModel):
     env: list[EnvVar] | None = Field(
         None, max_length=256, description="Extra environment of the runtime container."
     )
+    engine: EngineOverride | None = Field(
+        None, description="This role's engine overrides (image, version, args, env) of spec.engine."
+    )
 
 
 class RolloutSpec(ApiModel):
@@ -227,6 +345,11 @@ class PDDeploymentSpec(ApiModel):
     """A prefill/decode disaggregated serving fleet of one model."""
 
     model: ModelSpec = Field(description="The model being served.")
+    engine: EngineSpec | None = Field(
+        None,
+        description="The inference engine; absent: kind pdfleet, the built-in runtime. For sglang the role's "
+        "image, runtimeVersion, env and resources belong to the pdfleet agent container beside the engine.",
+    )
     transfer: TransferSpec = Field(description="Transfer backend and protocol between prefill and decode.")
     prefill: RoleSpec = Field(description="The prefill role: computes prompts and sends their state.")
     decode: RoleSpec = Field(description="The decode role: receives state and generates tokens.")

@@ -11,6 +11,7 @@ These rules read only the object, never the layout presets or the matrix: the ap
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,21 @@ _LAYER_IDS_CEL = (
     "(!has(self.ple) || !has(self.ple.shortConvLayers.ids) || "
     "self.ple.shortConvLayers.ids.all(i, i < self.numLayers))"
 )
+
+def _engine_kind(o: Obj) -> str:
+    return (o.get("engine") or {}).get("kind", "pdfleet")
+
+
+def _role_override_ok(o: Obj) -> bool:
+    return _engine_kind(o) != "pdfleet" or not any((o.get(r) or {}).get("engine") for r in ("prefill", "decode"))
+
+
+def _device_map_ok(o: Obj) -> bool:
+    m = o.get("rdmaDeviceMap")
+    return m is None or all(re.fullmatch(_GPU_KEY, k) and v for k, v in m.items())
+
+
+_GPU_KEY = "[0-9]|[1-5][0-9]|6[0-3]"
 
 CEL_RULES: tuple[CelRule, ...] = (
     CelRule(
@@ -198,5 +214,44 @@ CEL_RULES: tuple[CelRule, ...] = (
         "offset must be below interval",
         lambda o: "interval" not in o or o["offset"] < o["interval"],
         ".offset",
+    ),
+    CelRule(
+        "engine-fields",
+        ("spec.engine",),
+        "self.kind == 'pdfleet' || (has(self.version) && has(self.image))",
+        "an engine other than pdfleet needs engine.version and engine.image",
+        lambda o: o["kind"] == "pdfleet" or ("version" in o and "image" in o),
+    ),
+    CelRule(
+        "engine-model-source",
+        ("spec",),
+        "!has(self.engine) || self.engine.kind == 'pdfleet' || has(self.model.source)",
+        "an engine other than pdfleet needs model.source (path, with its volume, or huggingFace)",
+        lambda o: _engine_kind(o) == "pdfleet" or "source" in o["model"],
+        ".model",
+    ),
+    CelRule(
+        "engine-role-override",
+        ("spec",),
+        "(has(self.engine) && self.engine.kind != 'pdfleet') || (!has(self.prefill.engine) && "
+        "!has(self.decode.engine))",
+        "prefill.engine and decode.engine override spec.engine: set spec.engine.kind first",
+        _role_override_ok,
+    ),
+    CelRule(
+        "model-source-one-form",
+        ("spec.model.source",),
+        "has(self.path) != has(self.huggingFace) && (!has(self.volume) || has(self.path))",
+        "set exactly one of source.path and source.huggingFace; source.volume goes with path",
+        lambda o: ("path" in o) != ("huggingFace" in o) and ("volume" not in o or "path" in o),
+    ),
+    CelRule(
+        "rdma-device-map",
+        ("spec.transfer",),
+        "!has(self.rdmaDeviceMap) || (!has(self.rdmaDevices) && self.rdmaDeviceMap.all(k, "
+        f"k.matches('^({_GPU_KEY})$') && size(self.rdmaDeviceMap[k]) > 0))",
+        "rdmaDeviceMap keys are GPU indexes 0-63 with at least one device each, and it excludes rdmaDevices",
+        lambda o: "rdmaDevices" not in o and _device_map_ok(o) if "rdmaDeviceMap" in o else True,
+        ".rdmaDeviceMap",
     ),
 )

@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("matrix", help="print the capability matrix with the reason for each no")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--matrix-version", default=LATEST_MATRIX_VERSION, help=f"default {LATEST_MATRIX_VERSION}")
+    p.add_argument("--engine", metavar="KIND==VERSION", help="print an engine's rules instead, e.g. sglang==0.5.23")
     p.set_defaults(handler=run_matrix)
     e = sub.add_parser("explain-rule", help="print one rule: what it checks, why, and how to fix it")
     e.add_argument("rule", metavar="ID", help="a rule id, e.g. tp-divisible or nixl.replicated-hetero-tp")
@@ -115,6 +116,14 @@ def matrix_text(m: Matrix) -> str:
 
 
 def run_matrix(args: argparse.Namespace) -> int:
+    if getattr(args, "engine", None):
+        from pdfleet_operator.commands.engine_matrix import engine_json, engine_text, parse_engine
+
+        engine = parse_engine(args.engine)
+        if engine is None:
+            return 1
+        print(json.dumps(engine_json(*engine), indent=2) if args.json else engine_text(*engine))
+        return 0
     m = MATRICES.get(args.matrix_version)
     if m is None:
         print(

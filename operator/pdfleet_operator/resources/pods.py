@@ -9,7 +9,8 @@ neither controller lets another writer do.
 from __future__ import annotations
 
 from pdfleet_operator.api.constants import GROUP, Role
-from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RoleSpec
+from pdfleet_operator.resources.engine import with_sglang
 from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
     config_name,
@@ -37,12 +38,16 @@ def role_spec(spec: PDDeploymentSpec, role: Role) -> RoleSpec:
     return spec.prefill if role is Role.PREFILL else spec.decode
 
 
-def _resources(spec: PDDeploymentSpec, rs: RoleSpec) -> dict:
-    gpus = str(rs.parallelism.tensor * rs.parallelism.pipeline)
-    res = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
-    extended = {GPU_RESOURCE: gpus}
+def _extended(spec: PDDeploymentSpec, rs: RoleSpec) -> dict[str, str]:
+    extended = {GPU_RESOURCE: str(rs.parallelism.tensor * rs.parallelism.pipeline)}
     if spec.transfer.protocol is Protocol.RDMA:
         extended[spec.transfer.rdma_resource] = "1"  # the RDMA device plugin's share of the NIC
+    return extended
+
+
+def _resources(spec: PDDeploymentSpec, rs: RoleSpec) -> dict:
+    res = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
+    extended = _extended(spec, rs)
     for kind in ("limits", "requests"):
         res.setdefault(kind, {}).update(extended)
     return res
@@ -134,7 +139,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         pod_spec["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in rs.tolerations]
     if rs.affinity:
         pod_spec["affinity"] = rs.affinity
-    return {
+    obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -146,3 +151,6 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         },
         "spec": pod_spec,
     }
+    if spec.engine is not None and spec.engine.kind is EngineKind.SGLANG:
+        return with_sglang(obj, name, spec, role, {k: _extended(spec, rs) for k in ("limits", "requests")})
+    return obj

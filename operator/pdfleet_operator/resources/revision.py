@@ -30,6 +30,8 @@ def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
         "peerShape": other.parallelism.model_dump(mode="json", by_alias=True),
         "drain": spec.rollout.drain_timeout_seconds,
     }
+    if spec.engine is not None:  # absent (the built-in runtime) keeps every earlier revision's hash
+        material["engine"] = spec.engine.model_dump(mode="json", by_alias=True, exclude_none=True)
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]
 

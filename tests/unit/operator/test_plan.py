@@ -58,15 +58,17 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
         pods = pods_of(actions, role)
         assert len(pods) == rs.replicas
         gpus = rs.parallelism.tensor * rs.parallelism.pipeline
+        sglang = spec.engine is not None and spec.engine.kind.value == "sglang"
         for pod in pods:
-            c = pod["spec"]["containers"][0]
-            assert c["resources"]["limits"][GPU_RESOURCE] == str(gpus)
+            c = pod["spec"]["containers"][-1]  # the runtime (on SGLang pods the agent beside the engine)
+            gpu_holder = pod["spec"]["containers"][0]  # the runtime, or SGLang's engine container
+            assert gpu_holder["resources"]["limits"][GPU_RESOURCE] == str(gpus)
             assert [g["conditionType"] for g in pod["spec"]["readinessGates"]] == ["pdfleet.io/transfer-path"]
             assert pod["spec"]["terminationGracePeriodSeconds"] == spec.rollout.drain_timeout_seconds + 30
             assert len(pod["metadata"]["name"]) <= 63
             assert pod["spec"]["subdomain"] == f"demo-{role.value}"
-            engine_ports = [p for p in c["ports"] if p["name"].startswith("engine-")]
-            assert len(engine_ports) == gpus
+            engine_ports = [p for p in gpu_holder["ports"] if p["name"].startswith("engine-")]
+            assert len(engine_ports) == (1 if sglang else gpus)  # SGLang: its HTTP port; it picks the rest
             assert any(e["name"] == "POD_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
                        for e in c["env"])
             assert c["lifecycle"]["preStop"]["httpGet"]["path"].startswith("/drain")

@@ -1,0 +1,157 @@
+"""The SGLang pod: the ``engine`` container beside the pdfleet agent, rendered from the spec.
+
+``runtime_pod`` builds the pod of the built-in runtime; for ``spec.engine.kind: sglang`` it hands the
+pod to ``with_sglang``, which moves GPUs, the RDMA resource and its capability to a container named
+``engine`` running ``python3 -m sglang.launch_server`` with full flag names (``--tp``/``--dp`` work
+only as argparse abbreviations), and turns the runtime container into the agent beside it. The flag
+and environment tables live in ``pdfleet_runtime.engine_rules.sglang`` (docs/sglang.md prints them).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
+from pdfleet_operator.engine import engine_input, role_engine
+from pdfleet_runtime.engine_rules import table_env
+from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT, PROTOCOLS
+from pdfleet_runtime.transfer import Protocol
+
+__all__ = [
+    "ANNOTATION_BOOTSTRAP_PORT",
+    "ENGINE_CONTAINER",
+    "HF_TOKEN_KEY",
+    "engine_container",
+    "launch_command",
+    "with_sglang",
+]
+
+ENGINE_CONTAINER = "engine"
+ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"  # SGLang's router reads it (hard-coded there)
+HF_TOKEN_KEY = "token"  # the key of model.source.huggingFace.tokenSecret holding the Hub token
+CACHE_MOUNT = "/cache"  # HOME of the engine (non-root): Hub downloads, Triton and kernel caches
+MODEL_VOLUME = "model"
+# Weights load before /health answers: up to 30 minutes for a large model from a network volume.
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180
+SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8  # NCCL and the tokenizer/detokenizer processes share /dev/shm
+_DEFAULT_KV_TOKENS = PoolSpec().kv_tokens_per_replica
+
+
+def _ib_device(spec: PDDeploymentSpec) -> str | None:
+    t = spec.transfer
+    settings = PROTOCOLS.get((t.backend, t.protocol))
+    if settings is None or not settings.ib_device:
+        return None
+    if t.rdma_device_map:
+        return json.dumps({k: ",".join(v) for k, v in sorted(t.rdma_device_map.items(), key=lambda kv: int(kv[0]))},
+                          separators=(",", ":"))
+    return ",".join(t.rdma_devices) if t.rdma_devices else None
+
+
+def _model_path(spec: PDDeploymentSpec) -> str:
+    src = spec.model.source
+    if src is None:  # admission denies it (engine-model-source); render never gets here with one
+        raise ValueError("spec.model.source is required for an SGLang engine")
+    return src.path if src.path is not None else src.hugging_face.id  # type: ignore[union-attr]
+
+
+def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
+    """The engine's command line: owned flags from the spec, then spec.engine.args and the role's."""
+    rs = spec.prefill if role is Role.PREFILL else spec.decode
+    settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
+    cmd = [
+        "python3", "-m", "sglang.launch_server",
+        "--model-path", _model_path(spec),
+        "--served-model-name", spec.model.served_name or name,
+        "--tp-size", str(rs.parallelism.tensor),
+        "--pp-size", str(rs.parallelism.pipeline),
+        "--disaggregation-mode", role.value,
+        "--disaggregation-transfer-backend", settings.backend_flag,
+        "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT),
+    ]
+    ib = _ib_device(spec)
+    if ib is not None:
+        cmd += ["--disaggregation-ib-device", ib]
+    cmd += ["--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--enable-metrics"]
+    if rs.pool.kv_tokens_per_replica != _DEFAULT_KV_TOKENS:  # the default leaves SGLang's own sizing
+        cmd += ["--max-total-tokens", str(rs.pool.kv_tokens_per_replica)]
+    return cmd + list(role_engine(spec, role).args)
+
+
+def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
+    inp = engine_input(spec)
+    assert inp is not None
+    def field_ref(path: str) -> dict:  # apiVersion as the apiserver defaults it: render prints what is stored
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    env: list[dict] = [
+        {"name": "POD_NAME", **field_ref("metadata.name")},
+        {"name": "POD_NAMESPACE", **field_ref("metadata.namespace")},
+        {"name": "POD_IP", **field_ref("status.podIP")},
+        {"name": "HOME", "value": CACHE_MOUNT},
+        {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
+    ]
+    hf = spec.model.source.hugging_face if spec.model.source else None
+    if hf is not None and hf.token_secret:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
+    # the protocol table and the staging buffer, then the user's env (shared, then the role's)
+    env += [{"name": n, "value": v} for n, v, _ in table_env(inp)]
+    return env + [dict(e) for e in role_engine(spec, role).env]
+
+
+def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: dict, security: dict) -> dict:
+    def probe() -> dict:
+        return {"httpGet": {"path": "/health", "port": ENGINE_PORT}}
+
+    ports = [{"name": "engine-http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if role is Role.PREFILL:
+        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "engine-cache", "mountPath": CACHE_MOUNT}]
+    src = spec.model.source
+    if src is not None and src.path is not None and src.volume is not None:
+        mounts.append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
+    return {
+        "name": ENGINE_CONTAINER,
+        "image": role_engine(spec, role).image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": launch_command(name, spec, role),
+        "ports": ports,
+        "env": _engine_env(spec, role),
+        "resources": resources,
+        "volumeMounts": mounts,
+        "startupProbe": {**probe(), "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES},
+        "readinessProbe": {**probe(), "periodSeconds": 5},
+        "livenessProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": security,
+    }
+
+
+def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine_resources: dict) -> dict:
+    """The runtime pod turned into an SGLang pod: the engine owns the GPUs and RDMA; the runtime
+    container becomes the agent (``pdfleet-runtime agent``, built in issue 24) with the role's own
+    image, env and resources. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
+    rs = spec.prefill if role is Role.PREFILL else spec.decode
+    pod_spec = pod["spec"]
+    (agent,) = pod_spec["containers"]
+    agent["resources"] = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
+    engine_security = copy.deepcopy(agent["securityContext"])
+    agent["securityContext"]["capabilities"] = {"drop": ["ALL"]}
+    agent["command"] = ["pdfleet-runtime", "agent", *agent["command"][2:]]
+    agent["ports"] = [p for p in agent["ports"] if p["name"] == "http"]  # the engine binds bootstrap and data ports
+    gpus = rs.parallelism.tensor * rs.parallelism.pipeline
+    for v in pod_spec["volumes"]:
+        if v["name"] == "dshm":
+            v["emptyDir"]["sizeLimit"] = f"{max(SHM_MIN_GIB, SHM_GIB_PER_GPU * gpus)}Gi"
+    pod_spec["volumes"].append({"name": "engine-cache", "emptyDir": {}})
+    src = spec.model.source
+    if src is not None and src.path is not None and src.volume is not None:
+        pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
+    settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
+    if settings.host_ipc or spec.transfer.protocol is Protocol.NVLINK:
+        pod_spec["hostIPC"] = True
+    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security), agent]
+    if role is Role.PREFILL:
+        pod["metadata"]["annotations"][ANNOTATION_BOOTSTRAP_PORT] = str(BOOTSTRAP_PORT)
+    return pod
