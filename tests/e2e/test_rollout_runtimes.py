@@ -1,5 +1,5 @@
 """A decode rollout with real runtime processes (1 prefill, 2 decode, tp 1) on kwok pods, driven by
-the kwok pod runner (a test harness, see pod_runner.py), with synthetic requests flowing.
+the harness's kubelet (devcluster.kubelet: each pod in its own network namespace), with synthetic requests flowing.
 
 The prefill is started with a write delay so every transfer takes a while: each old decode pod
 then has a transfer in flight when its drain starts. The rollout must end with zero failed or lost

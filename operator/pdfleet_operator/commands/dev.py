@@ -1,8 +1,13 @@
-"""`pdfleet dev up|down|status|env`: a real local control plane with fake GPU nodes."""
+"""`pdfleet dev up|down|status|shell|build`: a real local control plane with fake GPU nodes.
+
+The cluster lives in a private network namespace (``devcluster.sandbox``) that outlives ``dev up``;
+``dev shell`` runs a shell (or a command) inside it, with kubectl on PATH and KUBECONFIG set.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(handler=_up)
     verbs.add_parser("down", help="stop every process `dev up` started").set_defaults(handler=_down)
     verbs.add_parser("status", help="say whether the cluster runs, and where").set_defaults(handler=_status)
+    shell = verbs.add_parser("shell", help="a shell (or COMMAND) in the cluster's namespace, kubectl configured")
+    shell.add_argument("command", nargs=argparse.REMAINDER, help="run this instead of $SHELL")
+    shell.set_defaults(handler=_shell)
     verbs.add_parser("build", help="only build the toolchain from Go modules").set_defaults(handler=_build)
 
 
@@ -49,9 +57,8 @@ def _up(args: argparse.Namespace) -> int:
     except (ClusterError, ToolchainError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    kubectl = cluster.bin_dir / "kubectl"
-    print(f"kubeconfig: {cluster.kubeconfig}")
-    print(f"try:        {kubectl} --kubeconfig {cluster.kubeconfig} get nodes")
+    print(f"kubeconfig: {cluster.kubeconfig} (the cluster is in a private network namespace)")
+    print("try:        pdfleet dev shell -- kubectl get nodes")
     print("stop with:  pdfleet dev down")
     return 0
 
@@ -70,6 +77,18 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print("not running")
     return 1
+
+
+def _shell(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    pid = cluster.namespace_pid()
+    if pid is None:
+        print("error: the cluster is not running; start it with `pdfleet dev up`", file=sys.stderr)
+        return 1
+    cmd = [c for c in args.command if c != "--"] or [os.environ.get("SHELL", "/bin/sh")]
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "PATH": f"{cluster.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    os.execvpe("nsenter", ["nsenter", f"--target={pid}", "--net", "--mount", "--", *cmd], env)
 
 
 def _build(args: argparse.Namespace) -> int:

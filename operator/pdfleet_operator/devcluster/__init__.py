@@ -4,6 +4,7 @@
 stops them; ``certs`` makes the throw-away PKI.
 """
 
+from pdfleet_operator.devcluster import sandbox
 from pdfleet_operator.devcluster.cluster import ClusterError, ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.toolchain import ToolchainError, cache_root, ensure_toolchain
 
@@ -14,4 +15,5 @@ __all__ = [
     "ToolchainError",
     "cache_root",
     "ensure_toolchain",
+    "sandbox",
 ]
