@@ -31,6 +31,7 @@ __all__ = ["IMAGE_ENV", "Kubelet", "StartedPod", "wait"]
 IMAGE_ENV = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "PDFLEET_CACHE")
 """What every container inherits from the harness (the host's filesystem is every image)."""
 ROLE_LABEL = "pdfleet.io/role"
+API_TIMEOUT_S = 15  # no call may hang the loop (the client has no timeout of its own)
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ class Kubelet(threading.Thread):
     def _lookup(self, kind: str, name: str) -> dict[str, bytes] | None:
         try:
             if kind == "secret":
-                obj = self.core.read_namespaced_secret(name, self.namespace)
+                obj = self.core.read_namespaced_secret(name, self.namespace, _request_timeout=API_TIMEOUT_S)
                 return {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
-            obj = self.core.read_namespaced_config_map(name, self.namespace)
+            obj = self.core.read_namespaced_config_map(name, self.namespace, _request_timeout=API_TIMEOUT_S)
             return {k: v.encode() for k, v in (obj.data or {}).items()}
         except ApiException as e:
             if e.status == 404:
@@ -86,7 +87,8 @@ class Kubelet(threading.Thread):
                                          "uid": pod["metadata"]["uid"]}}
         if audience:
             spec["audiences"] = [audience]
-        tr = self.core.create_namespaced_service_account_token(sa, self.namespace, {"spec": spec})
+        tr = self.core.create_namespaced_service_account_token(sa, self.namespace, {"spec": spec},
+                                                               _request_timeout=API_TIMEOUT_S)
         return str(tr.status.token)
 
     # ---- one pod -----------------------------------------------------------------------------
@@ -116,7 +118,8 @@ class Kubelet(threading.Thread):
     # ---- loop --------------------------------------------------------------------------------
     def step(self) -> None:
         seen = set()
-        for pod in self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _request_timeout=API_TIMEOUT_S)
+        for pod in pods.items:
             uid = pod.metadata.uid
             seen.add(uid)
             if pod.metadata.deletion_timestamp is not None:
