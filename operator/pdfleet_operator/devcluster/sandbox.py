@@ -22,7 +22,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BRIDGE", "CONTROL_ADDRESS", "Ranges", "SandboxError", "current_index", "default_route", "enter", "inside"]
+__all__ = ["BRIDGE", "CONTROL_ADDRESS", "Ranges", "SandboxError", "current_index", "default_route", "enter", "inside",
+           "routed"]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
@@ -78,13 +79,29 @@ def _sh(*cmd: str) -> None:
         raise SandboxError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
 
 
+def routed(address: str) -> bool:
+    """Whether any IPv4 route of this namespace covers ``address`` (read from /proc/net/route; sends nothing)."""
+    addr = int(ipaddress.IPv4Address(address))
+    try:
+        lines = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return True  # cannot tell: treat as routed
+    for line in lines:
+        f = line.split()
+        if len(f) >= 8:  # destination and mask are little-endian hex
+            dest, mask = (int.from_bytes(bytes.fromhex(x), "little") for x in (f[1], f[7]))
+            if addr & mask == dest & mask:
+                return True
+    return False
+
+
 def default_route() -> bool:
-    """Whether this namespace has a default route (read from /proc/net/route; sends nothing)."""
+    """Whether this namespace has a default route (sends nothing)."""
     try:
         lines = Path("/proc/net/route").read_text().splitlines()[1:]
     except OSError:
         return True  # cannot tell: treat as outside
-    return any(line.split()[1] == "00000000" for line in lines if len(line.split()) > 1)
+    return any(f[1] == "00000000" and f[7] == "00000000" for f in (line.split() for line in lines) if len(f) >= 8)
 
 
 def inside() -> bool:
