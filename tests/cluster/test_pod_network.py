@@ -23,6 +23,7 @@ import pytest
 from pdfleet_operator.devcluster import LocalCluster, sandbox
 from pdfleet_operator.devcluster.kubelet import Kubelet, wait
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
+from tests.helpers import IDENTITY
 
 pytestmark = pytest.mark.cluster
 
@@ -158,24 +159,6 @@ def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str
     lines = events.read_text().splitlines()
     assert lines.index("exec preStop") < lines.index("exec SIGTERM"), lines
     assert lines.index("http httpGet /pre-stop") < lines.index("http SIGTERM"), lines
-
-
-IDENTITY = textwrap.dedent("""
-    import json, os
-    from kubernetes import client, config
-    config.load_incluster_config()   # the pod's token at /var/run/secrets/kubernetes.io/serviceaccount
-    core = client.CoreV1Api()
-    ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
-    out = {}
-    for what, call in (("get own pod", lambda: core.read_namespaced_pod(os.environ["POD_NAME"], ns)),
-                       ("list secrets", lambda: core.list_namespaced_secret(ns))):
-        try:
-            call()
-            out[what] = 200
-        except client.ApiException as e:
-            out[what] = e.status
-    print(json.dumps(out))
-""")
 
 
 def test_a_pod_has_only_its_own_token_and_its_role(cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
