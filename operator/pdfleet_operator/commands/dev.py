@@ -40,6 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     shell = verbs.add_parser("shell", help="a shell (or COMMAND) in the cluster's namespace, kubectl configured")
     shell.add_argument("command", nargs=argparse.REMAINDER, help="run this instead of $SHELL")
     shell.set_defaults(handler=_shell)
+    kl = verbs.add_parser("kubelet", help="run the harness's kubelet for a namespace's pods (foreground, Ctrl-C stops)")
+    kl.add_argument("-n", "--namespace", default="default", help="whose pods (default: default)")
+    kl.add_argument("-l", "--selector", default="", help="only the pods matching this label selector")
+    kl.add_argument("--arg", dest="extra", action="append", default=[],
+                    help="append this to every container's command (repeat; e.g. --arg=--device --arg=cpu)")
+    kl.add_argument("--workdir", type=Path, default=None, help="pod volumes and logs (default: STATE/pods/NS)")
+    kl.set_defaults(handler=_kubelet)
     verbs.add_parser("build", help="only build the toolchain from Go modules").set_defaults(handler=_build)
 
 
@@ -89,6 +96,33 @@ def _shell(args: argparse.Namespace) -> int:
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
            "PATH": f"{cluster.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     os.execvpe("nsenter", ["nsenter", f"--target={pid}", "--net", "--mount", "--", *cmd], env)
+
+
+def _kubelet(args: argparse.Namespace) -> int:
+    from pdfleet_operator.devcluster import sandbox
+
+    cluster = _cluster(args)
+    index = sandbox.current_index()
+    if index is None:  # not inside yet: run this same command in the cluster's namespaces
+        pid = cluster.namespace_pid()
+        if pid is None:
+            print("error: the cluster is not running; start it with `pdfleet dev up`", file=sys.stderr)
+            return 1
+        argv = [sys.executable, "-m", "pdfleet_operator.cli", *sys.argv[1:]]
+        os.execvp("nsenter", ["nsenter", f"--target={pid}", "--net", "--mount", "--", *argv])
+    cluster = LocalCluster(cluster.state_dir, ClusterOptions(sandbox_index=index))
+    workdir = args.workdir or cluster.state_dir / "pods" / args.namespace
+    extra = tuple(args.extra)
+    kubelet = cluster.kubelet(args.namespace, workdir, selector=args.selector, extra_args=lambda pod: extra)
+    print(f"kubelet for pods of {args.namespace} ({args.selector or 'all'}); logs under {workdir}", flush=True)
+    kubelet.start()
+    try:
+        while kubelet.is_alive():
+            kubelet.join(1.0)
+    except KeyboardInterrupt:
+        print("stopping: preStop hooks, SIGTERM, then SIGKILL after each pod's grace period", flush=True)
+    kubelet.shutdown()
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -79,11 +79,11 @@ def _sh(*cmd: str) -> None:
         raise SandboxError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
 
 
-def routed(address: str) -> bool:
+def routed(address: str, table: Path = Path("/proc/net/route")) -> bool:
     """Whether any IPv4 route of this namespace covers ``address`` (read from /proc/net/route; sends nothing)."""
     addr = int(ipaddress.IPv4Address(address))
     try:
-        lines = Path("/proc/net/route").read_text().splitlines()[1:]
+        lines = table.read_text().splitlines()[1:]
     except OSError:
         return True  # cannot tell: treat as routed
     for line in lines:

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from pdfleet_operator.devcluster import podspec
+from pdfleet_operator.devcluster import podspec, sandbox
 from pdfleet_operator.devcluster.podspec import Exec, HttpGet, PodSpecError
 from pdfleet_operator.devcluster.sandbox import Ranges
 
@@ -71,3 +71,21 @@ def test_ranges_differ_per_index_and_hold_their_addresses() -> None:
     assert not any(x.overlaps(y) for i, x in enumerate(nets) for y in nets[i + 1:])
     assert ipaddress.ip_address(a.gateway) in nets[0] and ipaddress.ip_address(a.dns_service_ip) in nets[1]
     assert ipaddress.ip_address(a.kubernetes_service_ip) in nets[1]
+
+
+HOST_ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0
+eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+"""
+INSIDE_ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+pdf0\t0000400A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+"""
+
+
+def test_the_route_check_reads_the_table_without_sending(tmp_path) -> None:
+    host, inside = tmp_path / "host", tmp_path / "inside"
+    host.write_text(HOST_ROUTES)
+    inside.write_text(INSIDE_ROUTES)
+    assert sandbox.routed("192.0.2.1", host) and sandbox.routed("8.8.8.8", host)
+    assert not sandbox.routed("192.0.2.1", inside) and sandbox.routed("10.64.3.4", inside)
+    assert not sandbox.routed("10.65.0.1", inside)
