@@ -92,7 +92,8 @@ def _shell(args: argparse.Namespace) -> int:
     if pid is None:
         print("error: the cluster is not running; start it with `pdfleet dev up`", file=sys.stderr)
         return 1
-    cmd = [c for c in args.command if c != "--"] or [os.environ.get("SHELL", "/bin/sh")]
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    cmd = cmd or [os.environ.get("SHELL", "/bin/sh")]
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
            "PATH": f"{cluster.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     os.execvpe("nsenter", ["nsenter", f"--target={pid}", "--net", "--mount", "--", *cmd], env)
