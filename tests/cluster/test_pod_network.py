@@ -22,6 +22,7 @@ import pytest
 
 from pdfleet_operator.devcluster import LocalCluster, sandbox
 from pdfleet_operator.devcluster.kubelet import Kubelet, wait
+from pdfleet_operator.devcluster.toolchain import PINS
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from tests.helpers import IDENTITY
 
@@ -107,6 +108,10 @@ def test_pods_reach_each_other_by_ip_headless_name_and_cluster_ip(cluster: Local
     wait(lambda: curl(client, "http://web/") == "200", 60, "the ClusterIP Service by name")
     cluster_ip = json.loads(cluster.kubectl("-n", namespace, "get", "svc", "web", "-o", "json").stdout)["spec"]["clusterIP"]
     assert curl(client, f"http://{cluster_ip}:80/") == "200"
+    # The apiserver through its Service (it advertises the bridge address), TLS verified with the pod's ca.crt.
+    ca = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    out = client.exec("curl", "-sS", "--max-time", "5", "--cacert", ca, "https://kubernetes.default.svc/version")
+    assert json.loads(out.stdout or "{}").get("gitVersion") == PINS.kubernetes, out
     # And nothing leaves from a pod either (its default route ends at the node, which routes nowhere).
     probe = client.exec(PY, "-c", f"import socket; s = socket.socket(); print(s.connect_ex(('{sandbox.CONTROL_ADDRESS}', 80)))")
     assert probe.stdout.strip() == str(errno.ENETUNREACH), probe
