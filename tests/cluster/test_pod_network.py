@@ -119,7 +119,7 @@ def test_pods_reach_each_other_by_ip_headless_name_and_cluster_ip(cluster: Local
 
 HOOKED = textwrap.dedent("""
     import http.server, os, signal, sys, threading
-    events = os.path.join("/data", "events")
+    events = os.path.join("/run/data", "events")
     def log(line):
         with open(events, "a") as f:
             f.write(line + "\\n")
@@ -140,13 +140,13 @@ HOOKED = textwrap.dedent("""
 
 def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str, kubelet: Kubelet,
                                            tmp_path: Path) -> None:
-    script = {"name": "hooks", "mountPath": "/opt/hooks", "readOnly": True}
-    data = {"name": "data", "mountPath": "/data"}
+    script = {"name": "hooks", "mountPath": "/run/hooks", "readOnly": True}
+    data = {"name": "data", "mountPath": "/run/data"}
     containers = [
-        {"name": "by-exec", "image": "host", "command": [PY, "/opt/hooks/hooked.py", "exec"],
+        {"name": "by-exec", "image": "host", "command": [PY, "/run/hooks/hooked.py", "exec"],
          "volumeMounts": [script, data],
-         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo exec preStop >> /data/events"]}}}},
-        {"name": "by-http", "image": "host", "command": [PY, "/opt/hooks/hooked.py", "http", "9090"],
+         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo exec preStop >> /run/data/events"]}}}},
+        {"name": "by-http", "image": "host", "command": [PY, "/run/hooks/hooked.py", "http", "9090"],
          "ports": [{"name": "hook", "containerPort": 9090}], "volumeMounts": [script, data],
          "lifecycle": {"preStop": {"httpGet": {"path": "/pre-stop", "port": "hook"}}}},
     ]
@@ -158,7 +158,7 @@ def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str
     wait(lambda: events.exists() and events.read_text().count("started") == 2, 30, "both containers up")
     cluster.kubectl("-n", namespace, "delete", "pod", "hooked", "--wait=false")
     try:
-        wait(lambda: events.read_text().count("SIGTERM") == 2, 30, "both containers got SIGTERM")
+        wait(lambda: events.read_text().count("SIGTERM") == 2, 60, "both containers got SIGTERM")
     except AssertionError as e:
         raise AssertionError(f"{e}: {events.read_text()!r}, kubelet: {sb.events}, {kubelet.errors[-3:]}") from None
     lines = events.read_text().splitlines()
