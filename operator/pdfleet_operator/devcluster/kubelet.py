@@ -110,6 +110,9 @@ class Kubelet(threading.Thread):
         self._stoppers.append(t)
         t.start()
 
+    def _ips_taken(self) -> set[str]:
+        return {p.ip for p in self._all() if p.network_up}
+
     @staticmethod
     def _grace(pod: Any) -> float:
         g = pod.metadata.deletion_grace_period_seconds
@@ -126,7 +129,9 @@ class Kubelet(threading.Thread):
                 if uid in self.pods:
                     self._terminate(uid, self._grace(pod))
                 continue
-            if uid not in self.started and pod.status.phase == "Running" and pod.status.pod_ip:
+            ip = pod.status.pod_ip
+            # kwok frees a pod's IP when its object goes: wait until a pod still stopping here let go of it.
+            if uid not in self.started and pod.status.phase == "Running" and ip and ip not in self._ips_taken():
                 self._start(pod)
         for uid in [u for u in self.pods if u not in seen]:
             self._terminate(uid, 30.0)  # gone without a deletion we saw (forced): the default grace

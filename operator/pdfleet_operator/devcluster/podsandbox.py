@@ -81,6 +81,7 @@ class PodSandbox:
         self.netns = f"pod-{self.uid[:13]}"
         self._veth = f"v{self.uid[:8]}"
         self._terminated = threading.Event()
+        self.network_up = False  # its netns exists: its IP is taken on the bridge
 
     # ---- what callers read -------------------------------------------------------------------
     @property
@@ -131,6 +132,7 @@ class PodSandbox:
 
     def _network(self) -> None:
         _ip("netns", "add", self.netns)
+        self.network_up = True
         _ip("link", "add", self._veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _ip("link", "set", self._veth, "master", BRIDGE, "up")
         _ip("-n", self.netns, "addr", "add", f"{self.ip}/{self.ranges.prefix}", "dev", "eth0")
@@ -269,6 +271,7 @@ class PodSandbox:
                 c.proc.wait(10)
         with contextlib.suppress(RuntimeError):
             _ip("netns", "delete", self.netns)
+        self.network_up = False
 
     def _pre_stop(self, c: Container, deadline: float) -> None:
         h = podspec.hook(c.spec, "preStop")
