@@ -79,8 +79,8 @@ def apply(cluster: LocalCluster, namespace: str, *objs: dict) -> None:
 
 
 def started(kubelet: Kubelet, name: str, timeout: float = 60):  # -> PodSandbox
-    return wait(lambda: next((p for p in list(kubelet.pods.values()) if p.name == name), None), timeout,
-                f"pod {name} started by the kubelet")
+    return wait(lambda: next((p for p in list(kubelet.pods.values()) if p.name == name and p.started), None),
+                timeout, f"pod {name} started by the kubelet")
 
 
 def curl(client, url: str) -> str:  # client: PodSandbox

@@ -154,8 +154,9 @@ class Kubelet(threading.Thread):
 
     # ---- what tests read (from other threads: copies of the dicts, taken atomically) -----------
     def running(self, role: str) -> dict[str, PodSandbox]:
+        """The pods of ``role`` whose containers all started and that are not terminating."""
         started = dict(self.started)
-        return {p.name: p for uid, p in list(self.pods.items()) if started[uid].role == role}
+        return {p.name: p for uid, p in list(self.pods.items()) if started[uid].role == role and p.started}
 
     def decode_pods(self) -> dict[str, PodSandbox]:
         return self.running("decode")

@@ -85,6 +85,11 @@ class PodSandbox:
 
     # ---- what callers read -------------------------------------------------------------------
     @property
+    def started(self) -> bool:
+        """Every container has been started (``start`` runs on the kubelet's thread)."""
+        return len(self.containers) == len(self.pod["spec"]["containers"])
+
+    @property
     def proc(self) -> subprocess.Popen[bytes] | None:
         return self.containers[0].proc if self.containers else None
 
