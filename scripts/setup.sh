@@ -14,6 +14,10 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 need_apt=()
 command -v go >/dev/null || need_apt+=(golang-go)
 command -v python3 >/dev/null || need_apt+=(python3 python3-venv)
+# The cluster's private network: ip (netns, veth, bridge), unshare/nsenter, and nft for kube-proxy.
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v nft >/dev/null || need_apt+=(nftables)
+command -v curl >/dev/null || need_apt+=(curl)
 # Mooncake's CPU wheel links libibverbs even when it only uses TCP.
 ldconfig -p | grep -q 'libibverbs.so.1 ' || need_apt+=(libibverbs1)
 if ((${#need_apt[@]})); then

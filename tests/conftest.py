@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
+from pdfleet_operator.devcluster import ClusterOptions, LocalCluster, ensure_toolchain, sandbox
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from tests.helpers import wait_until
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state = Path(os.environ.get("PDFLEET_TEST_CLUSTER_DIR", tmp_path_factory.mktemp("cluster")))
-    lc = LocalCluster(state, ClusterOptions(nodes=3, gpus_per_node=8), die_with_parent=True)
+    opts = ClusterOptions(nodes=3, gpus_per_node=8, sandbox_index=worker_index(request.config))
+    lc = LocalCluster(state, opts, die_with_parent=True)
     lc.start()
     try:
         yield lc
@@ -64,3 +65,23 @@ def operator(
         yield op
     finally:
         op.stop()
+
+
+# -- the private network namespace of each test process -------------------------------------------
+# Every test runs inside a network and mount namespace of its worker's own (devcluster.sandbox):
+# loopback and the cluster bridge only, so nothing a test starts reaches any other address. The
+# toolchain is built before (the builds need the module proxy); under xdist the controller builds
+# it once and each worker enters its own namespace, with its own pod and Service ranges.
+
+
+def worker_index(config: pytest.Config) -> int:
+    workerinput = getattr(config, "workerinput", None)
+    return int(workerinput["workerid"].removeprefix("gw")) if workerinput else 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if not hasattr(config, "workerinput"):
+        ensure_toolchain()
+    if not controller:
+        sandbox.enter(sandbox.Ranges(worker_index(config)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -19,3 +20,22 @@ def wait_until(cond: Callable[[], T], *, what: str, timeout: float = 60.0, inter
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
+IDENTITY = textwrap.dedent("""
+    import json, os
+    from kubernetes import client, config
+    config.load_incluster_config()   # the pod's token at /var/run/secrets/kubernetes.io/serviceaccount
+    core = client.CoreV1Api()
+    ns = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+    out = {}
+    for what, call in (("get own pod", lambda: core.read_namespaced_pod(os.environ["POD_NAME"], ns)),
+                       ("list secrets", lambda: core.list_namespaced_secret(ns))):
+        try:
+            call()
+            out[what] = 200
+        except client.ApiException as e:
+            out[what] = e.status
+    print(json.dumps(out))
+""")
+"""Run inside a pod (``python -c``): what its own ServiceAccount token may do, as JSON."""

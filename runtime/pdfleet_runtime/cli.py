@@ -69,6 +69,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--prefill-addresses-file", type=Path, default=None,
                      help="local runs: a JSON list of prefill bootstrap addresses, re-read on every lookup, instead "
                      "of the headless Service (env PDFLEET_PREFILL_ADDRESSES_FILE)")
+    srv.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                     help="local runs: where the pools live, over the config's device (no GPU on a kwok node)")
     srv.add_argument("--bind", dest="bind_host", default=None, help="listen address (default 0.0.0.0)")
     srv.add_argument("--kubeconfig", type=Path, default=None,
                      help="write the readiness gate through this kubeconfig (default: in-cluster token if mounted)")
@@ -103,6 +105,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config)
+        if args.device is not None:
+            cfg = cfg.model_copy(update={"device": args.device})
         flags = {k: getattr(args, k) for k in (
             "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",

@@ -1,5 +1,5 @@
 """Issue 12's acceptance with real runtimes: rollouts of a fleet whose pods run the real ``pdfleet-runtime
-serve`` (kwok pods, the pod runner of pod_runner.py), with synthetic traffic flowing throughout.
+serve`` (kwok pods run by the harness's kubelet, devcluster.kubelet), with synthetic traffic flowing throughout.
 
 - a canary holds at its count with traffic on both revisions; raised, paused mid-rollout (committed
   drains finish, nothing new starts), resumed, it completes;
@@ -9,7 +9,7 @@ serve`` (kwok pods, the pod runner of pod_runner.py), with synthetic traffic flo
 - new pods stuck Pending (a nodeSelector no node has) hit the progress deadline and roll back;
 - spec changes A->B->C end on C, and C->D reverted to C mid-rollout ends on C, within the budgets;
 - a prefill rollout completes with zero lost transfers: decode pods find the new prefill pod through
-  the runner's kube-dns (from the Service's EndpointSlices), the old one drains its transfers first.
+  CoreDNS (from the Service's EndpointSlices), the old one drains its transfers first.
 
 Budgets are read from a watch of every pod (``PodTimeline``): maxSurge 1 and maxUnavailable 0, so a
 role never has more than replicas + 1 pods (draining and terminating ones included) and never fewer
@@ -246,7 +246,7 @@ def test_a_prefill_rollout_loses_no_transfer(cluster: LocalCluster, operator: Op
         [decode] = set(fleet.revisions())
         [old_pod] = fleet.runner.running("prefill").values()
         service = f"{NAME}-prefill"
-        assert [str(e) for e in fleet.runner.dns(service)] == [old_pod.bootstrap]
+        assert fleet.resolve(service) == [old_pod.ip]
         timeline = fleet.timeline(synced=3)
         traffic = fleet.traffic()
         traffic.wait_served(4)
@@ -255,8 +255,7 @@ def test_a_prefill_rollout_loses_no_transfer(cluster: LocalCluster, operator: Op
                          30, "the new prefill revision")
         fleet.wait(lambda: _settled(fleet, new, 1, "prefill"), 180, "prefill rolled")
         [new_pod] = fleet.runner.running("prefill").values()
-        fleet.wait(lambda: [str(e) for e in fleet.runner.dns(service)] == [new_pod.bootstrap], 30,
-                   "DNS: the new pod only")
+        fleet.wait(lambda: fleet.resolve(service) == [new_pod.ip], 30, "DNS: the new pod only")
         traffic.wait_served(6)
         results = traffic.stop()
         timeline.stop()

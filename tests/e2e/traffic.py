@@ -1,5 +1,5 @@
-"""What the end-to-end rollout tests share: a fleet of real runtimes on kwok pods (``running_fleet``, through
-the pod runner of pod_runner.py), synthetic traffic through it (``Traffic``), and a record of every pod
+"""What the end-to-end rollout tests share: a fleet of real runtimes on kwok pods (``running_fleet``, each
+in its pod sandbox, run by the harness's kubelet, ``devcluster.kubelet``), synthetic traffic through it (``Traffic``), and a record of every pod
 state the API showed during a rollout (``PodTimeline``), from which the tests read the budgets.
 
 Every prefill pod runs with a write delay, so each transfer takes a while and a pod whose drain starts
@@ -22,8 +22,9 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api
 
 from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_operator.devcluster.kubelet import Kubelet, wait
 from pdfleet_runtime.config import READINESS_GATE
-from tests.e2e.pod_runner import PodRunner, wait
+from pdfleet_runtime.server.local import http
 
 __all__ = ["NAME", "WRITE_DELAY_S", "Fleet", "PodTimeline", "Result", "Traffic", "manifest", "running_fleet"]
 
@@ -37,6 +38,8 @@ RUNTIME_ARGS = {
     # here (the unit and server tests cover them), so they leave room for that.
     "decode": ("--canary-period", "2", "--retry-period", "0.5", "--floor-gbps", "0.0002", "--canary-timeout", "30"),
 }
+# The one local-run difference: kwok nodes have no GPU, so the pools live on the CPU.
+LOCAL_ARGS = ("--device", "cpu")
 
 
 def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, **rollout: Any) -> dict:
@@ -64,7 +67,7 @@ class Fleet:
     cluster: LocalCluster
     ns: str
     core: CoreV1Api
-    runner: PodRunner
+    runner: Kubelet
     _threads: list[Any] = field(default_factory=list)  # Traffic and PodTimeline, stopped at the end
 
     def traffic(self) -> Traffic:
@@ -81,7 +84,7 @@ class Fleet:
         return t.start(synced)
 
     def wait(self, cond: Any, timeout: float, what: str) -> Any:
-        """``pod_runner.wait``, and on timeout the pods, the status and the runtimes' logs."""
+        """``kubelet.wait``, and on timeout the pods, the status and the runtimes' logs."""
         try:
             return wait(cond, timeout, what)
         except AssertionError as e:
@@ -127,6 +130,12 @@ class Fleet:
         m = re.search(r"drain started: (\d+) transfers in flight", log)
         return (int(m.group(1)) if m else -1), "drain finished" in log
 
+    def resolve(self, name: str) -> list[str]:
+        """What ``name`` resolves to inside a decode pod (CoreDNS, through the pod's resolv.conf), sorted."""
+        pod = next(iter(self.runner.decode_pods().values()))
+        out = pod.exec("getent", "ahostsv4", name)
+        return sorted({line.split()[0] for line in out.stdout.splitlines() if line.strip()})
+
     def diagnose(self) -> str:
         keep = ("readiness", "drain", "ERROR", "WARNING", "Traceback", "failed")
         logs = "\n".join(f"--- {n}\n" + "\n".join([ln for ln in t.splitlines() if any(k in ln for k in keep)][-15:])
@@ -140,8 +149,14 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
                   **manifest_kw: Any) -> Iterator[Fleet]:
     """A PDDeployment of real runtimes, Available through their own gates; the runner stops at the end."""
     api = cluster.api_client()
-    runner = PodRunner(api, ns, cluster.kubeconfig, workdir, extra_args=dict(RUNTIME_ARGS),
-                       image_args=image_args or {})
+    more = image_args or {}
+
+    def args(pod: dict) -> tuple[str, ...]:
+        role = pod["metadata"]["labels"].get("pdfleet.io/role", "")
+        return (*LOCAL_ARGS, *RUNTIME_ARGS.get(role, ()), *more.get(pod["spec"]["containers"][0]["image"], ()))
+
+    runner = cluster.kubelet(ns, workdir, selector="app.kubernetes.io/managed-by=pdfleet-operator",
+                             extra_args=args, extra_env={"MC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
     fleet = Fleet(cluster, ns, CoreV1Api(api), runner)
     runner.start()
     try:
@@ -203,7 +218,8 @@ class Traffic(threading.Thread):
             with self.lock:
                 self.sent += 1
                 n = self.sent
-            code, body = local.synthetic(tokens=64, timeout_s=30, requestId=f"e2e-{name[-12:]}-{n}", seed=n)
+            code, body = http("POST", local.url + "/v1/synthetic", {"tokens": 64, "timeoutS": 30,
+                                                                   "requestId": f"e2e-{name[-12:]}-{n}", "seed": n}, 60)
             with self.lock:
                 self.results.append(Result(name, self.runner.revision_of(name), code,
                                            body if isinstance(body, dict) else {"raw": body}))

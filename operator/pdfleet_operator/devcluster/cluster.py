@@ -1,5 +1,8 @@
 """A real local control plane: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok with fake GPU nodes, on random loopback ports.
+kube-scheduler and kwok with fake GPU nodes, inside the cluster's private network
+namespace (``sandbox``): the components talk over its loopback, the apiserver also
+listens on the bridge and advertises the bridge address, so ``kubernetes.default``
+has a valid endpoint that pods reach.
 
 This is what controller-runtime's envtest does, plus the controllers and the
 scheduler so that Deployments and StatefulSets really roll and garbage
@@ -27,10 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from pdfleet_operator.devcluster import toolchain
+from pdfleet_operator.devcluster import node, sandbox, toolchain
 from pdfleet_operator.devcluster.certs import CertificateAuthority, write_service_account_key
 
 __all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "gpu_node_manifest"]
@@ -38,7 +42,7 @@ __all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "gpu_node_manifest"
 PID_FILE = "pids.json"
 KUBECONFIG = "kubeconfig.yaml"
 # Order matters: stop in reverse, so kwok and controllers go before the apiserver and etcd.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "coredns", "kube-proxy")
 
 
 class ClusterError(RuntimeError):
@@ -55,6 +59,11 @@ class ClusterOptions:
     gpu_memory_mib: int = 143771
     node_prefix: str = "kwok-gpu"
     start_timeout_s: float = 180.0
+    sandbox_index: int = 0  # which pod and Service ranges (sandbox.Ranges): distinct per parallel cluster
+
+    @property
+    def ranges(self) -> sandbox.Ranges:
+        return sandbox.Ranges(self.sandbox_index)
 
 
 def free_port() -> int:
@@ -118,6 +127,12 @@ class LocalCluster:
         return self.state_dir / KUBECONFIG
 
     @property
+    def api_port(self) -> int:
+        """The apiserver's port (on 127.0.0.1 and on the bridge address)."""
+        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        return int(server.rsplit(":", 1)[1])
+
+    @property
     def bin_dir(self) -> Path:
         return toolchain.toolchain_dir() / "bin"
 
@@ -127,7 +142,8 @@ class LocalCluster:
         if self.is_running():
             raise ClusterError(f"a cluster is already running from {self.state_dir}; run `pdfleet dev down`")
         started = time.monotonic()
-        toolchain.ensure_toolchain()
+        toolchain.ensure_toolchain()  # before entering: the builds need the module proxy
+        sandbox.enter(self.options.ranges)
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
         (self.state_dir / "logs").mkdir(parents=True)
@@ -140,19 +156,21 @@ class LocalCluster:
 
     def _start_all(self) -> None:
         d = self.state_dir
+        net = self.options.ranges
         pki = d / "pki"
         ca = CertificateAuthority(pki)
         admin = ca.issue(
             "admin",
             common_name="admin",
             organizations=("system:masters",),
-            ips=("127.0.0.1", "10.96.0.1"),
+            ips=("127.0.0.1", net.gateway, net.kubernetes_service_ip),
             dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
             server=True,
             client=True,
         )
         sa_key, sa_pub = write_service_account_key(pki)
-        ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "sched", "kwok")}
+        ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "sched", "kwok",
+                                                "dns-health", "dns-ready", "proxy-metrics", "proxy-healthz")}
         api = f"https://127.0.0.1:{ports['apiserver']}"
         self._write_kubeconfig(api, ca.cert_pem, admin.cert_pem, admin.key_pem)
         kc = str(self.kubeconfig)
@@ -171,14 +189,15 @@ class LocalCluster:
         self.progress(f"starting kube-apiserver on {api}")
         self._spawn("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            # Every address of the private namespace: its loopback and the bridge the pods are on.
+            "--bind-address=0.0.0.0", f"--advertise-address={net.gateway}",
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={admin.cert_path}", f"--tls-private-key-file={admin.key_path}",
             f"--client-ca-file={ca.cert_path}",
             f"--service-account-issuer={api}",
             f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
             "--authorization-mode=RBAC",
-            "--service-cluster-ip-range=10.96.0.0/16",
+            f"--service-cluster-ip-range={net.service_cidr}",
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={pki / 'apiserver'}",
@@ -208,7 +227,7 @@ class LocalCluster:
         self.progress(f"starting kwok with {self.options.nodes} fake GPU nodes")
         self._spawn("kwok", [
             f"--kubeconfig={kc}", f"--config={stages}",
-            "--manage-all-nodes=true", "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1",
+            "--manage-all-nodes=true", f"--cidr={net.gateway}/{net.prefix}", f"--node-ip={net.gateway}",
             f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-lease-duration-seconds=40",
         ])
@@ -222,6 +241,20 @@ class LocalCluster:
             "default ServiceAccount",
             lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
         )
+        self._start_node_services(ports, nodes[0]["metadata"]["name"])
+
+    def _start_node_services(self, ports: dict[str, int], node_name: str) -> None:
+        """CoreDNS and kube-proxy (nftables), as the node runs them (see ``node``)."""
+        net = self.options.ranges
+        self.progress("starting CoreDNS and kube-proxy (nftables)")
+        conf = self.state_dir / "Corefile"
+        conf.write_text(node.corefile(self.kubeconfig, ports["dns-health"], ports["dns-ready"]))
+        self._spawn("coredns", node.coredns_args(conf))
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(node.kube_dns_objects(net)))
+        self._spawn("kube-proxy", node.kube_proxy_args(self.kubeconfig, net, node_name, ports["proxy-metrics"],
+                                                       ports["proxy-healthz"]))
+        self._wait_http("coredns", f"http://127.0.0.1:{ports['dns-ready']}/ready", insecure=False)
+        self._wait_http("kube-proxy", f"http://127.0.0.1:{ports['proxy-healthz']}/healthz", insecure=False)
 
     def stop(self, timeout: float = 15.0) -> list[int]:
         """Stop every recorded process (TERM, then KILL); return the pids that were stopped."""
@@ -256,6 +289,11 @@ class LocalCluster:
         if pid_file.exists():
             pid_file.unlink()
         return stopped
+
+    def namespace_pid(self) -> int | None:
+        """A live process of the cluster (the apiserver): its namespaces are the cluster's."""
+        pid = self._recorded_pids().get("kube-apiserver")
+        return pid if pid is not None and _alive(pid) else None
 
     def is_running(self) -> bool:
         return any(_alive(pid) for pid in self._recorded_pids().values())
@@ -292,6 +330,13 @@ class LocalCluster:
         self.wait_established(CRD_NAME, timeout)
         self._wait_for("pdd discovery", lambda: self.kubectl("get", "pdd", "-A", check=False).returncode == 0, timeout)
         return CRD_NAME
+
+    def kubelet(self, namespace: str, workdir: Path, **kw: Any) -> Any:  # -> kubelet.Kubelet (lazy: kubernetes)
+        """The harness's kubelet for ``namespace``'s pods, not started (``start()``, ``shutdown()``)."""
+        from pdfleet_operator.devcluster.kubelet import Kubelet
+
+        endpoint = (self.options.ranges.kubernetes_service_ip, 443)  # through kube-proxy, as in a cluster
+        return Kubelet(self.api_client(), namespace, workdir, self.options.ranges, endpoint, **kw)
 
     def api_client(self):  # -> kubernetes.client.ApiClient (imported lazily: slow import)
         from kubernetes import config
@@ -374,8 +419,8 @@ class LocalCluster:
         if out.returncode != 0:
             return 0
         ready = 0
-        for node in json.loads(out.stdout)["items"]:
-            for cond in node.get("status", {}).get("conditions", []):
+        for item in json.loads(out.stdout)["items"]:
+            for cond in item.get("status", {}).get("conditions", []):
                 if cond["type"] == "Ready" and cond["status"] == "True":
                     ready += 1
         return ready

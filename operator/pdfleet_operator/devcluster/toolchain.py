@@ -2,7 +2,8 @@
 
 There is no Docker engine and no release download here, only the Go module
 proxy, so every binary (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, kubectl, kwok, helm) is compiled from its module, the way
+kube-scheduler, kube-proxy, kubectl, kwok, helm,
+CoreDNS) is compiled from its module, the way
 controller-runtime's envtest gets real binaries.  Kubernetes and etcd cannot
 be `go install`ed directly (their own `replace => ./staging` lines are ignored
 when they are a dependency), so each is built inside a small generated wrapper
@@ -51,9 +52,10 @@ class Pins:
     etcd: str = "v3.6.16"
     kwok: str = "v0.8.0"
     helm: str = "v3.22.0"
+    coredns: str = "v1.15.0"
     # Built only for the Kubernetes release: one apiserver, one kubectl.
     kube_cmds: tuple[str, ...] = field(
-        default=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+        default=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kube-proxy")
     )
 
     @property
@@ -69,6 +71,21 @@ class Pins:
 # Bump when the build recipe changes so old outputs are not reused.
 SCRIPT_REV = "1"
 PINS = Pins()
+# CoreDNS with only the plugins the cluster's Corefile uses (the full build pulls every cloud SDK):
+# the plugin chain order is CoreDNS's own (core/dnsserver/zdirectives.go), restricted to these.
+COREDNS_PLUGINS = ("errors", "log", "health", "ready", "loop", "kubernetes", "cache")
+_COREDNS_MAIN = """package main
+
+import (
+\t"github.com/coredns/coredns/core/dnsserver"
+\t"github.com/coredns/coredns/coremain"
+{imports}
+)
+
+func init() {{ dnsserver.Directives = []string{{{directives}}} }}
+
+func main() {{ coremain.Run() }}
+"""
 
 
 def cache_root() -> Path:
@@ -204,6 +221,19 @@ def _build_etcd(pins: Pins, out: Path, logfile: Path) -> None:
     _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), mod], work, logfile, "build etcd")
 
 
+def _build_coredns(pins: Pins, out: Path, logfile: Path) -> None:
+    work = out.parent / "work" / "coredns"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "go.mod").write_text("module pdfleet.local/coredns\n\ngo 1.26.0\n")
+    imports = "\n".join(f'\t_ "github.com/coredns/coredns/plugin/{p}"' for p in COREDNS_PLUGINS)
+    directives = ", ".join(f'"{p}"' for p in COREDNS_PLUGINS)
+    (work / "main.go").write_text(_COREDNS_MAIN.format(imports=imports, directives=directives))
+    _run(["go", "get", f"github.com/coredns/coredns@{pins.coredns}"], work, logfile, "resolve coredns")
+    _run(["go", "mod", "tidy"], work, logfile, "tidy coredns")
+    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "coredns"), "."], work, logfile,
+         "build coredns")
+
+
 def _install(mod_cmd: str, version: str, out: Path, logfile: Path, step: str) -> None:
     work = out.parent / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -228,6 +258,7 @@ def ensure_toolchain(pins: Pins = PINS) -> Path:
         (pins.kube_cmds, lambda: _build_kubernetes(pins, out, logfile), f"kubernetes {pins.kubernetes}"),
         (("kwok",), lambda: _install("sigs.k8s.io/kwok/cmd/kwok", pins.kwok, out, logfile, "build kwok"), f"kwok {pins.kwok}"),
         (("helm",), lambda: _install("helm.sh/helm/v3/cmd/helm", pins.helm, out, logfile, "build helm"), f"helm {pins.helm}"),
+        (("coredns",), lambda: _build_coredns(pins, out, logfile), f"coredns {pins.coredns}"),
     ]
     total = time.monotonic()
     for names, build, label in steps:

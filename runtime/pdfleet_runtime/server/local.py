@@ -1,6 +1,6 @@
 """``LocalPod``: one ``pdfleet-runtime serve`` as a local process on loopback, and its HTTP surface.
 
-For tests, benchmarks and the kwok pod runner: it writes a runtime config (as the operator would)
+For tests and benchmarks without a cluster (the cluster's pods each have their own IP): it writes a runtime config (as the operator would)
 and the deployment secret, starts ``python -m pdfleet_runtime serve`` in its own process group
 with a port offset (many pods share 127.0.0.1), keeps its log, and stops it (SIGTERM, then SIGKILL
 of the group after a bound, so no rank process outlives it).

@@ -1,0 +1,185 @@
+"""The harness's kubelet and container runtime (devcluster.kubelet, podsandbox) on the real control plane.
+
+Each pod runs in its own network namespace at the IP kwok gave it; from inside a pod, another pod's
+IP, a headless Service's name (CoreDNS) and a ClusterIP Service (kube-proxy, nftables) reach it;
+preStop hooks (exec and httpGet) run before SIGTERM; a pod's own ServiceAccount token is all it has,
+so the apiserver refuses what its Role does not grant. And the positive control: from the test
+process and from a pod, an address outside the cluster is unreachable, or the run is not inside.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import socket
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pdfleet_operator.devcluster import LocalCluster, sandbox
+from pdfleet_operator.devcluster.kubelet import Kubelet, wait
+from pdfleet_operator.devcluster.toolchain import PINS
+from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
+from tests.helpers import IDENTITY
+
+pytestmark = pytest.mark.cluster
+
+LABEL = {"pdfleet.io/test": "net"}
+PY = sys.executable
+
+
+def unreachable_from_here(address: str = sandbox.CONTROL_ADDRESS) -> str:
+    """The positive control, safe outside: a route to ``address`` means outside, and then nothing is sent."""
+    if sandbox.routed(address):
+        raise AssertionError(f"a route to {address} exists: this run is NOT inside the cluster's private namespace "
+                             "(nothing was sent)")
+    with socket.socket() as s:
+        s.settimeout(5)
+        err = s.connect_ex((address, 80))
+    assert err == errno.ENETUNREACH, f"connect to {address}: {errno.errorcode.get(err, err)}, not ENETUNREACH"
+    return "Network is unreachable"
+
+
+def test_the_test_process_cannot_leave() -> None:
+    assert unreachable_from_here() == "Network is unreachable"
+    assert sandbox.inside()
+
+
+def pod(name: str, containers: list[dict], **spec: object) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {**LABEL, "app": name}},
+            "spec": {"containers": containers, "terminationGracePeriodSeconds": 20, **spec}}
+
+
+def server(port: int = 8080) -> dict:
+    return {"name": "web", "image": "host", "command": [PY, "-m", "http.server", "$(PORT)", "--bind", "0.0.0.0"],
+            "env": [{"name": "PORT", "value": str(port)}], "ports": [{"name": "http", "containerPort": port}]}
+
+
+def idle(name: str = "main", **more: object) -> dict:
+    return {"name": name, "image": "host", "command": ["sleep", "3600"], **more}
+
+
+@pytest.fixture
+def kubelet(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[Kubelet]:
+    k = cluster.kubelet(namespace, tmp_path / "pods", selector="pdfleet.io/test=net")
+    k.start()
+    try:
+        yield k
+    finally:
+        k.shutdown(grace_s=5)
+
+
+def apply(cluster: LocalCluster, namespace: str, *objs: dict) -> None:
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objs))
+
+
+def started(kubelet: Kubelet, name: str, timeout: float = 60):  # -> PodSandbox
+    return wait(lambda: next((p for p in list(kubelet.pods.values()) if p.name == name and p.started), None),
+                timeout, f"pod {name} started by the kubelet")
+
+
+def curl(client, url: str) -> str:  # client: PodSandbox
+    out = client.exec("curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}", url)
+    return out.stdout.strip() or out.stderr.strip()
+
+
+def test_pods_reach_each_other_by_ip_headless_name_and_cluster_ip(cluster: LocalCluster, namespace: str,
+                                                                  kubelet: Kubelet) -> None:
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+           "spec": {"selector": {"app": "srv"}, "ports": [{"port": 80, "targetPort": "http"}]}}
+    headless = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-headless"},
+                "spec": {"clusterIP": "None", "selector": {"app": "srv"}, "ports": [{"port": 8080}]}}
+    apply(cluster, namespace, svc, headless, pod("srv", [server()]), pod("client", [idle()]))
+    srv, client = started(kubelet, "srv"), started(kubelet, "client")
+    pods = ipaddress.ip_network(cluster.options.ranges.pod_cidr)
+    assert srv.ip != client.ip and all(ipaddress.ip_address(p.ip) in pods for p in (srv, client))
+    # The server pod's own loopback is its own: the client's 127.0.0.1:8080 has nothing.
+    wait(lambda: curl(client, f"http://{srv.ip}:8080/") == "200", 30, "the server pod's IP from the client pod")
+    assert curl(client, "http://127.0.0.1:8080/") != "200"
+    # kwok marks the pod Ready; the endpoint controller publishes it; CoreDNS and kube-proxy follow.
+    wait(lambda: curl(client, "http://web-headless:8080/") == "200", 60, "the headless Service's name")
+    got = client.exec("getent", "ahostsv4", f"web-headless.{namespace}.svc.cluster.local").stdout.split()
+    assert got and got[0] == srv.ip, got
+    wait(lambda: curl(client, "http://web/") == "200", 60, "the ClusterIP Service by name")
+    cluster_ip = json.loads(cluster.kubectl("-n", namespace, "get", "svc", "web", "-o", "json").stdout)["spec"]["clusterIP"]
+    assert curl(client, f"http://{cluster_ip}:80/") == "200"
+    # The apiserver through its Service (it advertises the bridge address), TLS verified with the pod's ca.crt.
+    ca = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    out = client.exec("curl", "-sS", "--max-time", "5", "--cacert", ca, "https://kubernetes.default.svc/version")
+    assert json.loads(out.stdout or "{}").get("gitVersion") == PINS.kubernetes, out
+    # And nothing leaves from a pod either (its default route ends at the node, which routes nowhere).
+    probe = client.exec(PY, "-c", f"import socket; s = socket.socket(); print(s.connect_ex(('{sandbox.CONTROL_ADDRESS}', 80)))")
+    assert probe.stdout.strip() == str(errno.ENETUNREACH), probe
+
+
+HOOKED = textwrap.dedent("""
+    import http.server, os, signal, sys, threading
+    events = os.path.join("/run/data", "events")
+    def log(line):
+        with open(events, "a") as f:
+            f.write(line + "\\n")
+    name = sys.argv[1]
+    signal.signal(signal.SIGTERM, lambda *_: (log(name + " SIGTERM"), os._exit(0)))
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            log(name + " httpGet " + self.path)
+            self.send_response(200)
+            self.end_headers()
+    if len(sys.argv) > 2:
+        srv = http.server.HTTPServer(("0.0.0.0", int(sys.argv[2])), H)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    log(name + " started")
+    threading.Event().wait()
+""")
+
+
+def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str, kubelet: Kubelet,
+                                           tmp_path: Path) -> None:
+    script = {"name": "hooks", "mountPath": "/run/hooks", "readOnly": True}
+    data = {"name": "data", "mountPath": "/run/data"}
+    containers = [
+        {"name": "by-exec", "image": "host", "command": [PY, "/run/hooks/hooked.py", "exec"],
+         "volumeMounts": [script, data],
+         "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo exec preStop >> /run/data/events"]}}}},
+        {"name": "by-http", "image": "host", "command": [PY, "/run/hooks/hooked.py", "http", "9090"],
+         "ports": [{"name": "hook", "containerPort": 9090}], "volumeMounts": [script, data],
+         "lifecycle": {"preStop": {"httpGet": {"path": "/pre-stop", "port": "hook"}}}},
+    ]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hooks"}, "data": {"hooked.py": HOOKED}}
+    volumes = [{"name": "hooks", "configMap": {"name": "hooks"}}, {"name": "data", "emptyDir": {}}]
+    apply(cluster, namespace, cm, pod("hooked", containers, volumes=volumes))
+    sb = started(kubelet, "hooked")
+    events = sb.workdir / "volumes" / "data" / "events"
+    wait(lambda: events.exists() and events.read_text().count("started") == 2, 30, "both containers up")
+    cluster.kubectl("-n", namespace, "delete", "pod", "hooked", "--wait=false")
+    try:
+        wait(lambda: events.read_text().count("SIGTERM") == 2, 60, "both containers got SIGTERM")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {events.read_text()!r}, kubelet: {sb.events}, {kubelet.errors[-3:]}") from None
+    lines = events.read_text().splitlines()
+    assert lines.index("exec preStop") < lines.index("exec SIGTERM"), lines
+    assert lines.index("http httpGet /pre-stop") < lines.index("http SIGTERM"), lines
+
+
+def test_a_pod_has_only_its_own_token_and_its_role(cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
+    """The runtime's ServiceAccount and Role as the operator writes them; the pod's token is minted for it."""
+    rbac = [runtime_service_account("net", namespace), runtime_role("net", namespace),
+            runtime_role_binding("net", namespace)]
+    sa = rbac[0]["metadata"]["name"]
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    apply(cluster, namespace, *rbac, pod("whoami", [idle(env=env)], serviceAccountName=sa,
+                                         automountServiceAccountToken=True))
+    sb = started(kubelet, "whoami")
+    assert "KUBECONFIG" not in sb.containers[0].env
+    out = sb.exec(PY, "-c", IDENTITY)
+    assert json.loads(out.stdout or "{}") == {"get own pod": 200, "list secrets": 403}, out.stderr[-2000:]
+    token = sb.exec("cat", "/var/run/secrets/kubernetes.io/serviceaccount/token").stdout
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+    got = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)["status"]
+    assert got["user"]["username"] == f"system:serviceaccount:{namespace}:{sa}", got
+    assert got["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["whoami"], got
