@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pdfleet_runtime.kubeapi import DEFAULT_DEADLINES
 from pdfleet_runtime.matrix import MATRICES, Feature
 from pdfleet_runtime.transfer import Backend
 
@@ -42,6 +43,9 @@ __all__ = [
 # kopf keeps handler progress and the last-handled spec in annotations under this prefix, not in
 # status.kopf (the CRD's structural schema would prune it).
 PROGRESS_PREFIX = "pdfleet.io"
+# One watch request lasts at most this long (then kopf re-lists from its resourceVersion); a watch that
+# stalls without the server ending it is cut by kopf's inactivity timeout and the client timeout.
+WATCH_SERVER_TIMEOUT_S = 300  # an integer: the apiserver parses timeoutSeconds as one
 
 
 class WebhookMode(StrEnum):
@@ -168,10 +172,16 @@ class OperatorSettings(_Frozen):
         )
 
     def kopf_settings(self) -> kopf.OperatorSettings:
-        """kopf's settings: progress in pdfleet.io annotations; the webhook server is set by admission."""
+        """kopf's settings: progress in pdfleet.io annotations; the webhook server is set by admission;
+        kopf's own API calls (patches, peering, watch connects) get the project's deadlines."""
         import kopf
 
         s = kopf.OperatorSettings()
+        s.networking.request_timeout = DEFAULT_DEADLINES.total_s
+        s.networking.connect_timeout = DEFAULT_DEADLINES.connect_s
+        s.watching.connect_timeout = DEFAULT_DEADLINES.connect_s
+        s.watching.server_timeout = WATCH_SERVER_TIMEOUT_S  # the apiserver ends each watch; kopf resumes it
+        s.watching.client_timeout = WATCH_SERVER_TIMEOUT_S + DEFAULT_DEADLINES.total_s
         s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
         s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=PROGRESS_PREFIX, key="last-handled-configuration"

@@ -294,9 +294,9 @@ class LocalCluster:
         return CRD_NAME
 
     def api_client(self):  # -> kubernetes.client.ApiClient (imported lazily: slow import)
-        from kubernetes import config
+        from pdfleet_runtime.kubeapi import api_client
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return api_client(self.kubeconfig)
 
     # ---- internals -------------------------------------------------------
     def _spawn(self, name: str, args: Sequence[str]) -> None:
