@@ -76,7 +76,17 @@ class AdmissionSettings(_Frozen):
     )
     path: str = Field("", description="URL path prefix of the webhook endpoints.")
     max_body_bytes: int = Field(
-        16 << 20, ge=1024, description="Larger requests are denied unread (the apiserver sends at most ~6 MiB)."
+        4 << 20, ge=1024, description="Larger requests are denied unread (code 413). The apiserver never sends "
+        "more: an object is at most etcd's 1.5 MiB value, and an UPDATE review carries two of them."
+    )
+    max_concurrent_reviews: int = Field(
+        2, ge=1, description="Requests larger than inline_body_bytes read and judged at once; more wait for a "
+        "turn (up to review_wait_seconds, then a denial), so memory stays near max_concurrent_reviews times "
+        "what one large review takes, whatever the number of callers."
+    )
+    review_wait_seconds: float = Field(
+        5.0, gt=0, description="How long a large request waits for a turn; below the apiserver's webhook "
+        "timeout (10 s in the chart), so the caller gets our denial rather than a timeout."
     )
     inline_body_bytes: int = Field(
         256 << 10,
@@ -105,6 +115,10 @@ class RecheckSettings(_Frozen):
     )
     cache_size: int = Field(
         1024, ge=0, description="Verdicts cached by object content (0 disables); specs repeat a lot."
+    )
+    cache_bytes: int = Field(
+        8 << 20, ge=0, description="Memory bound of that cache (0 disables it): many distinct large objects "
+        "evict each other instead of growing the operator past its memory limit."
     )
 
     @field_validator("matrix_version")
