@@ -17,6 +17,7 @@ Admission has three modes (``WebhookMode``):
 from __future__ import annotations
 
 import argparse
+import secrets
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,6 +148,18 @@ class OperatorSettings(_Frozen):
     namespaces: tuple[str, ...] = Field((), description="Watch only these namespaces; empty: all.")
     liveness: str = Field("http://0.0.0.0:8080/healthz", description="kopf liveness endpoint URL.")
     standalone: bool = Field(False, description="No kopf peering: run exactly one replica.")
+    peering: str | None = Field(
+        None, description="kopf peering object name (mandatory peering); None: kopf's auto-detection of "
+        "'default', or none with standalone."
+    )
+    priority: int | None = Field(
+        None, ge=0, description="Peering priority; None: drawn at random at start. kopf lets every peer of "
+        "the highest priority run (two equal ones both reconcile), so replicas must not share one."
+    )
+    peering_lifetime_seconds: int = Field(
+        20, ge=5, description="How long a replica's keep-alive counts: a killed active replica is taken "
+        "over by another after at most this long (kopf's default is 60)."
+    )
     metrics_listen: str | None = Field(
         "0.0.0.0:8081", description="HOST:PORT of the Prometheus /metrics endpoint; None disables it."
     )
@@ -156,6 +169,10 @@ class OperatorSettings(_Frozen):
     )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     recheck: RecheckSettings = Field(default_factory=RecheckSettings)
+
+    def peering_priority(self) -> int:
+        """The priority to run with: the configured one, or a random one in [1, 2**31)."""
+        return self.priority if self.priority is not None else secrets.randbelow(2**31 - 1) + 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OperatorSettings:
@@ -179,6 +196,8 @@ class OperatorSettings(_Frozen):
             namespaces=tuple(args.namespace),
             liveness=args.liveness,
             standalone=args.standalone,
+            peering=args.peering,
+            priority=args.priority,
             resync_seconds=args.resync_seconds,
             metrics_listen=args.metrics_listen or None,
             admission=AdmissionSettings.model_validate(admission),
@@ -196,6 +215,7 @@ class OperatorSettings(_Frozen):
         s.watching.connect_timeout = DEFAULT_DEADLINES.connect_s
         s.watching.server_timeout = WATCH_SERVER_TIMEOUT_S  # the apiserver ends each watch; kopf resumes it
         s.watching.client_timeout = WATCH_SERVER_TIMEOUT_S + DEFAULT_DEADLINES.total_s
+        s.peering.lifetime = self.peering_lifetime_seconds
         s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
         s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=PROGRESS_PREFIX, key="last-handled-configuration"
