@@ -1,4 +1,4 @@
-"""The chart's operator cannot be pushed over (issue 26, item 4): two replicas, both serving the webhook
+"""The chart's operator cannot be pushed over (issue 26, item 4; the runtime policy of item 1 at the end): two replicas, both serving the webhook
 through its Service (certificate for the Service's DNS name), kopf peering keeping one reconciling,
 a PodDisruptionBudget, and a NetworkPolicy that admits only the webhook (and, if asked, metrics)."""
 
@@ -75,3 +75,18 @@ def test_network_policy_admits_only_the_webhook(render: Render) -> None:
                   "NetworkPolicy")
     assert [r["ports"] for r in scraped["spec"]["ingress"]][1] == [{"port": 8081, "protocol": "TCP"}]
     assert not by_kind(render("networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_the_runtime_pod_status_policy_is_the_generated_one(render: Render) -> None:
+    from pdfleet_operator.resources.pod_status_policy import POLICY_NAME, policy, policy_yaml
+
+    assert (CHART / "files" / "runtime-pod-status-policy.yaml").read_text() == policy_yaml(), (
+        "charts/pdfleet/files/runtime-pod-status-policy.yaml is stale: python -m "
+        "pdfleet_operator.resources.pod_status_policy > charts/pdfleet/files/runtime-pod-status-policy.yaml")
+    objs = render("watch.namespaces={a,b}")
+    assert one(objs, "ValidatingAdmissionPolicy") == policy()
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == POLICY_NAME and binding["spec"]["validationActions"] == ["Deny"]
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+    assert selector["values"] == ["a", "b"]
+    assert not by_kind(render("runtimePolicy.install=false"), "ValidatingAdmissionPolicy")
