@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet_operator.devcluster.cluster import ClusterError, LocalCluster, free_port
+from pdfleet_runtime.lifetime import die_with_parent
 
 __all__ = ["WEBHOOK_CONFIGURATION", "LocalOperator", "interrupt"]
 
@@ -34,6 +35,8 @@ class LocalOperator:
     metrics_port: int = 0
     args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
+    # SIGKILLed when the process that started it dies (a killed test run leaves no operator behind).
+    die_with_parent: bool = True
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     starts: int = 0
 
@@ -63,7 +66,8 @@ class LocalOperator:
         ]  # fmt: skip
         env = {**os.environ, **self.extra_env, "KUBECONFIG": str(self.cluster.kubeconfig)}
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.state_dir)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.state_dir,
+                                         preexec_fn=die_with_parent if self.die_with_parent else None)
         deadline = time.monotonic() + timeout
         while not self._published():
             if time.monotonic() > deadline:
