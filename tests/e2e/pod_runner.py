@@ -72,6 +72,8 @@ class PodRunner(threading.Thread):
         self.core = CoreV1Api(self.api_client)
         self.discovery = DiscoveryV1Api(self.api_client)
         self._stop_event = threading.Event()
+        self._idle = threading.Event()  # shutdown: the loop stays alive but starts and stops nothing
+        self._stepping = threading.Lock()
         self._stoppers: list[threading.Thread] = []
         self._dns: dict[str, list[Endpoint]] = {}  # prefill Service -> what its file lists now
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -159,19 +161,25 @@ class PodRunner(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # a pod or config gone between list and read: next round
-                self.errors.append(repr(exc))
+            with self._stepping:
+                try:
+                    if not self._idle.is_set():
+                        self.step()
+                except Exception as exc:  # a pod or config gone between list and read: next round
+                    self.errors.append(repr(exc))
             self._stop_event.wait(0.2)
 
     def shutdown(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=10)
-        for uid in list(self.pods):
-            self._stop_pod(uid)
+        # The pods die with this thread (LocalPod: PR_SET_PDEATHSIG of the thread that started them), so
+        # they are stopped (SIGTERM, their drain) while it still runs, and only then is it ended.
+        self._idle.set()
+        with self._stepping:
+            for uid in list(self.pods):
+                self._stop_pod(uid)
         for t in self._stoppers:
             t.join(timeout=90)
+        self._stop_event.set()
+        self.join(timeout=10)
 
     # ---- what tests read (from other threads: copies of the dicts, taken atomically) ---------------
     def running(self, role: str) -> dict[str, LocalPod]:
