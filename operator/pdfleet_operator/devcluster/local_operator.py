@@ -35,6 +35,8 @@ class LocalOperator:
     metrics_port: int = 0
     args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
+    # False: no --standalone (pass --peering NAME to start: one of several replicas reconciles).
+    standalone: bool = True
     # SIGKILLed when the process that started it dies (a killed test run leaves no operator behind).
     die_with_parent: bool = True
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -57,7 +59,7 @@ class LocalOperator:
         self.starts += 1
         self.port, self.metrics_port, self.args = free_port(), free_port(), args
         cmd = [
-            sys.executable, "-m", "pdfleet_operator", "--standalone",
+            sys.executable, "-m", "pdfleet_operator", *(["--standalone"] if self.standalone else []),
             "--dev-webhook", f"127.0.0.1:{self.port}",
             "--webhook-cert-dir", str(self.state_dir / "webhook"),
             "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
