@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -91,16 +92,11 @@ def _in_thread(fn, bound: float) -> tuple[bool, BaseException | None, float]:
     return not t.is_alive(), out["exc"], time.monotonic() - t0
 
 
-def test_gate_writer_fails_within_the_deadline(silent_kubeconfig: Path) -> None:
-    gate = KubeGate.from_kubeconfig(silent_kubeconfig, "default", "pod-0", READINESS_GATE)
-    done, exc, took = _in_thread(lambda: asyncio.run(gate.set(True, "TransferPathVerified", "ok")), BOUND_S)
-    assert done, f"the gate write was still blocked after {BOUND_S:.0f}s"
-    assert exc is not None and took < BOUND_S, (exc, took)
-
-
-def test_reconcile_fails_within_the_deadline_and_frees_the_lock(
+def test_gate_writer_and_reconcile_fail_within_the_deadline(
     silent_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both at once (each waits out its own deadline; together they take one)."""
+    gate = KubeGate.from_kubeconfig(silent_kubeconfig, "default", "pod-0", READINESS_GATE)
     # The operator's own client factory reads KUBECONFIG (the kubernetes package reads it at import).
     monkeypatch.setenv("KUBECONFIG", str(silent_kubeconfig))
     monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(silent_kubeconfig))
@@ -113,9 +109,14 @@ def test_reconcile_fails_within_the_deadline_and_frees_the_lock(
         finally:
             lock_free["after"] = not reconciler._locks[("default", "demo")].locked()
 
-    done, exc, took = _in_thread(lambda: asyncio.run(one_pass()), BOUND_S)
-    assert done, f"the reconcile pass was still blocked after {BOUND_S:.0f}s (holding its PDDeployment's lock)"
-    assert exc is not None and not isinstance(exc, TimeoutError | asyncio.CancelledError), (exc, took)
+    with ThreadPoolExecutor(2) as pool:
+        gate_run = pool.submit(_in_thread, lambda: asyncio.run(gate.set(True, "TransferPathVerified", "ok")), BOUND_S)
+        pass_run = pool.submit(_in_thread, lambda: asyncio.run(one_pass()), BOUND_S)
+        (done, exc, took), (p_done, p_exc, p_took) = gate_run.result(), pass_run.result()
+    assert done, f"the gate write was still blocked after {BOUND_S:.0f}s"
+    assert exc is not None and took < BOUND_S, (exc, took)
+    assert p_done, f"the reconcile pass was still blocked after {BOUND_S:.0f}s (holding its PDDeployment's lock)"
+    assert p_exc is not None and not isinstance(p_exc, TimeoutError | asyncio.CancelledError), (p_exc, p_took)
     assert lock_free.get("after"), "the PDDeployment's lock is still held after the failed pass"
 
 
