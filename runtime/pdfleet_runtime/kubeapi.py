@@ -3,8 +3,9 @@
 Used by the runtime's gate writer and by the operator (its reconcile client, and kopf's own
 networking settings). Without a deadline, a call against an apiserver that accepts a connection and
 never answers (a hung apiserver, a half-open connection after a network change) blocks forever, and
-the operator's reconcile thread keeps its PDDeployment's lock. Watches are not made with these
-clients (kopf watches with its own settings, derived from the same ``ApiDeadlines``).
+the operator's reconcile thread keeps its PDDeployment's lock. A watch made with these clients (tests
+use them) gets the connect deadline only, since it is silent while nothing changes; kopf watches
+with its own settings, derived from the same ``ApiDeadlines``.
 
 Pure but for the lazy ``kubernetes`` import, so the operator may import it.
 """
@@ -60,7 +61,13 @@ def _deadline_client_class() -> type:
         deadlines: ApiDeadlines = DEFAULT_DEADLINES
 
         def call_api(self, *args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
-            timeout = self.deadlines.request_timeout if _request_timeout is None else _request_timeout
+            timeout = _request_timeout
+            if timeout is None:
+                url = str(kwargs.get("url", args[1] if len(args) > 1 else ""))
+                # A watch is silent while nothing changes: only its connect gets a deadline; the
+                # server's timeoutSeconds ends it and keepalive finds a dead peer.
+                watching = "watch=true" in url.lower()
+                timeout = (self.deadlines.connect_s, None) if watching else self.deadlines.request_timeout
             return super().call_api(*args, _request_timeout=timeout, **kwargs)
 
     return DeadlineApiClient

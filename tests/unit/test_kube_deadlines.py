@@ -128,3 +128,18 @@ def test_kopf_own_calls_get_the_same_deadlines() -> None:
     assert s.networking.request_timeout == DEFAULT_DEADLINES.total_s
     assert s.networking.connect_timeout == s.watching.connect_timeout == DEFAULT_DEADLINES.connect_s
     assert s.watching.server_timeout is not None and s.watching.client_timeout > s.watching.server_timeout
+
+
+def test_a_watch_gets_only_the_connect_deadline(silent_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch is silent while nothing changes: a read deadline would cut it (tests watch pods)."""
+    from kubernetes.client import ApiClient
+
+    from pdfleet_runtime.kubeapi import DEFAULT_DEADLINES, api_client
+
+    seen: list[object] = []
+    monkeypatch.setattr(ApiClient, "call_api", lambda self, *a, _request_timeout=None, **k: seen.append(_request_timeout))
+    client = api_client(silent_kubeconfig)
+    client.call_api("GET", "https://x/api/v1/namespaces/n/pods?watch=True&timeoutSeconds=900")
+    client.call_api("GET", "https://x/api/v1/namespaces/n/pods")
+    client.call_api("GET", "https://x/api/v1/namespaces/n/pods", _request_timeout=3)
+    assert seen == [(DEFAULT_DEADLINES.connect_s, None), DEFAULT_DEADLINES.request_timeout, 3]
