@@ -165,7 +165,9 @@ def test_template_passes_a_server_side_dry_run(release: Release) -> None:
 
 def test_install(release: Release) -> None:
     rel = release
-    rel.helm("install", RELEASE, str(CHART), "-n", rel.system, *rel.values())
+    # The test cluster already holds the runtime pod-status policy (LocalCluster.install_crd puts it there
+    # with the CRD); a cluster has one per cluster, so the release adopts it as a first release would.
+    rel.helm("install", RELEASE, str(CHART), "-n", rel.system, "--take-ownership", *rel.values())
     assert rel.cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
     # The operator Deployment's pod passes the restricted Pod Security Standard (it is created at all).
     wait_until(lambda: rel.get(rel.system, "pods", "-l", "app.kubernetes.io/component=operator")["items"],

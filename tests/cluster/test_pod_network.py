@@ -167,8 +167,9 @@ def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str
 
 
 def test_a_pod_has_only_its_own_token_and_its_role(cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
-    """The runtime's ServiceAccount and Role as the operator writes them; the pod's token is minted for it."""
-    rbac = [runtime_service_account("net", namespace), runtime_role("net", namespace),
+    """The runtime's ServiceAccount and Role (over the deployment's pods by name) as the operator writes them;
+    the pod's token is minted for it."""
+    rbac = [runtime_service_account("net", namespace), runtime_role("net", namespace, ["whoami"]),
             runtime_role_binding("net", namespace)]
     sa = rbac[0]["metadata"]["name"]
     env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]

@@ -40,6 +40,9 @@ TokenMinter = Callable[[dict, str, int, str], str]
 """(pod, service account, expiration seconds, audience or "") -> a token bound to the pod."""
 Lookup = Callable[[str, str], "dict[str, bytes] | None"]
 """(kind configMap|secret, name) -> its keys and values (decoded), or None when it does not exist."""
+STAGING = "/etc/netns/.volumes"
+"""Where a container's mount namespace first binds its pod's volume directory: on the cluster
+namespace's own tmpfs (``sandbox.enter``), which no volume mount of a pod covers."""
 
 
 def _ip(*args: str) -> None:
@@ -224,8 +227,15 @@ class PodSandbox:
         if not argv:
             raise PodSpecError(f"pod {self.name}: container {spec['name']!r} has no command (no image to take it from)")
         argv += self.extra_args
-        script = ["set -e"]
-        for m in spec.get("volumeMounts") or ():
+        # The volumes' sources live under the pod's work directory (often under /tmp), which a mount
+        # such as an emptyDir at /tmp would hide from the mounts after it: bind that directory first at
+        # a staging point on the cluster namespace's own tmpfs, and mount parents before children
+        # (containerd sorts mounts by depth the same way).
+        root = self.workdir / "volumes"
+        stage = f"{STAGING}/{shlex.quote(self.name)}.{shlex.quote(spec['name'])}"
+        script = ["set -e", f"mkdir -p {stage}", f"mount --bind {shlex.quote(str(root))} {stage}"]
+        mounts = sorted(spec.get("volumeMounts") or (), key=lambda m: len(Path(m["mountPath"]).parts))
+        for m in mounts:
             if m.get("subPath"):
                 raise PodSpecError(f"pod {self.name}: volumeMount {m['name']!r} uses subPath (not supported)")
             src, ro = volumes[m["name"]]
@@ -234,7 +244,8 @@ class PodSandbox:
             if src is None:
                 script.append(f"mount -t tmpfs -o mode=1777 tmpfs {dst}")
             else:
-                script.append(f"mount --bind {shlex.quote(str(src))} {dst}")
+                staged = f"{stage}/{shlex.quote(str(src.relative_to(root)))}"
+                script.append(f"mount --bind {staged} {dst}")
                 if ro or m.get("readOnly"):
                     script.append(f"mount -o remount,bind,ro {dst}")
         script.append(f"cd {shlex.quote(spec.get('workingDir') or '/')}")
