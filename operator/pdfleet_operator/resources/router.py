@@ -1,9 +1,15 @@
 """The router role: sglang-router pods behind a Service, the deployment's one endpoint.
 
 The router (``sglang-router==0.3.2``) lists and watches every pod of the namespace and filters
-labels itself, so its Role is get/list/watch on pods and nothing else. Its selectors include
-``pdfleet.io/routable=true``: a drain flips that label first, and the router drops the pod from its
-worker set on the watch event (docs/router.md gives the measured delay and what the drain waits).
+labels itself, so its Role is get/list/watch on pods and nothing else. Its discovery adds a matching
+pod once it is Running and Ready and removes it only when the pod is deleted: it ignores a label
+change and a pod going not-ready (measured in tests/cluster/test_router.py; docs/router.md). What
+takes a draining pod out of the router's worker set is the router's own health check: a worker
+whose ``/health`` fails ``HEALTH_FAILURES`` checks ``HEALTH_INTERVAL_S`` apart gets no new requests,
+so a draining worker answers ``/health`` 503 and keeps admitting for ``ROUTER_DROP_BOUND_S`` before
+it refuses new work. The selectors leave out ``pdfleet.io/routable``: the router filters watch
+events by its selector, so a pod relabelled unroutable would never have its deletion seen, and
+its worker would stay listed forever (measured too).
 
 Its control endpoints (``/workers`` registers a worker that would then receive prompts) are
 locked with an admin API key from a per-deployment Secret, passed as ``$(VAR)`` through env so the
@@ -20,7 +26,6 @@ import secrets
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_ROLE, Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterSpec
 from pdfleet_operator.resources.names import (
-    LABEL_ROUTABLE,
     MANAGED_BY,
     owner_labels,
     router_name,
@@ -34,6 +39,7 @@ __all__ = [
     "KEYS_ENV",
     "LABEL_ROUTER",
     "ROUTER_CONTAINER",
+    "ROUTER_DROP_BOUND_S",
     "endpoint_url",
     "router_children",
     "router_command",
@@ -53,6 +59,10 @@ ROUTER_CONTAINER = "router"
 CONTROL_PLANE_KEY = "control-plane-api-keys"  # the Secret's key: 'id:name:role:secret' for --control-plane-api-keys
 KEYS_ENV = "PDFLEET_ROUTER_CONTROL_PLANE_KEYS"
 KEY_ID, KEY_NAME = "pdfleet", "pdfleet-operator"
+HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 1
+# A worker whose /health fails is skipped by every router within this bound: the failed checks, the
+# last one's timeout, and one interval of phase between the drain and the router's check loop.
+ROUTER_DROP_BOUND_S = HEALTH_INTERVAL_S * (HEALTH_FAILURES + 1) + HEALTH_TIMEOUT_S
 
 
 def worker_port(spec: PDDeploymentSpec) -> int:
@@ -78,7 +88,7 @@ def endpoint_url(deployment: str, namespace: str, router: RouterSpec) -> str:
 
 
 def _selector(deployment: str, role: Role) -> str:
-    return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value} {LABEL_ROUTABLE}=true"
+    return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value}"
 
 
 def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
@@ -97,6 +107,9 @@ def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> l
         "--service-discovery-port", str(worker_port(spec)),
         "--prefill-selector", *_selector(deployment, Role.PREFILL).split(),
         "--decode-selector", *_selector(deployment, Role.DECODE).split(),
+        "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
+        "--health-failure-threshold", str(HEALTH_FAILURES),
+        "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
         "--control-plane-api-keys", f"$({KEYS_ENV})",
     ]
 

@@ -16,7 +16,7 @@ import yaml
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children, plan
-from pdfleet_operator.resources.names import LABEL_ROUTABLE, router_name, router_secret_name
+from pdfleet_operator.resources.names import router_name, router_secret_name
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.router import CONTROL_PLANE_KEY, KEYS_ENV, LABEL_ROUTER, router_command
 from pdfleet_operator.status import compute_status
@@ -75,9 +75,9 @@ def test_router_command_discovers_only_routable_pods_of_its_deployment() -> None
     assert _flag(cmd, "--service-discovery-namespace") == ["ns"]
     assert _flag(cmd, "--service-discovery-port") == [str(HTTP_PORT)]
     for role, flag in ((Role.PREFILL, "--prefill-selector"), (Role.DECODE, "--decode-selector")):
-        assert _flag(cmd, flag) == ["pdfleet.io/deployment=demo", f"pdfleet.io/role={role.value}",
-                                    f"{LABEL_ROUTABLE}=true"]
-        # The selector matches the pods the operator creates (and no longer matches once a drain starts).
+        # Not the routable label: the router would miss the deletion of a relabelled pod (router.py).
+        assert _flag(cmd, flag) == ["pdfleet.io/deployment=demo", f"pdfleet.io/role={role.value}"]
+        # The selector matches the pods the operator creates.
         labels = runtime_pod("demo", "ns", spec, role, "r" * 10, 0)["metadata"]["labels"]
         assert all(labels[k] == v for k, v in (kv.split("=") for kv in _flag(cmd, flag)))
     assert _flag(cmd, "--prefill-policy") == ["round_robin"] and _flag(cmd, "--decode-policy") == ["power_of_two"]
