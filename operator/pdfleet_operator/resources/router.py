@@ -8,8 +8,8 @@ takes a draining pod out of the router's worker set is the router's own health c
 whose ``/health`` fails ``HEALTH_FAILURES`` checks ``HEALTH_INTERVAL_S`` apart gets no new requests,
 so a draining worker answers ``/health`` 503 and keeps admitting for ``ROUTER_DROP_BOUND_S`` before
 it refuses new work. The selectors leave out ``pdfleet.io/routable``: the router filters watch
-events by its selector, so a pod relabelled unroutable would never have its deletion seen, and
-its worker would stay listed forever (measured too).
+events by its selector, so the deletion of a pod relabelled unroutable would go unseen and its
+worker stay listed (measured too).
 
 Its control endpoints (``/workers`` registers a worker that would then receive prompts) are
 locked with an admin API key from a per-deployment Secret, passed as ``$(VAR)`` through env so the
