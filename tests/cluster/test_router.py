@@ -208,3 +208,31 @@ def test_router_discovers_the_deployment_through_its_service_and_refuses_anonymo
           f"removed {removed_s:.2f} s after the delete")
     assert unhealthy_s <= ROUTER_DROP_BOUND_S
     assert worker_urls(client, url, key) == expected - {drained_url}
+
+
+def test_the_operator_creates_the_router_and_reports_the_endpoint(cluster: LocalCluster, namespace: str,
+                                                                   operator: object) -> None:
+    doc = yaml.safe_load((EXAMPLES / "valid" / "llama-dense.yaml").read_text())
+    doc["spec"]["router"] = {"image": "host", "replicas": 2}
+    name = doc["metadata"]["name"]
+    apply(cluster, namespace, doc)
+
+    def get(*args: str) -> dict | None:
+        out = cluster.kubectl("-n", namespace, "get", *args, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    pdd = wait(lambda: (o := get("pdd", name)) and (o.get("status") or {}).get("endpoint") and o, 90,
+               "status.endpoint written")
+    assert pdd["status"]["endpoint"] == f"http://{router_name(name)}.{namespace}.svc:30000"
+    table = cluster.kubectl("-n", namespace, "get", "pdd", name).stdout
+    assert "ENDPOINT" in table.splitlines()[0] and pdd["status"]["endpoint"] in table, table
+    uid = pdd["metadata"]["uid"]
+    for kind in ("deployment", "service", "serviceaccount", "role", "rolebinding", "networkpolicy"):
+        obj = wait(lambda k=kind: get(k, router_name(name)), 30, f"the router {kind}")
+        assert [r["uid"] for r in obj["metadata"]["ownerReferences"]] == [uid], kind
+    assert get("secret", f"{router_name(name)}-keys") is not None
+    role = get("role", router_name(name))
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    # The Deployment controller makes the router pods (kwok runs them: no kubelet in this test).
+    wait(lambda: len((get("pods", "-l", f"pdfleet.io/router={name}") or {}).get("items", [])) == 2, 60,
+         "2 router pods")
