@@ -208,6 +208,10 @@ def test_router_discovers_the_deployment_through_its_service_and_refuses_anonymo
           f"removed {removed_s:.2f} s after the delete")
     assert unhealthy_s <= ROUTER_DROP_BOUND_S
     assert worker_urls(client, url, key) == expected - {drained_url}
+    # The positive control of the 401s: with the admin key the same registration is accepted.
+    code, text = http(client, "POST", f"{url}/workers", key, rogue)
+    assert 200 <= code < 300, (code, text)
+    wait(lambda: rogue["url"] in worker_urls(client, url, key), 30, "the registration made with the key")
 
 
 def test_the_operator_creates_the_router_and_reports_the_endpoint(cluster: LocalCluster, namespace: str,
