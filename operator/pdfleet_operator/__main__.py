@@ -26,8 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", action="append", default=[], help="watch only these namespaces")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
-    p.add_argument("--standalone", action="store_true",
-                   help="single-replica mode without kopf peering (documented: run exactly one replica)")
+    peers = p.add_mutually_exclusive_group()
+    peers.add_argument("--standalone", action="store_true",
+                       help="single-replica mode without kopf peering (documented: run exactly one replica)")
+    peers.add_argument("--peering", metavar="NAME",
+                       help="kopf peering through the KopfPeering (ClusterKopfPeering with -A) NAME, which "
+                       "must exist: of several replicas only the one with the highest --priority reconciles; "
+                       "all serve the webhook")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="peering priority (default: drawn at random at start, so replicas never tie)")
     p.add_argument("--resync-seconds", type=float, default=10.0,
                    help="reconcile every PDDeployment at least this often (default 10)")
     p.add_argument("--metrics-listen", default="0.0.0.0:8081", metavar="HOST:PORT",
@@ -68,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             registry=registry,
             settings=kopf_settings,
             standalone=settings.standalone,
+            peering_name=settings.peering,
+            priority=settings.peering_priority(),
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
             liveness_endpoint=settings.liveness,

@@ -30,11 +30,21 @@ class Outcome:
 
 
 class Writer:
-    """Wraps one dynamic client; resources are discovered once and cached."""
+    """Wraps one dynamic client; resources are discovered once and cached.
+
+    The dynamic client (whose constructor reads discovery) is made at first use, in a pass's worker
+    thread, so building a Writer at operator start makes no API call that could block the loop."""
 
     def __init__(self, api: ApiClient) -> None:
-        self._dyn = DynamicClient(api)
+        self._api = api
+        self._dyn_client: DynamicClient | None = None
         self._resources: dict[tuple[str, str], object] = {}
+
+    @property
+    def _dyn(self) -> DynamicClient:
+        if self._dyn_client is None:
+            self._dyn_client = DynamicClient(self._api)
+        return self._dyn_client
 
     def _resource(self, api_version: str, kind: str):
         key = (api_version, kind)

@@ -18,19 +18,15 @@ import kopf
 from pdfleet_operator import reconcile
 from pdfleet_operator.admission import handlers as admission_handlers
 from pdfleet_operator.settings import OperatorSettings
+from pdfleet_runtime.kubeapi import in_cluster_or_kubeconfig
 
 __all__ = ["register"]
 
 
 def _api_client() -> Any:
-    """In-cluster credentials first, then KUBECONFIG (the same order as kopf's logins)."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
+    """In-cluster credentials first, then KUBECONFIG (the same order as kopf's logins), with the
+    deadlines of ``pdfleet_runtime.kubeapi`` on every call."""
+    return in_cluster_or_kubeconfig()
 
 
 def register(

@@ -28,7 +28,7 @@ from pdfleet_operator.resources.names import (
 )
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 from pdfleet_operator.resources.revisions import parse_revisions
-from pdfleet_runtime.config import READINESS_GATE
+from pdfleet_runtime.config import READINESS_GATE, drain_of
 
 __all__ = ["observe", "observe_nodes", "observed_pod"]
 
@@ -54,7 +54,10 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
     )
     conditions = (pod.get("status") or {}).get("conditions") or ()
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    drained = any(c.get("type") == CONDITION_DRAINED and c.get("status") == "True" for c in conditions)
+    # Drained only for the drain under way: the condition must carry this drain's stamp.
+    drained = drain_started is not None and any(
+        c.get("type") == CONDITION_DRAINED and c.get("status") == "True"
+        and drain_of(c.get("message")) == annotations.get(ANNOTATION_DRAIN) for c in conditions)
     gate = next((c for c in conditions if c.get("type") == READINESS_GATE), {})
     status = pod.get("status") or {}
     restarts = sum(int(s.get("restartCount") or 0) for s in status.get("containerStatuses") or ())

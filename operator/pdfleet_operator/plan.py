@@ -13,7 +13,7 @@ maxUnavailable``); drains and the rollout step planner refine it (rollout issues
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -143,14 +143,15 @@ def spec_targets(spec: PDDeploymentSpec) -> dict[Role, tuple[str, PDDeploymentSp
 
 
 def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | None = None,
-                     targets: Targets | None = None) -> list[dict]:
+                     targets: Targets | None = None, pod_names: Iterable[str] = ()) -> list[dict]:
     """Every non-pod child, owned and complete (they are server-side applied each pass).
 
     Runtime ConfigMaps exist for each role's target revision and for every revision that still
-    has pods (from its stored spec), so no pod loses its config during a rollout or a rollback."""
+    has pods (from its stored spec), so no pod loses its config during a rollout or a rollback.
+    The runtime's Role names ``pod_names`` (the pods that exist and those this pass creates)."""
     n, ns = owner.name, owner.namespace
     targets = targets or spec_targets(spec)
-    objs = [runtime_service_account(n, ns), runtime_role(n, ns), runtime_role_binding(n, ns)]
+    objs = [runtime_service_account(n, ns), runtime_role(n, ns, pod_names), runtime_role_binding(n, ns)]
     for role in Role:
         rs = role_spec(spec, role)
         ranks = rs.parallelism.tensor * rs.parallelism.pipeline
@@ -262,9 +263,17 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
          targets: Targets | None = None) -> list[Action]:
     """All actions of one reconcile pass: children, stored revisions, the secret, then pods."""
     targets = targets or spec_targets(spec)
+    pod_actions: list[Action] = []
+    for role in Role:
+        pod_actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now,
+                                         targets[role], [p for p in snapshot.pods if p.role is not role])
+    # The Role is applied before the pods are created (actions run in order): a new pod's runtime
+    # may read and patch its pod from its first request.
+    pod_names = {p.name for p in snapshot.pods} | {
+        a.name for a in pod_actions if a.kind is ActionKind.CREATE and a.object_kind == "Pod"}
     actions = [
         Action(ActionKind.APPLY, o["apiVersion"], o["kind"], o["metadata"]["name"], body=o)
-        for o in desired_children(owner, spec, snapshot, targets)
+        for o in desired_children(owner, spec, snapshot, targets, pod_names)
     ]
     for role in Role:
         revision = role_revision(spec, role)
@@ -281,7 +290,4 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
         body = _owned(router_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", router_secret_name(owner.name), body=body,
                               reason="the router's control-plane API key"))
-    for role in Role:
-        actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now,
-                                     targets[role], [p for p in snapshot.pods if p.role is not role])
-    return actions
+    return actions + pod_actions

@@ -17,12 +17,14 @@ Admission has three modes (``WebhookMode``):
 from __future__ import annotations
 
 import argparse
+import secrets
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pdfleet_runtime.kubeapi import DEFAULT_DEADLINES
 from pdfleet_runtime.matrix import MATRICES, Feature
 from pdfleet_runtime.transfer import Backend
 
@@ -42,6 +44,9 @@ __all__ = [
 # kopf keeps handler progress and the last-handled spec in annotations under this prefix, not in
 # status.kopf (the CRD's structural schema would prune it).
 PROGRESS_PREFIX = "pdfleet.io"
+# One watch request lasts at most this long (then kopf re-lists from its resourceVersion); a watch that
+# stalls without the server ending it is cut by kopf's inactivity timeout and the client timeout.
+WATCH_SERVER_TIMEOUT_S = 300  # an integer: the apiserver parses timeoutSeconds as one
 
 
 class WebhookMode(StrEnum):
@@ -72,7 +77,17 @@ class AdmissionSettings(_Frozen):
     )
     path: str = Field("", description="URL path prefix of the webhook endpoints.")
     max_body_bytes: int = Field(
-        16 << 20, ge=1024, description="Larger requests are denied unread (the apiserver sends at most ~6 MiB)."
+        4 << 20, ge=1024, description="Larger requests are denied unread (code 413). The apiserver never sends "
+        "more: an object is at most etcd's 1.5 MiB value, and an UPDATE review carries two of them."
+    )
+    max_concurrent_reviews: int = Field(
+        2, ge=1, description="Requests larger than inline_body_bytes read and judged at once; more wait for a "
+        "turn (up to review_wait_seconds, then a denial), so memory stays near max_concurrent_reviews times "
+        "what one large review takes, whatever the number of callers."
+    )
+    review_wait_seconds: float = Field(
+        5.0, gt=0, description="How long a large request waits for a turn; below the apiserver's webhook "
+        "timeout (10 s in the chart), so the caller gets our denial rather than a timeout."
     )
     inline_body_bytes: int = Field(
         256 << 10,
@@ -102,6 +117,10 @@ class RecheckSettings(_Frozen):
     cache_size: int = Field(
         1024, ge=0, description="Verdicts cached by object content (0 disables); specs repeat a lot."
     )
+    cache_bytes: int = Field(
+        8 << 20, ge=0, description="Memory bound of that cache (0 disables it): many distinct large objects "
+        "evict each other instead of growing the operator past its memory limit."
+    )
 
     @field_validator("matrix_version")
     @classmethod
@@ -129,6 +148,18 @@ class OperatorSettings(_Frozen):
     namespaces: tuple[str, ...] = Field((), description="Watch only these namespaces; empty: all.")
     liveness: str = Field("http://0.0.0.0:8080/healthz", description="kopf liveness endpoint URL.")
     standalone: bool = Field(False, description="No kopf peering: run exactly one replica.")
+    peering: str | None = Field(
+        None, description="kopf peering object name (mandatory peering); None: kopf's auto-detection of "
+        "'default', or none with standalone."
+    )
+    priority: int | None = Field(
+        None, ge=0, description="Peering priority; None: drawn at random at start. kopf lets every peer of "
+        "the highest priority run (two equal ones both reconcile), so replicas must not share one."
+    )
+    peering_lifetime_seconds: int = Field(
+        20, ge=5, description="How long a replica's keep-alive counts: a killed active replica is taken "
+        "over by another after at most this long (kopf's default is 60)."
+    )
     metrics_listen: str | None = Field(
         "0.0.0.0:8081", description="HOST:PORT of the Prometheus /metrics endpoint; None disables it."
     )
@@ -138,6 +169,10 @@ class OperatorSettings(_Frozen):
     )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     recheck: RecheckSettings = Field(default_factory=RecheckSettings)
+
+    def peering_priority(self) -> int:
+        """The priority to run with: the configured one, or a random one in [1, 2**31)."""
+        return self.priority if self.priority is not None else secrets.randbelow(2**31 - 1) + 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OperatorSettings:
@@ -161,6 +196,8 @@ class OperatorSettings(_Frozen):
             namespaces=tuple(args.namespace),
             liveness=args.liveness,
             standalone=args.standalone,
+            peering=args.peering,
+            priority=args.priority,
             resync_seconds=args.resync_seconds,
             metrics_listen=args.metrics_listen or None,
             admission=AdmissionSettings.model_validate(admission),
@@ -168,10 +205,17 @@ class OperatorSettings(_Frozen):
         )
 
     def kopf_settings(self) -> kopf.OperatorSettings:
-        """kopf's settings: progress in pdfleet.io annotations; the webhook server is set by admission."""
+        """kopf's settings: progress in pdfleet.io annotations; the webhook server is set by admission;
+        kopf's own API calls (patches, peering, watch connects) get the project's deadlines."""
         import kopf
 
         s = kopf.OperatorSettings()
+        s.networking.request_timeout = DEFAULT_DEADLINES.total_s
+        s.networking.connect_timeout = DEFAULT_DEADLINES.connect_s
+        s.watching.connect_timeout = DEFAULT_DEADLINES.connect_s
+        s.watching.server_timeout = WATCH_SERVER_TIMEOUT_S  # the apiserver ends each watch; kopf resumes it
+        s.watching.client_timeout = WATCH_SERVER_TIMEOUT_S + DEFAULT_DEADLINES.total_s
+        s.peering.lifetime = self.peering_lifetime_seconds
         s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PROGRESS_PREFIX)
         s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=PROGRESS_PREFIX, key="last-handled-configuration"

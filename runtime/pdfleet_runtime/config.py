@@ -34,6 +34,8 @@ __all__ = [
     "Role",
     "RoleShape",
     "RuntimeConfig",
+    "drain_of",
+    "drained_message",
     "load_config",
 ]
 
@@ -50,6 +52,21 @@ GATE_FAILURE_REASONS = frozenset(
 )
 DRAIN_ANNOTATION = "pdfleet.io/drain-started"  # set by the operator (epoch seconds): stop admitting, drain
 DRAINED_CONDITION = "pdfleet.io/drained"  # set by the runtime once a drained pod has nothing in flight
+# The drained condition's message starts with the drain it reports (the DRAIN_ANNOTATION value), so a
+# report left from an earlier drain (a cancel racing it, or a forged one) never ends a later drain.
+_DRAIN_STAMP = "drain="
+
+
+def drained_message(drain: str, text: str) -> str:
+    """The ``pdfleet.io/drained`` message for drain ``drain`` (the annotation's value, verbatim)."""
+    return f"{_DRAIN_STAMP}{drain}; {text}"
+
+
+def drain_of(message: str | None) -> str | None:
+    """The drain a ``pdfleet.io/drained`` message reports; None when it carries no stamp."""
+    if not message or not message.startswith(_DRAIN_STAMP):
+        return None
+    return message[len(_DRAIN_STAMP):].split(";", 1)[0]
 
 DnsName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
 

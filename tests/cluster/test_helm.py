@@ -147,6 +147,11 @@ def _condition(obj: dict, kind: str) -> dict:
 
 def test_template_passes_a_server_side_dry_run(release: Release) -> None:
     rel = release
+    # The chart creates kopf peering objects; a dry run can check them only once their CRDs are served
+    # (helm install applies crds/ first; a dry run of --include-crds cannot).
+    rel.cluster.kubectl("apply", "--server-side", "-f", str(CHART / "crds" / "kopf.dev_peerings.yaml"))
+    for crd in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
+        rel.cluster.wait_established(crd)
     for extra in ([], ["--set", "watch.clusterWide=true"], ["--set", "webhook.enabled=false"]):
         out = rel.helm("template", RELEASE, str(CHART), "-n", rel.system, "--include-crds", *rel.values(), *extra)
         proc = rel.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=out.stdout)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_runtime.config import READINESS_GATE
+from pdfleet_runtime.config import READINESS_GATE, drained_message
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import wait_until
 
@@ -127,8 +127,9 @@ def test_scale_subresource_scales_decode(cluster: LocalCluster, fleet: str) -> N
                           what="surplus decode pods draining", timeout=30)
     assert len(draining) == 2 and all("pdfleet.io/drain-started" in p["metadata"]["annotations"] for p in draining)
     assert len(_pods(cluster, ns, "decode")) == 3  # nothing deleted before it is drained
-    for pod in draining:
-        patch = {"status": {"conditions": [{"type": "pdfleet.io/drained", "status": "True"}]}}
+    for pod in draining:  # stamped with the drain it reports, as the runtime does
+        message = drained_message(pod["metadata"]["annotations"]["pdfleet.io/drain-started"], "no transfer in flight")
+        patch = {"status": {"conditions": [{"type": "pdfleet.io/drained", "status": "True", "message": message}]}}
         cluster.kubectl("-n", ns, "patch", "pod", pod["metadata"]["name"], "--subresource=status",
                         "--type=strategic", "-p", json.dumps(patch))
     wait_until(lambda: len(_pods(cluster, ns, "decode")) == 1, what="1 decode pod", timeout=30)

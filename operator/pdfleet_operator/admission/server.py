@@ -9,6 +9,10 @@ CA bundle kopf publishes stay right), and replaces only ``_serve``:
   to pure ``bytes -> AdmissionReview`` functions (``review.review``); ids of other kopf webhook
   handlers are passed to kopf's function, with every failure turned into a denial;
 - the body is read with a size limit of our own, so a huge request gets a denial, not a 413;
+- requests larger than ``inline_bytes`` are read and judged at most ``max_concurrent`` at a time
+  (others wait up to ``wait_s``, then get a denial), so a burst of large bodies cannot take the
+  operator past its memory limit: the webhook is ``failurePolicy: Fail``, an OOM-killed operator
+  blocks every PDDeployment write;
 - every answer is HTTP 200 with a well-formed AdmissionReview, whatever came in.
 """
 
@@ -40,12 +44,20 @@ class _TooLarge(Exception):
         self.prefix = prefix
 
 
+class _Busy(Exception):
+    """No turn for a large request within the wait."""
+
+    def __init__(self, message: str, prefix: bytes) -> None:
+        super().__init__(message)
+        self.prefix = prefix
+
+
 class AdmissionServer(kopf.WebhookServer):
     """A kopf WebhookServer whose requests go to pure review functions by webhook id.
 
     ``routes``: webhook id -> pure function; ``delegate``: ids left to kopf's handler machinery;
     ``inline_bytes``: bodies up to this size are judged on the event loop (they take well under a
-    millisecond), larger ones in a worker thread.
+    millisecond), larger ones in a worker thread, ``max_concurrent`` at a time.
     """
 
     def __init__(
@@ -53,8 +65,10 @@ class AdmissionServer(kopf.WebhookServer):
         *,
         routes: Mapping[str, Route],
         delegate: Collection[str] = (),
-        max_body_bytes: int = 16 << 20,
+        max_body_bytes: int = 4 << 20,
         inline_bytes: int = 256 << 10,
+        max_concurrent: int = 2,
+        wait_s: float = 5.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -62,31 +76,50 @@ class AdmissionServer(kopf.WebhookServer):
         self.delegate = frozenset(delegate)
         self.max_body_bytes = max_body_bytes
         self.inline_bytes = inline_bytes
+        self.wait_s = wait_s
+        self._large = asyncio.Semaphore(max_concurrent)
 
     async def _serve(  # type: ignore[override]  # kopf declares it static; an instance method reads settings
         self, fn: Any, request: aiohttp.web.Request
     ) -> aiohttp.web.Response:
         webhook = request.match_info.get("id", "")
+        turn: asyncio.Semaphore | None = None
         try:
-            body = await self._read(request)
+            parts, more = await self._read(request, [], self.inline_bytes)
+            if more:  # a large request: read the rest and judge it only with a turn
+                turn = await self._turn(parts)
+                parts, _ = await self._read(request, parts, self.max_body_bytes)
+            resp = await self._answer(fn, webhook, b"".join(parts), request)
         except _TooLarge as exc:
             resp = deny(f"the request exceeds {self.max_body_bytes} bytes", scan_uid(exc.prefix), code=413)
+        except _Busy as exc:
+            resp = deny(str(exc), scan_uid(exc.prefix), code=429)
         except Exception as exc:  # a broken stream: still an answer (CancelledError is not an Exception)
             resp = deny(f"the request body could not be read: {type(exc).__name__}: {exc}")
-        else:
-            resp = await self._answer(fn, webhook, body, request)
+        finally:
+            if turn is not None:
+                turn.release()
         return aiohttp.web.Response(body=json.dumps(resp).encode(), content_type="application/json")
 
-    async def _read(self, request: aiohttp.web.Request) -> bytes:
-        """The body, through the stream, so aiohttp's 1 MiB ``client_max_size`` (a 413) never applies."""
-        parts: list[bytes] = []
-        size = 0
-        while chunk := await request.content.read(_CHUNK):
+    async def _turn(self, parts: list[bytes]) -> asyncio.Semaphore:
+        try:
+            await asyncio.wait_for(self._large.acquire(), self.wait_s)
+        except TimeoutError:
+            raise _Busy(f"the webhook is judging other large requests; none finished within {self.wait_s:g}s "
+                        "(retry; large requests are judged a few at a time)", b"".join(parts[:2])) from None
+        return self._large
+
+    async def _read(self, request: aiohttp.web.Request, parts: list[bytes], limit: int) -> tuple[list[bytes], bool]:
+        """Read on through the stream (so aiohttp's 1 MiB ``client_max_size``, a 413, never applies)
+        until its end or past ``limit`` bytes: (the parts, whether more than ``limit`` came).
+        Past ``max_body_bytes`` it raises ``_TooLarge``."""
+        size = sum(map(len, parts))
+        while size <= limit and (chunk := await request.content.read(_CHUNK)):
             parts.append(chunk)
             size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _TooLarge(b"".join(parts[:2]))
-        return b"".join(parts)
+        if size > self.max_body_bytes:
+            raise _TooLarge(b"".join(parts[:2]))
+        return parts, size > limit
 
     async def _answer(
         self, fn: Any, webhook: str, body: bytes, request: aiohttp.web.Request
@@ -133,6 +166,8 @@ def build_server(settings: AdmissionSettings, routes: Mapping[str, Route], deleg
         "delegate": delegate,
         "max_body_bytes": settings.max_body_bytes,
         "inline_bytes": settings.inline_body_bytes,
+        "max_concurrent": settings.max_concurrent_reviews,
+        "wait_s": settings.review_wait_seconds,
         "addr": settings.host,
         "port": settings.port or None,
         "path": settings.path or None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -27,6 +28,7 @@ from pdfleet_runtime.transfer import Backend
 __all__ = ["Verdicts", "running_matrix", "violation_key"]
 
 _MAX_KEY_CHARS = 64 << 10  # huge objects are judged every time rather than pinned in memory
+_ENTRY_OVERHEAD = 1024  # bytes charged per entry beyond its key (the verdict's own objects)
 
 
 def violation_key(v: Violation) -> tuple[str, tuple[str, ...]]:
@@ -57,36 +59,61 @@ def running_matrix(settings: RecheckSettings) -> Matrix | None:
 class Verdicts:
     """``of(obj)``: the verdict on one object, as ``pdfleet validate`` gives it (plus the override).
 
-    Never raises (``validate_object`` is total; the override is guarded). Not thread-safe for
-    writes to the cache, which only the event loop does; worker threads call ``compute``.
+    Never raises (``validate_object`` is total; the override is guarded). Thread-safe: large
+    reviews are judged in worker threads while the loop judges small ones, so every cache access
+    holds one lock (never held while computing a verdict). The cache is bounded by entries and by
+    bytes: an entry is charged twice its key (the key, and the parsed spec the verdict keeps) plus
+    a fixed overhead, so many large distinct objects cannot grow it past ``max_bytes``.
     """
 
-    def __init__(self, matrix: Matrix | None = None, cache_size: int = 1024) -> None:
+    def __init__(self, matrix: Matrix | None = None, cache_size: int = 1024, max_bytes: int = 8 << 20) -> None:
         self.matrix = matrix
         self.cache_size = cache_size
+        self.max_bytes = max_bytes
         self._cache: OrderedDict[str, ObjectVerdict] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @classmethod
     def from_settings(cls, settings: RecheckSettings) -> Verdicts:
-        return cls(running_matrix(settings), settings.cache_size)
+        return cls(running_matrix(settings), settings.cache_size, settings.cache_bytes)
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the cache is charged now (at most ``max_bytes``)."""
+        return self._bytes
 
     def of(self, obj: object) -> ObjectVerdict:
-        key = _key(obj) if self.cache_size else None
+        key = _key(obj) if self.cache_size and self.max_bytes else None
         if key is not None:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return hit
-        self.misses += 1
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    self.hits += 1
+                    return hit
         verdict = self.compute(obj)
-        if key is not None:
-            self._cache[key] = verdict
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+        with self._lock:
+            self.misses += 1
+            if key is not None:
+                self._store(key, verdict)
         return verdict
+
+    def _store(self, key: str, verdict: ObjectVerdict) -> None:
+        """Insert and evict the least recently used until both bounds hold (the lock is held)."""
+        cost = _cost(key)
+        if cost > self.max_bytes:
+            return
+        if key in self._cache:  # another thread judged it meanwhile
+            self._cache.move_to_end(key)
+            return
+        self._cache[key] = verdict
+        self._bytes += cost
+        while len(self._cache) > self.cache_size or self._bytes > self.max_bytes:
+            old, _ = self._cache.popitem(last=False)
+            self._bytes -= _cost(old)
 
     def compute(self, obj: object) -> ObjectVerdict:
         """The uncached verdict; safe to call from a worker thread."""
@@ -106,6 +133,10 @@ class Verdicts:
             warnings=verdict.warnings + warnings,
             matrix_versions=(self.matrix.version,),
         )
+
+
+def _cost(key: str) -> int:
+    return 2 * len(key) + _ENTRY_OVERHEAD
 
 
 def _key(obj: object) -> str | None:

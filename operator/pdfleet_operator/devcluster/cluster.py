@@ -323,10 +323,13 @@ class LocalCluster:
 
     def install_crd(self, timeout: float = 60.0) -> str:
         """Apply the PDDeployment CRD generated from the API models and wait until it is served
-        (Established, and listed by discovery); returns its name."""
+        (Established, and listed by discovery); returns its name. Also installs the runtime pod-status
+        policy, which the chart installs with the CRD (``devcluster.policies``)."""
         from pdfleet_operator.api.crd import CRD_NAME, crd_yaml
+        from pdfleet_operator.devcluster.policies import install_runtime_policy
 
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd_yaml())
+        install_runtime_policy(self)
         self.wait_established(CRD_NAME, timeout)
         self._wait_for("pdd discovery", lambda: self.kubectl("get", "pdd", "-A", check=False).returncode == 0, timeout)
         return CRD_NAME
@@ -339,9 +342,9 @@ class LocalCluster:
         return Kubelet(self.api_client(), namespace, workdir, self.options.ranges, endpoint, **kw)
 
     def api_client(self):  # -> kubernetes.client.ApiClient (imported lazily: slow import)
-        from kubernetes import config
+        from pdfleet_runtime.kubeapi import api_client
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return api_client(self.kubeconfig)
 
     # ---- internals -------------------------------------------------------
     def _spawn(self, name: str, args: Sequence[str]) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet_operator.devcluster.cluster import ClusterError, LocalCluster, free_port
+from pdfleet_runtime.lifetime import die_with_parent
 
 __all__ = ["WEBHOOK_CONFIGURATION", "LocalOperator", "interrupt"]
 
@@ -34,6 +35,10 @@ class LocalOperator:
     metrics_port: int = 0
     args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
+    # False: no --standalone (pass --peering NAME to start: one of several replicas reconciles).
+    standalone: bool = True
+    # SIGKILLed when the process that started it dies (a killed test run leaves no operator behind).
+    die_with_parent: bool = True
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     starts: int = 0
 
@@ -54,7 +59,7 @@ class LocalOperator:
         self.starts += 1
         self.port, self.metrics_port, self.args = free_port(), free_port(), args
         cmd = [
-            sys.executable, "-m", "pdfleet_operator", "--standalone",
+            sys.executable, "-m", "pdfleet_operator", *(["--standalone"] if self.standalone else []),
             "--dev-webhook", f"127.0.0.1:{self.port}",
             "--webhook-cert-dir", str(self.state_dir / "webhook"),
             "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
@@ -63,7 +68,8 @@ class LocalOperator:
         ]  # fmt: skip
         env = {**os.environ, **self.extra_env, "KUBECONFIG": str(self.cluster.kubeconfig)}
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.state_dir)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.state_dir,
+                                         preexec_fn=die_with_parent if self.die_with_parent else None)
         deadline = time.monotonic() + timeout
         while not self._published():
             if time.monotonic() > deadline:

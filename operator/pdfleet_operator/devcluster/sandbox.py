@@ -109,12 +109,19 @@ def inside() -> bool:
     return Path(_MARK).exists() and not default_route()
 
 
-def current_index() -> int | None:
-    """The ranges' index of the namespace this thread is in (None outside)."""
+def _mark() -> tuple[int, int] | None:
+    """(ranges index, pid of the process that made it) of the namespace this thread is in."""
     try:
-        return int(Path(_MARK).read_text())
+        index, pid = Path(_MARK).read_text().split()
+        return int(index), int(pid)
     except (OSError, ValueError):
         return None
+
+
+def current_index() -> int | None:
+    """The ranges' index of the namespace this thread is in (None outside)."""
+    mark = _mark()
+    return mark[0] if mark else None
 
 
 def enter(ranges: Ranges) -> None:
@@ -122,10 +129,13 @@ def enter(ranges: Ranges) -> None:
 
     Call it before starting any process or thread that must be inside: what runs already stays where
     it is (a thread of the process keeps its namespaces)."""
-    if inside():
-        if current_index() != ranges.index:
-            raise SandboxError(f"this namespace holds ranges {current_index()}, not {ranges.index}: one per process")
+    mark = _mark()
+    if inside() and mark is not None and mark[1] == os.getpid():
+        if mark[0] != ranges.index:
+            raise SandboxError(f"this namespace holds ranges {mark[0]}, not {ranges.index}: one per process")
         return
+    # Outside, or inside one that another process made (a demo started by a test worker, whose own
+    # cluster already holds that namespace's bridge and ranges): a new namespace of our own, nested.
     if threading.current_thread() is not threading.main_thread():
         raise SandboxError("enter the cluster namespace from the main thread")
     if os.geteuid() != 0:
@@ -144,6 +154,6 @@ def enter(ranges: Ranges) -> None:
     _sh("ip", "link", "set", BRIDGE, "up")
     # The node routes between pods and Service addresses (kube-proxy's DNAT); nothing else is routed.
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
-    Path(_MARK).write_text(f"{ranges.index}\n")
+    Path(_MARK).write_text(f"{ranges.index} {os.getpid()}\n")
     if default_route():
         raise SandboxError("a default route is visible right after unshare: not inside a private namespace")

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from pdfleet_runtime.config import DRAIN_ANNOTATION, READINESS_GATE
+from pdfleet_runtime.config import DRAIN_ANNOTATION, READINESS_GATE, drain_of, drained_message
 from pdfleet_runtime.config import DRAINED_CONDITION as DRAINED_CONDITION
 
 __all__ = ["DRAINED_CONDITION", "RuntimeStandIn"]
@@ -63,8 +63,9 @@ class RuntimeStandIn(threading.Thread):
                 self._set(pod, READINESS_GATE)
                 self.gated += 1
             started = (pod.metadata.annotations or {}).get(DRAIN_ANNOTATION)
-            if started and conds.get(DRAINED_CONDITION) != "True" and time.time() - float(started) >= self.drain_delay:
-                self._set(pod, DRAINED_CONDITION)
+            reported = {c.type: c.message for c in pod.status.conditions or ()}.get(DRAINED_CONDITION)
+            if started and drain_of(reported) != started and time.time() - float(started) >= self.drain_delay:
+                self._set(pod, DRAINED_CONDITION, message=drained_message(started, "set by a stand-in for the runtime"))
                 self.drained += 1
 
     def run(self) -> None:

@@ -32,6 +32,11 @@ ANNOTATION_IDENTITY = f"{GROUP}/identity"
 RUNTIME_UID = 1000
 # Time past the drain budget for the process to flush logs and exit after the drain.
 EXIT_GRACE_SECONDS = 30
+# The root filesystem is read-only; these memory/disk-backed mounts are the only writable places.
+# /dev/shm (engine and NCCL shared-memory segments) counts against the pod's memory: the limit keeps
+# a leak from taking the node's. /tmp holds scratch files (TMPDIR, HOME).
+SHM_SIZE_LIMIT = "2Gi"
+TMP_SIZE_LIMIT = "1Gi"
 
 
 def role_spec(spec: PDDeploymentSpec, role: Role) -> RoleSpec:
@@ -62,6 +67,9 @@ def _env(rs: RoleSpec, role: Role) -> list[dict]:
         {"name": "POD_NAMESPACE", **field_ref("metadata.namespace")},
         {"name": "POD_IP", **field_ref("status.podIP")},
         {"name": "PDFLEET_ROLE", "value": role.value},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
     ]
     env += [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in rs.env or ()]
     return env
@@ -74,6 +82,7 @@ def _security(spec: PDDeploymentSpec) -> dict:
     return {
         "allowPrivilegeEscalation": False,
         "privileged": False,
+        "readOnlyRootFilesystem": True,
         "capabilities": caps,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
@@ -99,6 +108,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
             {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
             {"name": "auth", "mountPath": SECRET_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
         ],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": HTTP_PORT}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": HTTP_PORT}, "periodSeconds": 10,
@@ -128,7 +138,8 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(name, role, revision)}},
             {"name": "auth", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         ],
     }
     if spec.transfer.protocol is Protocol.NVLINK:

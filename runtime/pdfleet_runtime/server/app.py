@@ -20,13 +20,14 @@ import contextlib
 import itertools
 import logging
 import signal
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role
+from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
 from pdfleet_runtime.protocol.auth import Codec, load_secret
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import (
@@ -49,7 +50,11 @@ from .pipe import LegReport, RankSpec, RankStats, StatsOp, Transport
 from .readiness import Readiness
 from .routing import NOT_THE_PATH, RequestRouter, canary_result
 
-__all__ = ["PodServer"]
+__all__ = ["GATE_REASSERT_S", "PodServer"]
+
+# The gate condition is written again this often with an unchanged verdict, so a value someone else
+# wrote (the pod's status is patchable by more than this runtime) does not stick.
+GATE_REASSERT_S = 30.0
 
 log = logging.getLogger("pdfleet_runtime.server")
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@+=-")
@@ -80,6 +85,7 @@ class PodServer:
         self.router = RequestRouter(self.readiness, self.metrics, self._recheck)
         self._tasks: list[asyncio.Task[None]] = []
         self._gate_written: tuple[bool, str] | None = None
+        self._gate_written_at = 0.0
         self._drain_by_operator = False
         self.bootstrap: BootstrapServer | None = None
         self.launcher: RankLauncher | None = None
@@ -270,10 +276,10 @@ class PodServer:
             if key != last:
                 log.info("readiness: %s (%s): %s", "ready" if v.ready else "not ready", v.problem.value, v.reason)
                 last = key
-            if key != self._gate_written:
+            if key != self._gate_written or time.monotonic() - self._gate_written_at >= GATE_REASSERT_S:
                 try:
                     await self.gate.set(v.ready, v.problem.value, v.reason)
-                    self._gate_written = key
+                    self._gate_written, self._gate_written_at = key, time.monotonic()
                 except Exception as e:  # the API may be briefly unavailable: retried next tick
                     log.warning("cannot write the readiness gate: %s", e)
             await asyncio.sleep(0.25)
@@ -282,7 +288,8 @@ class PodServer:
         """Follow the operator's drain request on this pod (the ``pdfleet.io/drain-started``
         annotation): start the drain, cancel it when the annotation goes, and report
         ``pdfleet.io/drained`` once no transfer is in flight, so the operator may delete the pod."""
-        reported = False
+        reported: tuple[str, bool] | None = None  # the (drain, drained) last written, or None
+        drain: str | None = None  # the drain followed: the annotation's value
         while True:
             try:
                 annotations = await self.gate.annotations()
@@ -290,24 +297,37 @@ class PodServer:
                 log.warning("cannot read this pod: %s", e)
                 annotations = None
             if annotations is not None:
-                wanted = DRAIN_ANNOTATION in annotations
-                if wanted and self.drain.serving:
-                    log.info("the operator asked for a drain (annotation %s)", DRAIN_ANNOTATION)
+                wanted = annotations.get(DRAIN_ANNOTATION)
+                if wanted is not None and self.drain.serving:
+                    log.info("the operator asked for a drain (annotation %s=%s)", DRAIN_ANNOTATION, wanted)
                     self.start_drain()
-                    reported = False
-                elif not wanted and not self.drain.serving and self._drain_by_operator:
+                elif wanted is None and not self.drain.serving and self._drain_by_operator:
                     self.cancel_drain()
-                self._drain_by_operator = wanted
-                if wanted and self.drain.phase is DrainPhase.DRAINED and not reported:
+                self._drain_by_operator = wanted is not None
+                if wanted is not None:
+                    drain = wanted
+                want = self._drained_report(drain, wanted is not None)
+                if want is not None and want[:2] != reported:
+                    stamp, ok, reason, text = want
                     try:
-                        await self.gate.set_condition(DRAINED_CONDITION, True,
-                                                      "Forced" if self.drain.forced else "Drained",
-                                                      "no transfer in flight" if not self.drain.forced else
-                                                      "drain deadline passed with transfers in flight")
-                        reported = True
+                        await self.gate.set_condition(DRAINED_CONDITION, ok, reason, drained_message(stamp, text))
+                        reported = (stamp, ok)
                     except Exception as e:
                         log.warning("cannot report drained: %s", e)
             await asyncio.sleep(0.5)
+
+    def _drained_report(self, drain: str | None, wanted: bool) -> tuple[str, bool, str, str] | None:
+        """(drain, drained, reason, text) to write: False when a drain starts or is cancelled (so a report
+        of an earlier drain cannot stand), True once it is drained; None before any drain."""
+        if drain is None:
+            return None
+        if not wanted:
+            return drain, False, "Cancelled", "drain cancelled: serving again"
+        if self.drain.phase is not DrainPhase.DRAINED:
+            return drain, False, "Draining", "drain started: finishing in-flight transfers"
+        if self.drain.forced:
+            return drain, True, "Forced", "drain deadline passed with transfers in flight"
+        return drain, True, "Drained", "no transfer in flight"
 
     def _refresh_facts(self) -> None:
         r = self.readiness

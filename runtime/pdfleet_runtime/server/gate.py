@@ -4,7 +4,8 @@ A gate writer is injected into the server, so tests run without a cluster (``NoG
 recording fake) or against the real test apiserver (``KubeGate.from_kubeconfig``). In a pod,
 ``KubeGate.in_cluster`` uses the ServiceAccount token the operator mounts (its Role allows get
 pods and get/patch pods/status, nothing else). A strategic-merge patch merges conditions by
-``type``, so the kubelet's own conditions are left alone. The blocking client runs off the event loop.
+``type``, so the kubelet's own conditions are left alone. The blocking client runs off the event loop,
+with the deadlines of ``pdfleet_runtime.kubeapi`` on every call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
+
+from pdfleet_runtime.kubeapi import api_client
 
 __all__ = ["SERVICE_ACCOUNT_TOKEN", "GateWriter", "KubeGate", "NoGate", "make_gate"]
 
@@ -58,16 +61,15 @@ class KubeGate:
 
     @classmethod
     def in_cluster(cls, namespace: str, pod: str, condition_type: str) -> KubeGate:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        config.load_incluster_config()
-        return cls(client.CoreV1Api(), namespace, pod, condition_type)
+        return cls(client.CoreV1Api(api_client(in_cluster=True)), namespace, pod, condition_type)
 
     @classmethod
     def from_kubeconfig(cls, path: Path, namespace: str, pod: str, condition_type: str) -> KubeGate:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        return cls(client.CoreV1Api(config.new_client_from_config(str(path))), namespace, pod, condition_type)
+        return cls(client.CoreV1Api(api_client(path)), namespace, pod, condition_type)
 
     def body(self, ready: bool, reason: str, message: str, condition_type: str | None = None) -> dict[str, Any]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet_runtime.config import BOOTSTRAP_PORT, HTTP_PORT, RuntimeConfig
+from pdfleet_runtime.lifetime import die_with_parent
 
 __all__ = ["REPO", "LocalPod", "free_offset", "http", "metric"]
 
@@ -86,7 +87,8 @@ class LocalPod:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "pdfleet_runtime", "serve", "--config",
                                       str(self.config_path), "--bind", "127.0.0.1", *self.args],
-                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=die_with_parent)  # a killed test run leaves no pod behind
         log.close()
         return self
 

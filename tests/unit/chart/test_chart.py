@@ -41,7 +41,8 @@ def test_chart_crd_is_the_generated_crd() -> None:
     assert (CHART / "crds" / CRD_FILE.name).read_bytes() == CRD_FILE.read_bytes(), (
         "charts/pdfleet/crds is stale: cp crds/*.yaml charts/pdfleet/crds/"
     )
-    assert [p.name for p in (CHART / "crds").iterdir()] == [CRD_FILE.name]
+    # Besides it only kopf's peering CRDs (tests/unit/chart/test_operator_availability.py).
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted([CRD_FILE.name, "kopf.dev_peerings.yaml"])
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
@@ -60,7 +61,7 @@ def test_lint_strict(helm: Path, name: str) -> None:
         ("watch.namespaces={Bad_Name}", "namespaces"),
         ("operator.resyncSeconds=0", "resyncSeconds"),
         ("webhook.certificate.source=vault", "source"),
-        ("deployment.replicas=2", "replicas"),
+        ("deployment.replicas=0", "replicas"),
         ("surprise=1", "surprise"),
     ],
 )
@@ -72,7 +73,6 @@ def test_schema_rejects_bad_values(helm: Path, setting: str, complaint: str) -> 
 
 def test_operator_pod_is_locked_down(render: Render) -> None:
     dep = one(render(), "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -82,7 +82,6 @@ def test_operator_pod_is_locked_down(render: Render) -> None:
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not pod.get("hostNetwork") and not sc.get("privileged")
-    assert "--standalone" in c["args"]
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp", "/etc/pdfleet/webhook"}
 
 
@@ -96,7 +95,7 @@ def test_namespaced_rbac_covers_what_the_operator_does(render: Render) -> None:
         group = api_version.rpartition("/")[0]
         assert {"get", "list", "watch", "create"} <= _granted(rules, group, plural), plural
     # RBAC escalation prevention: the operator may only grant the runtime what it holds itself.
-    for rule in runtime_role("x", "a")["rules"]:
+    for rule in runtime_role("x", "a", ["x-decode-0"])["rules"]:
         for res in rule["resources"]:
             assert set(rule["verbs"]) <= _granted(rules, rule["apiGroups"][0], res), res
     assert _granted(rules, "pdfleet.io", "pddeployments/status") == {"get", "patch"}

@@ -1,0 +1,157 @@
+"""The webhook cannot be pushed over (issue 26, item 4): a body cap the apiserver never needs to
+exceed, a bound on concurrent off-loop reviews, and a verdict cache that is bounded in bytes and
+safe to use from the worker threads that judge large requests."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import gc
+import random
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pdfleet_operator.admission import VALIDATE_WEBHOOK_ID, Verdicts, build_server, review
+from pdfleet_operator.devcluster.cluster import free_port
+from pdfleet_operator.settings import AdmissionSettings, WebhookMode
+from tests.unit.admission.builders import Review, example
+from tests.unit.admission.test_server import _post, _serve
+
+MiB = 1 << 20
+
+
+def _server(tmp_path: Path, route: Any, **kw: Any):
+    settings = AdmissionSettings(mode=WebhookMode.DEV, host="127.0.0.1", port=free_port(), cert_dir=tmp_path, **kw)
+    return build_server(settings, {VALIDATE_WEBHOOK_ID: route})
+
+
+async def _kopf_fn(data: Any, **_: Any) -> Any:
+    return {}
+
+
+def test_default_body_cap_is_within_what_the_apiserver_can_send(tmp_path: Path) -> None:
+    """An object is at most etcd's 1.5 MiB value; an UPDATE review carries two. A 5 MiB body can only
+    come from something that is not the apiserver: it is denied unread (code 413)."""
+    verdicts = Verdicts()
+    server = _server(tmp_path, lambda b: review(b, verdicts))
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> tuple[int, Any]:
+        obj = example("llama-dense")
+        obj["spec"]["padding"] = "x" * (5 * MiB)
+        return await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(obj).uid("big").body())
+
+    status, resp = asyncio.run(_serve(server, _kopf_fn, calls))
+    assert status == 200 and resp["response"]["uid"] == "big"
+    assert resp["response"]["allowed"] is False
+    assert resp["response"]["status"]["code"] == 413, resp["response"]["status"]
+
+
+def test_concurrent_off_loop_reviews_are_bounded(tmp_path: Path) -> None:
+    """Eight large reviews at once: at most the bound run together (each holds its parsed body)."""
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0}
+    verdicts = Verdicts()
+
+    def slow_route(body: bytes) -> dict[str, Any]:
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.3)
+        with lock:
+            state["now"] -= 1
+        return review(body, verdicts)
+
+    server = _server(tmp_path, slow_route, inline_body_bytes=1024)
+    limit = AdmissionSettings().max_concurrent_reviews
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+        bodies = []
+        for i in range(8):
+            obj = example("llama-dense")
+            obj["metadata"]["annotations"] = {"pad": "y" * (300 << 10)}
+            bodies.append(Review(obj).uid(f"u{i}").body())
+        return await asyncio.gather(*(_post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", b) for b in bodies))
+
+    results = asyncio.run(_serve(server, _kopf_fn, calls))
+    assert [st for st, _ in results] == [200] * 8
+    assert all(r["response"]["allowed"] for _, r in results), [r["response"] for _, r in results]
+    assert state["peak"] <= limit, f"{state['peak']} reviews ran at once (bound {limit})"
+
+
+def test_the_cache_is_safe_from_worker_threads() -> None:
+    """Reviews judged in worker threads share one cache; none may be denied by a race in it."""
+    verdicts = Verdicts(cache_size=2)
+    bodies = []
+    for i in range(3):
+        obj = copy.deepcopy(example("llama-dense"))
+        obj["metadata"]["name"] = f"d{i}"
+        bodies.append(Review(obj).uid(f"u{i}").body())
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        rng = random.Random(k)
+        for _ in range(3000):
+            resp = review(bodies[0 if rng.random() < 0.8 else rng.randrange(1, len(bodies))], verdicts)["response"]
+            if not resp["allowed"]:
+                errors.append(resp["status"]["message"])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as a loaded host would
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, f"{len(errors)} spurious denials, e.g. {errors[0]}"
+
+
+def test_the_cache_is_bounded_in_bytes() -> None:
+    """300 distinct ~60 KiB objects (each under the per-key cap) through the default cache: what it
+    keeps stays within its byte budget, whatever the entry count."""
+    verdicts = Verdicts()
+    base = example("llama-dense")
+    objs = []
+    for i in range(300):
+        obj = copy.deepcopy(base)
+        obj["spec"]["padding"] = f"{i:04d}" + "z" * (60 << 10)
+        objs.append(obj)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for obj in objs:
+        verdicts.of(obj)
+    gc.collect()
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    budget = verdicts.max_bytes
+    assert verdicts.cached_bytes <= budget
+    assert kept <= budget * 1.25, f"the cache keeps {kept / MiB:.1f} MiB (budget {budget / MiB:.1f} MiB)"
+
+
+def test_a_large_request_without_a_turn_is_denied_not_queued_forever(tmp_path: Path) -> None:
+    def slow_route(body: bytes) -> dict[str, Any]:
+        time.sleep(0.5)
+        return review(body, Verdicts())
+
+    server = _server(tmp_path, slow_route, inline_body_bytes=1024, max_concurrent_reviews=1, review_wait_seconds=0.1)
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+        obj = example("llama-dense")
+        obj["metadata"]["annotations"] = {"pad": "y" * (64 << 10)}
+        return await asyncio.gather(*(_post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(obj).uid(f"u{i}").body())
+                                      for i in range(3)))
+
+    results = asyncio.run(_serve(server, _kopf_fn, calls))
+    codes = sorted(r["response"].get("status", {}).get("code", 200) for _, r in results)
+    assert codes == [200, 429, 429], [r["response"] for _, r in results]
+    busy = next(r for _, r in results if not r["response"]["allowed"])["response"]
+    assert busy["uid"].startswith("u") and "large requests" in busy["status"]["message"]
