@@ -23,6 +23,7 @@ from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
     LABEL_INDEX,
     LABEL_ROUTABLE,
+    router_secret_name,
     secret_name,
 )
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
@@ -107,20 +108,25 @@ def observe(api: ApiClient, owner: Owner) -> Snapshot:
     )
     items = json.loads(listing.data)["items"]
     pods = tuple(p for p in (observed_pod(item, owner.uid) for item in items) if p is not None)
-    try:
-        core.read_namespaced_secret(secret_name(owner.name), owner.namespace, _preload_content=False)
-        secret_exists = True
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        secret_exists = False
+    secret_exists = _secret_exists(core, secret_name(owner.name), owner.namespace)
+    router_secret_exists = _secret_exists(core, router_secret_name(owner.name), owner.namespace)
     revisions = AppsV1Api(api).list_namespaced_controller_revision(
         owner.namespace, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}", _preload_content=False
     )
     owned = [r for r in json.loads(revisions.data)["items"]
              if any(ref.get("uid") == owner.uid for ref in r["metadata"].get("ownerReferences") or ())]
     return Snapshot(pods=tuple(sorted(pods, key=lambda p: p.name)), secret_exists=secret_exists,
-                    revisions=parse_revisions(owned))
+                    revisions=parse_revisions(owned), router_secret_exists=router_secret_exists)
+
+
+def _secret_exists(core: CoreV1Api, name: str, namespace: str) -> bool:
+    try:
+        core.read_namespaced_secret(name, namespace, _preload_content=False)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return False
+    return True
 
 
 def observe_nodes(api: ApiClient) -> tuple[NodeFacts, ...]:

@@ -23,6 +23,7 @@ from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
     ANNOTATION_DRAIN_CANCELLED,
     LABEL_ROUTABLE,
+    router_secret_name,
     secret_name,
 )
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
@@ -30,6 +31,7 @@ from pdfleet_operator.resources.policy import network_policy, pod_disruption_bud
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
+from pdfleet_operator.resources.router import router_children, router_secret, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret
 from pdfleet_operator.resources.services import headless_service
@@ -108,12 +110,13 @@ class ObservedPod:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What observe saw: owned pods, whether the auth secret exists, and the stored revisions
+    """What observe saw: owned pods, whether the auth and router secrets exist, and the stored revisions
     (``(role, revision) -> spec`` from the deployment's ControllerRevisions)."""
 
     pods: tuple[ObservedPod, ...] = ()
     secret_exists: bool = False
     revisions: Mapping[tuple[Role, str], PDDeploymentSpec] = field(default_factory=dict)
+    router_secret_exists: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,8 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
             objs.append(runtime_configmap(n, ns, rev_spec, role, revision))
         objs.append(headless_service(n, ns, role, ranks))
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
-    objs.append(network_policy(n, ns))
+    objs.append(network_policy(n, ns, worker_port(spec)))
+    objs += router_children(n, ns, spec)
     return [_owned(o, owner) for o in objs]
 
 
@@ -282,4 +286,8 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
         body = _owned(auth_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", secret_name(owner.name), body=body,
                               reason="per-deployment transfer authentication key"))
+    if spec.router is not None and not snapshot.router_secret_exists:
+        body = _owned(router_secret(owner.name, owner.namespace), owner)
+        actions.append(Action(ActionKind.CREATE, "v1", "Secret", router_secret_name(owner.name), body=body,
+                              reason="the router's control-plane API key"))
     return actions + pod_actions

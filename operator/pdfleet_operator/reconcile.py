@@ -136,7 +136,8 @@ class Reconciler:
         if any(o.action.object_kind == "Pod" and o.changed for o in outcomes):
             snapshot = observe(self._api, owner)
         status = compute_status(
-            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC)
+            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC),
+            namespace=owner.namespace,
         )
         status["rollout"] = rollout_status(spec, decisions)
         holds = [a.reason for a in actions if a.kind is ActionKind.HOLD]

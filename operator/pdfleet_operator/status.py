@@ -18,6 +18,7 @@ from pdfleet_operator.plan import ObservedPod, budgets
 from pdfleet_operator.resources.names import role_selector
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
+from pdfleet_operator.resources.router import endpoint_url
 
 __all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "with_placement"]
 
@@ -118,7 +119,9 @@ def compute_status(
     old_status: Mapping | None,
     admission_conditions: Iterable[dict],
     now: datetime,
+    namespace: str | None = None,
 ) -> dict:
+    """The whole status; ``endpoint`` (the router Service's URL) needs the namespace."""
     counts = {role: role_counts(spec, role, pods) for role in Role}
     available, a_reason, a_msg = _availability(spec, counts)
     progressing, p_reason, p_msg = _progress(counts)
@@ -137,7 +140,7 @@ def compute_status(
         selector = ",".join(f"{k}={v}" for k, v in role_selector(name, role).items())
         return {"replicas": c.replicas, "ready": c.ready, "updated": c.updated, "selector": selector}
 
-    return {
+    out = {
         "observedGeneration": generation,
         "conditions": conditions,
         "prefill": role_status(Role.PREFILL),
@@ -146,3 +149,8 @@ def compute_status(
         "decodeReady": f"{counts[Role.DECODE].ready}/{counts[Role.DECODE].desired}",
         "shapes": shapes_text(spec),
     }
+    if spec.router is not None and namespace is not None:
+        out["endpoint"] = endpoint_url(name, namespace, spec.router)
+    elif (old_status or {}).get("endpoint"):
+        out["endpoint"] = None  # spec.router removed: a merge patch clears the column
+    return out

@@ -101,6 +101,7 @@ def test_defaults_subresources_and_columns(cluster: LocalCluster, crd: str, name
             "prefillReady": "1/1",
             "decodeReady": "0/5",
             "shapes": "P tp4xpp1 / D tp2xpp1",
+            "endpoint": "http://llama-router.ns.svc:30000",
             "decode": {"replicas": 5, "ready": 0, "updated": 5, "selector": "pdfleet.io/role=decode"},
         }
     }
@@ -116,8 +117,8 @@ def test_defaults_subresources_and_columns(cluster: LocalCluster, crd: str, name
         json.dumps(status),
     )
     table = cluster.kubectl("-n", namespace, "get", "pdd", name).stdout
-    assert re.search(r"NAME\s+PREFILL\s+DECODE\s+BACKEND\s+SHAPES\s+AVAILABLE\s+AGE", table), table
-    assert "P tp4xpp1 / D tp2xpp1" in table and "nixl" in table
+    assert re.search(r"NAME\s+PREFILL\s+DECODE\s+BACKEND\s+SHAPES\s+AVAILABLE\s+ENDPOINT\s+AGE", table), table
+    assert "P tp4xpp1 / D tp2xpp1" in table and "nixl" in table and "http://llama-router.ns.svc:30000" in table
     cluster.kubectl("-n", namespace, "delete", "pdd", name)
 
 

@@ -81,6 +81,12 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "jsonPath": '.status.conditions[?(@.type=="Available")].status',
         "description": "Available condition",
     },
+    {
+        "name": "Endpoint",
+        "type": "string",
+        "jsonPath": ".status.endpoint",
+        "description": "The router Service's URL",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

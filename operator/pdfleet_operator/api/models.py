@@ -38,6 +38,8 @@ __all__ = [
     "RoleStatus",
     "RolloutSpec",
     "RolloutStatus",
+    "RouterPolicy",
+    "RouterSpec",
     "TransferSpec",
     "shapes_text",
 ]
@@ -341,6 +343,47 @@ class RolloutSpec(ApiModel):
     paused: bool = Field(False, description="Pause the rollout: committed drains finish, nothing new starts.")
 
 
+class RouterPolicy(StrEnum):
+    """sglang-router's own load-balancing policies (``--prefill-policy``/``--decode-policy``)."""
+
+    RANDOM = "random"
+    ROUND_ROBIN = "round_robin"
+    CACHE_AWARE = "cache_aware"
+    POWER_OF_TWO = "power_of_two"
+
+
+class RouterSpec(ApiModel):
+    """The deployment's endpoint: stateless sglang-router pods that pick a prefill and a decode pod
+    per request, discovering them through the Kubernetes API (get/list/watch on pods only)."""
+
+    replicas: int = Field(1, ge=0, le=64, description="Router pods (stateless); default 1.")
+    image: str = Field(
+        min_length=1, max_length=1024,
+        description="Container image holding python3 and sglang-router==0.3.2 (e.g. the pdfleet runtime image).",
+    )
+    prefill_policy: RouterPolicy = Field(
+        RouterPolicy.CACHE_AWARE,
+        description="How the router picks a prefill pod: random, round_robin, cache_aware (default, the "
+        "router's own) or power_of_two.",
+    )
+    decode_policy: RouterPolicy = Field(
+        RouterPolicy.ROUND_ROBIN,
+        description="How the router picks a decode pod: random, round_robin (default), cache_aware or "
+        "power_of_two (needs two or more decode pods).",
+    )
+    port: int = Field(
+        30000, ge=1, le=65535, description="Port of the router and of the endpoint Service; default 30000."
+    )
+    metrics_port: int = Field(
+        29000, ge=1, le=65535, description="Port of the router's Prometheus metrics; default 29000."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        json_schema_extra=_defaults_of(ResourceRequirements),
+        description="CPU and memory of the router container.",
+    )
+
+
 class PDDeploymentSpec(ApiModel):
     """A prefill/decode disaggregated serving fleet of one model."""
 
@@ -357,6 +400,11 @@ class PDDeploymentSpec(ApiModel):
         default_factory=RolloutSpec,
         json_schema_extra=_defaults_of(RolloutSpec),
         description="How changes roll out.",
+    )
+    router: RouterSpec | None = Field(
+        None,
+        description="The deployment's endpoint: sglang-router pods behind a Service (status.endpoint). "
+        "Absent: no router, clients reach no endpoint.",
     )
 
 
@@ -445,6 +493,9 @@ class PDDeploymentStatus(ApiModel):
         None, description="Capability matrix version the spec was admitted by."
     )
     rollout: RolloutStatus | None = Field(None, description="The rollout's state.")
+    endpoint: str | None = Field(
+        None, description="URL of the router Service clients send OpenAI requests to (printer column)."
+    )
 
 
 class PDDeployment(ApiModel):

@@ -254,4 +254,12 @@ CEL_RULES: tuple[CelRule, ...] = (
         lambda o: "rdmaDevices" not in o and _device_map_ok(o) if "rdmaDeviceMap" in o else True,
         ".rdmaDeviceMap",
     ),
+    CelRule(
+        "router-ports-distinct",
+        ("spec.router",),
+        "self.port != self.metricsPort",
+        "router.port and router.metricsPort must differ: both listen in the router pod",
+        lambda o: o["port"] != o["metricsPort"],
+        ".metricsPort",
+    ),
 )

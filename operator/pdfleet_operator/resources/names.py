@@ -24,6 +24,8 @@ __all__ = [
     "pod_labels",
     "pod_name",
     "role_selector",
+    "router_name",
+    "router_secret_name",
     "secret_name",
     "service_account_name",
     "service_name",
@@ -64,6 +66,16 @@ def config_name(deployment: str, role: Role, revision: str) -> str:
 
 def secret_name(deployment: str) -> str:
     return _fit(f"{deployment}-transfer-auth", 253)
+
+
+def router_name(deployment: str) -> str:
+    """The router's Deployment, Service (the endpoint), ServiceAccount, Role and NetworkPolicy."""
+    return _fit(f"{deployment}-router")
+
+
+def router_secret_name(deployment: str) -> str:
+    """The router's control-plane API keys (``/workers``, ``/flush_cache``: admin only)."""
+    return _fit(f"{deployment}-router-keys", 253)
 
 
 def service_account_name(deployment: str) -> str:

@@ -1,8 +1,9 @@
 """Per-deployment NetworkPolicy and per-role PodDisruptionBudgets.
 
 The NetworkPolicy admits traffic to the deployment's pods from the same deployment's pods only
-(prompt state must not be reachable from elsewhere), plus the HTTP port (health, metrics, drain)
-from anywhere, since kubelet probes and Prometheus come from outside the deployment. It does not
+(prompt state must not be reachable from elsewhere), plus the workers' HTTP port from the
+deployment's routers (``resources.router``; they carry their own label, not the deployment's),
+and from nothing else: whoever reaches that port can send prompts. It does not
 list the engine ports: Mooncake and NIXL pick their data ports themselves (UCX and Mooncake's TCP
 transport bind ephemeral ports), so a port list would silently block transfers; the pod selector
 is what scopes them.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.resources.names import owner_labels, role_selector
+from pdfleet_operator.resources.router import LABEL_ROUTER
 from pdfleet_runtime.config import HTTP_PORT
 
 __all__ = ["network_policy", "pdb_name", "pod_disruption_budget", "policy_name"]
@@ -28,8 +30,9 @@ def pdb_name(deployment: str, role: Role) -> str:
     return f"{deployment}-{role.value}"[:253]
 
 
-def network_policy(name: str, namespace: str) -> dict:
+def network_policy(name: str, namespace: str, worker_port: int = HTTP_PORT) -> dict:
     same_deployment = {"podSelector": {"matchLabels": owner_labels(name)}}
+    routers = {"podSelector": {"matchLabels": {LABEL_ROUTER: name}}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -39,7 +42,7 @@ def network_policy(name: str, namespace: str) -> dict:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [same_deployment]},  # bootstrap, handshake and the engines' own data ports
-                {"ports": [{"protocol": "TCP", "port": HTTP_PORT}]},
+                {"from": [routers], "ports": [{"protocol": "TCP", "port": worker_port}]},
             ],
         },
     }

@@ -80,12 +80,14 @@ def test_degraded_folds_placement_into_admission() -> None:
     assert with_placement(admitted, [], 1) == admitted
 
 
-def test_network_policy_admits_only_the_deployment_and_http() -> None:
+def test_network_policy_admits_only_the_deployment_and_its_routers() -> None:
     from pdfleet_operator.resources.policy import network_policy
 
     spec_ = network_policy("demo", "ns")["spec"]
     sources, http = spec_["ingress"]
     assert sources == {"from": [{"podSelector": {"matchLabels": {
         "pdfleet.io/deployment": "demo", "app.kubernetes.io/managed-by": "pdfleet-operator"}}}]}
-    assert "from" not in http and http["ports"] == [{"protocol": "TCP", "port": 8080}]
+    # The HTTP port (prompts arrive there) from the deployment's routers only, not from anywhere.
+    assert http == {"from": [{"podSelector": {"matchLabels": {"pdfleet.io/router": "demo"}}}],
+                    "ports": [{"protocol": "TCP", "port": 8080}]}
     assert spec_["policyTypes"] == ["Ingress"]

@@ -49,7 +49,8 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
     kinds = sorted({(a.kind, a.object_kind) for a in actions})
     assert (ActionKind.CREATE, "Secret") in kinds
     assert {a.object_kind for a in actions if a.kind is ActionKind.APPLY} == {
-        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "NetworkPolicy", "PodDisruptionBudget"}
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "NetworkPolicy", "PodDisruptionBudget",
+        *(["Deployment"] if spec.router else [])}
     for a in actions:
         if a.body is not None and a.kind is not ActionKind.PATCH_LABELS:
             refs = a.body["metadata"]["ownerReferences"]

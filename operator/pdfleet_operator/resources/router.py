@@ -1,0 +1,242 @@
+"""The router role: sglang-router pods behind a Service, the deployment's one endpoint.
+
+The router (``sglang-router==0.3.2``) lists and watches every pod of the namespace and filters
+labels itself, so its Role is get/list/watch on pods and nothing else. Its discovery adds a matching
+pod once it is Running and Ready and removes it only when the pod is deleted: it ignores a label
+change and a pod going not-ready (measured in tests/cluster/test_router.py; docs/router.md). What
+takes a draining pod out of the router's worker set is the router's own health check: a worker
+whose ``/health`` fails ``HEALTH_FAILURES`` checks ``HEALTH_INTERVAL_S`` apart gets no new requests,
+so a draining worker answers ``/health`` 503 and keeps admitting for ``ROUTER_DROP_BOUND_S`` before
+it refuses new work. The selectors leave out ``pdfleet.io/routable``: the router filters watch
+events by its selector, so the deletion of a pod relabelled unroutable would go unseen and its
+worker stay listed (measured too).
+
+Its control endpoints (``/workers`` registers a worker that would then receive prompts) are
+locked with an admin API key from a per-deployment Secret, passed as ``$(VAR)`` through env so the
+key never appears in the pod spec. Router pods carry their own label (``pdfleet.io/router``), not
+the deployment label: the workers' NetworkPolicy admits the deployment's pods on every port (the
+engines' data ports), and routers must reach only the workers' HTTP port.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+
+from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_ROLE, Role
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterSpec
+from pdfleet_operator.resources.names import (
+    MANAGED_BY,
+    owner_labels,
+    router_name,
+    router_secret_name,
+)
+from pdfleet_runtime.config import HTTP_PORT
+from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
+
+__all__ = [
+    "CONTROL_PLANE_KEY",
+    "KEYS_ENV",
+    "LABEL_ROUTER",
+    "ROUTER_CONTAINER",
+    "ROUTER_DROP_BOUND_S",
+    "endpoint_url",
+    "router_children",
+    "router_command",
+    "router_deployment",
+    "router_labels",
+    "router_network_policy",
+    "router_role",
+    "router_role_binding",
+    "router_secret",
+    "router_service",
+    "router_service_account",
+    "worker_port",
+]
+
+LABEL_ROUTER = f"{GROUP}/router"
+ROUTER_CONTAINER = "router"
+CONTROL_PLANE_KEY = "control-plane-api-keys"  # the Secret's key: 'id:name:role:secret' for --control-plane-api-keys
+KEYS_ENV = "PDFLEET_ROUTER_CONTROL_PLANE_KEYS"
+KEY_ID, KEY_NAME = "pdfleet", "pdfleet-operator"
+HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 1
+# A worker whose /health fails is skipped by every router within this bound: the failed checks, the
+# last one's timeout, and one interval of phase between the drain and the router's check loop.
+ROUTER_DROP_BOUND_S = HEALTH_INTERVAL_S * (HEALTH_FAILURES + 1) + HEALTH_TIMEOUT_S
+
+
+def worker_port(spec: PDDeploymentSpec) -> int:
+    """The workers' HTTP port the router sends requests to: SGLang's server, or the built-in runtime's."""
+    return ENGINE_PORT if spec.engine is not None and spec.engine.kind is EngineKind.SGLANG else HTTP_PORT
+
+
+def router_labels(deployment: str) -> dict[str, str]:
+    return {
+        LABEL_ROUTER: deployment,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/name": "sglang-router",
+        "app.kubernetes.io/component": "router",
+    }
+
+
+def _meta(name: str, namespace: str, deployment: str) -> dict:
+    return {"name": name, "namespace": namespace, "labels": owner_labels(deployment)}
+
+
+def endpoint_url(deployment: str, namespace: str, router: RouterSpec) -> str:
+    return f"http://{router_name(deployment)}.{namespace}.svc:{router.port}"
+
+
+def _selector(deployment: str, role: Role) -> str:
+    return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value}"
+
+
+def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
+    """``launch_router`` in PD mode with Kubernetes discovery of the deployment's routable pods."""
+    router = spec.router
+    assert router is not None
+    return [
+        "python3", "-m", "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--host", "0.0.0.0", "--port", str(router.port),
+        "--prometheus-host", "0.0.0.0", "--prometheus-port", str(router.metrics_port),
+        "--prefill-policy", router.prefill_policy.value,
+        "--decode-policy", router.decode_policy.value,
+        "--service-discovery",
+        "--service-discovery-namespace", namespace,
+        "--service-discovery-port", str(worker_port(spec)),
+        "--prefill-selector", *_selector(deployment, Role.PREFILL).split(),
+        "--decode-selector", *_selector(deployment, Role.DECODE).split(),
+        "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
+        "--health-failure-threshold", str(HEALTH_FAILURES),
+        "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
+        "--control-plane-api-keys", f"$({KEYS_ENV})",
+    ]
+
+
+def router_secret(deployment: str, namespace: str, key: str | None = None) -> dict:
+    """Created once with a random admin key; never rewritten (clients holding it would be cut off)."""
+    key = key if key is not None else secrets.token_urlsafe(32)
+    value = f"{KEY_ID}:{KEY_NAME}:admin:{key}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(router_secret_name(deployment), namespace, deployment),
+        "data": {CONTROL_PLANE_KEY: base64.b64encode(value.encode()).decode()},
+    }
+
+
+def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec) -> dict:
+    router = spec.router
+    assert router is not None
+    resources = router.resources.model_dump(by_alias=True, exclude_none=True, mode="json")
+    probe = {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5}
+    container = {
+        "name": ROUTER_CONTAINER,
+        "image": router.image,
+        "command": router_command(deployment, namespace, spec),
+        "env": [{"name": KEYS_ENV, "valueFrom": {"secretKeyRef": {
+            "name": router_secret_name(deployment), "key": CONTROL_PLANE_KEY}}}],
+        "ports": [
+            {"name": "http", "containerPort": router.port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"},
+        ],
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "httpGet": {"path": "/liveness", "port": "http"}, "failureThreshold": 6},
+        "resources": resources,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(router_name(deployment), namespace, deployment),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": {LABEL_ROUTER: deployment}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": router_labels(deployment)},
+                "spec": {
+                    "serviceAccountName": router_name(deployment),
+                    "automountServiceAccountToken": True,  # its discovery lists and watches pods
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def router_service(deployment: str, namespace: str, router: RouterSpec) -> dict:
+    """The endpoint: a ClusterIP Service of the router pods (status.endpoint)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(router_name(deployment), namespace, deployment),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_ROUTER: deployment},
+            "ports": [{"name": "http", "port": router.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def router_service_account(deployment: str, namespace: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _meta(router_name(deployment), namespace, deployment)}
+
+
+def router_role(deployment: str, namespace: str) -> dict:
+    """Only what discovery does: list and watch the namespace's pods (the router filters labels)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(router_name(deployment), namespace, deployment),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+
+
+def router_role_binding(deployment: str, namespace: str) -> dict:
+    sa = router_name(deployment)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(sa, namespace, deployment),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
+    }
+
+
+def router_network_policy(deployment: str, namespace: str, router: RouterSpec) -> dict:
+    """Clients reach the router port from anywhere (it is the endpoint), Prometheus the metrics port."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(router_name(deployment), namespace, deployment),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_ROUTER: deployment}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": router.port},
+                                   {"protocol": "TCP", "port": router.metrics_port}]}],
+        },
+    }
+
+
+def router_children(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[dict]:
+    """Every applied router object (the Secret is created once, by ``plan``); none without spec.router."""
+    if spec.router is None:
+        return []
+    return [
+        router_service_account(deployment, namespace),
+        router_role(deployment, namespace),
+        router_role_binding(deployment, namespace),
+        router_service(deployment, namespace, spec.router),
+        router_network_policy(deployment, namespace, spec.router),
+        router_deployment(deployment, namespace, spec),
+    ]

@@ -1,0 +1,153 @@
+"""The router role's objects: what ``spec.router`` renders, and what it must not grant.
+
+The router itself is exercised for real in tests/cluster/test_router.py; these pin the rendering.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children, plan
+from pdfleet_operator.resources.names import router_name, router_secret_name
+from pdfleet_operator.resources.pods import runtime_pod
+from pdfleet_operator.resources.router import CONTROL_PLANE_KEY, KEYS_ENV, LABEL_ROUTER, router_command
+from pdfleet_operator.status import compute_status
+from pdfleet_operator.validation import validate_object
+from pdfleet_runtime.config import HTTP_PORT
+from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
+ROUTER = {"image": "ghcr.io/pdfleet/runtime:0.1.0"}
+
+
+def _doc(name: str = "llama-dense.yaml", router: dict | None = ROUTER) -> dict:
+    doc = yaml.safe_load((EXAMPLES / "valid" / name).read_text())
+    if router is not None:
+        doc["spec"]["router"] = copy.deepcopy(router)
+    return doc
+
+
+def _spec(doc: dict) -> PDDeploymentSpec:
+    return PDDeploymentSpec.model_validate(doc["spec"])
+
+
+def _by_kind(objs: list[dict], kind: str, name: str) -> dict:
+    [obj] = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
+
+
+def _flag(cmd: list[str], flag: str) -> list[str]:
+    """The values after ``flag`` up to the next flag."""
+    i = cmd.index(flag) + 1
+    out = []
+    while i < len(cmd) and not cmd[i].startswith("--"):
+        out.append(cmd[i])
+        i += 1
+    return out
+
+
+def test_no_router_renders_no_router_objects_and_no_endpoint() -> None:
+    spec = _spec(_doc(router=None))
+    objs = desired_children(OWNER, spec)
+    assert not [o for o in objs if o["metadata"]["name"] == router_name("demo")]
+    assert not [a for a in plan(OWNER, spec, Snapshot()) if a.name == router_secret_name("demo")]
+    assert "endpoint" not in compute_status(spec, "demo", 1, [], None, [], datetime.now(UTC), namespace="ns")
+    # Removing spec.router clears a stale endpoint (merge patch with null).
+    cleared = compute_status(spec, "demo", 1, [], {"endpoint": "http://x"}, [], datetime.now(UTC), namespace="ns")
+    assert cleared["endpoint"] is None
+
+
+def test_router_command_discovers_only_routable_pods_of_its_deployment() -> None:
+    spec = _spec(_doc(router={**ROUTER, "prefillPolicy": "round_robin", "decodePolicy": "power_of_two",
+                              "port": 31000, "metricsPort": 31001}))
+    cmd = router_command("demo", "ns", spec)
+    assert cmd[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    assert "--pd-disaggregation" in cmd and "--service-discovery" in cmd
+    assert _flag(cmd, "--service-discovery-namespace") == ["ns"]
+    assert _flag(cmd, "--service-discovery-port") == [str(HTTP_PORT)]
+    for role, flag in ((Role.PREFILL, "--prefill-selector"), (Role.DECODE, "--decode-selector")):
+        # Not the routable label: the router would miss the deletion of a relabelled pod (router.py).
+        assert _flag(cmd, flag) == ["pdfleet.io/deployment=demo", f"pdfleet.io/role={role.value}"]
+        # The selector matches the pods the operator creates.
+        labels = runtime_pod("demo", "ns", spec, role, "r" * 10, 0)["metadata"]["labels"]
+        assert all(labels[k] == v for k, v in (kv.split("=") for kv in _flag(cmd, flag)))
+    assert _flag(cmd, "--prefill-policy") == ["round_robin"] and _flag(cmd, "--decode-policy") == ["power_of_two"]
+    assert _flag(cmd, "--port") == ["31000"] and _flag(cmd, "--prometheus-port") == ["31001"]
+    # The key is never in the pod spec: the kubelet expands it from the Secret-backed env.
+    assert _flag(cmd, "--control-plane-api-keys") == [f"$({KEYS_ENV})"]
+
+
+def test_sglang_workers_are_reached_on_the_engine_port() -> None:
+    spec = _spec(_doc("sglang-deepseek-mla.yaml"))
+    assert _flag(router_command("demo", "ns", spec), "--service-discovery-port") == [str(ENGINE_PORT)]
+    policy = _by_kind(desired_children(OWNER, spec), "NetworkPolicy", "demo-transfer")
+    assert {"from": [{"podSelector": {"matchLabels": {LABEL_ROUTER: "demo"}}}],
+            "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]} in policy["spec"]["ingress"]
+
+
+def test_router_objects_are_owned_least_privilege_and_wired_together() -> None:
+    spec = _spec(_doc(router={**ROUTER, "replicas": 3}))
+    actions = plan(OWNER, spec, Snapshot())
+    objs = [a.body for a in actions if a.kind is ActionKind.APPLY]
+    name = router_name("demo")
+    role = _by_kind(objs, "Role", name)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = _by_kind(objs, "RoleBinding", name)
+    assert binding["roleRef"]["name"] == name and binding["subjects"][0]["name"] == name
+    dep = _by_kind(objs, "Deployment", name)
+    assert dep["spec"]["replicas"] == 3
+    pod = dep["spec"]["template"]
+    assert pod["spec"]["serviceAccountName"] == name
+    # Router pods do not carry the deployment label: that would admit them to the engines' data ports.
+    assert "pdfleet.io/deployment" not in pod["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    [env] = container["env"]
+    assert env["name"] == KEYS_ENV
+    assert env["valueFrom"]["secretKeyRef"] == {"name": router_secret_name("demo"), "key": CONTROL_PLANE_KEY}
+    svc = _by_kind(objs, "Service", name)
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["port"] == 30000
+    for o in objs:
+        assert o["metadata"]["ownerReferences"] == [OWNER.reference()]
+    # The workers' HTTP port: from the routers and the deployment's own pods, not from anywhere.
+    workers = _by_kind(objs, "NetworkPolicy", "demo-transfer")["spec"]["ingress"]
+    assert all(rule.get("from") for rule in workers)
+    assert {"from": [{"podSelector": {"matchLabels": {LABEL_ROUTER: "demo"}}}],
+            "ports": [{"protocol": "TCP", "port": HTTP_PORT}]} in workers
+
+
+def test_router_secret_is_created_once_with_an_admin_key() -> None:
+    spec = _spec(_doc())
+    [create] = [a for a in plan(OWNER, spec, Snapshot()) if a.name == router_secret_name("demo")]
+    assert create.kind is ActionKind.CREATE
+    kid, name, role, key = base64.b64decode(create.body["data"][CONTROL_PLANE_KEY]).decode().split(":")
+    assert role == "admin" and len(key) >= 32 and kid and name
+    again = plan(OWNER, spec, Snapshot(secret_exists=True, router_secret_exists=True))
+    assert not [a for a in again if a.object_kind == "Secret"]
+
+
+def test_endpoint_in_status() -> None:
+    spec = _spec(_doc(router={**ROUTER, "port": 8000}))
+    status = compute_status(spec, "demo", 1, [], None, [], datetime.now(UTC), namespace="ns")
+    assert status["endpoint"] == "http://demo-router.ns.svc:8000"
+
+
+@pytest.mark.parametrize(("router", "field"), [
+    ({**ROUTER, "port": 9000, "metricsPort": 9000}, "router-ports-distinct"),
+    ({**ROUTER, "prefillPolicy": "fastest"}, "prefillPolicy"),
+    ({"replicas": 1}, "image"),
+])
+def test_bad_router_spec_is_denied_naming_the_field(router: dict, field: str) -> None:
+    verdict = validate_object(_doc(router=router), "test")
+    assert not verdict.admitted
+    assert field in str(verdict), str(verdict)
