@@ -89,6 +89,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                      help="one engine write's budget, seconds (default 30)")
     srv.add_argument("--fence-timeout", dest="fence_timeout_s", type=float, default=None,
                      help="longest a failed request's items wait for the prefill's fence, seconds (default 35)")
+    srv.add_argument("--room-ttl", dest="room_ttl_s", type=float, default=None,
+                     help="prefill: seconds a bootstrap_room is held for its decode (default 30)")
     srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     srv.add_argument("--fault-wire", default=None, help=argparse.SUPPRESS)
@@ -106,7 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
         flags = {k: getattr(args, k) for k in (
             "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
-            "write_timeout_s", "fence_timeout_s", "log_level")}
+            "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level")}
         flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
