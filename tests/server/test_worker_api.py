@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -197,6 +199,13 @@ def test_chat_completions_and_streaming_through_a_pd_pair(tmp_path: Path, pairs:
     m = pair.decode.metrics()
     assert metric(m, "sglang:num_running_reqs", model_name=MODEL) == 0
     assert metric(m, "pdfleet_room_transfer_bytes_total") > 0
+
+    # The CLI as a router and a checking client.
+    out = subprocess.run([sys.executable, "-m", "pdfleet_runtime", "synthetic", "--url", pair.decode.url,
+                          "--prefill-url", pair.prefill.url, "--bootstrap", pair.prefill.bootstrap, "--count", "3",
+                          "--concurrency", "2", "--json"], capture_output=True, text=True, timeout=120)
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    assert out.returncode == 0 and len(lines) == 3 and all(x["ok"] for x in lines), (out.stdout, out.stderr)
 
 
 def test_bad_requests_are_openai_errors(tmp_path: Path, pairs: list[Pair]) -> None:
