@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     syn.add_argument("--timeout", type=float, default=60.0, help="per request, seconds (default 60)")
     syn.add_argument("--json", action="store_true", help="print one JSON line per request")
+    syn.add_argument("--prefill-url", default=None,
+                     help="OpenAI mode: the prefill pod's HTTP base URL; each request goes to both pods as SGLang's "
+                     "router sends it (/v1/completions with a bootstrap_room) and every answer is checked")
+    syn.add_argument("--bootstrap", default=None, help="OpenAI mode: the prefill pod's bootstrap host:port")
     return parser
 
 
@@ -91,6 +95,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                      help="one engine write's budget, seconds (default 30)")
     srv.add_argument("--fence-timeout", dest="fence_timeout_s", type=float, default=None,
                      help="longest a failed request's items wait for the prefill's fence, seconds (default 35)")
+    srv.add_argument("--room-ttl", dest="room_ttl_s", type=float, default=None,
+                     help="prefill: seconds a bootstrap_room is held for its decode (default 30)")
     srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     srv.add_argument("--fault-wire", default=None, help=argparse.SUPPRESS)
@@ -110,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         flags = {k: getattr(args, k) for k in (
             "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
-            "write_timeout_s", "fence_timeout_s", "log_level")}
+            "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level")}
         flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
@@ -122,18 +128,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _synthetic(args: argparse.Namespace) -> int:
     import concurrent.futures
-    import urllib.error
-    import urllib.request
 
-    def one(i: int) -> dict[str, object]:
-        data = json.dumps({"tokens": args.tokens, "timeoutS": args.timeout}).encode()
-        req = urllib.request.Request(f"{args.url.rstrip('/')}/v1/synthetic", data=data,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=args.timeout + 60) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
-        except urllib.error.HTTPError as e:
-            return {"ok": False, "status": e.code, **json.loads(e.read() or b"{}")}
+    if args.prefill_url:
+        from pdfleet_runtime.server.worker_client import check_openai
+
+        if not args.bootstrap or ":" not in args.bootstrap:
+            print("pdfleet-runtime synthetic: --prefill-url needs --bootstrap host:port", file=sys.stderr)
+            return EXIT_REJECTED
+
+        def one(i: int) -> dict[str, object]:
+            return check_openai(args.prefill_url, args.url, args.bootstrap, i, timeout_s=args.timeout)
+    else:
+        def one(i: int) -> dict[str, object]:
+            return _synthetic_one(args)
 
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(max(1, args.concurrency)) as pool:
@@ -142,9 +149,24 @@ def _synthetic(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(res, sort_keys=True))
             else:
-                print(f"{res.get('requestId', '-')}: {'ok' if res.get('ok') else 'FAILED'} {res.get('bytes', 0)} "
-                      f"bytes in {res.get('seconds', 0):.4f}s {res.get('reason') or res.get('error') or ''}")
+                print(f"{res.get('requestId', res.get('room', '-'))}: {'ok' if res.get('ok') else 'FAILED'} "
+                      f"{res.get('bytes', 0)} bytes in {res.get('seconds', 0):.4f}s "
+                      f"{res.get('reason') or res.get('problem') or res.get('error') or ''}")
     return EXIT_OK if failed == 0 else EXIT_MISMATCH
+
+
+def _synthetic_one(args: argparse.Namespace) -> dict[str, object]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps({"tokens": args.tokens, "timeoutS": args.timeout}).encode()
+    req = urllib.request.Request(f"{args.url.rstrip('/')}/v1/synthetic", data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout + 60) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as e:
+        return {"ok": False, "status": e.code, **json.loads(e.read() or b"{}")}
 
 
 def _parity(args: argparse.Namespace) -> int:

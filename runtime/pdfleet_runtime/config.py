@@ -119,6 +119,11 @@ class RuntimeConfig(_Model):
     readiness_gate: str = Field(READINESS_GATE, description="Pod condition type the runtime sets.")
     drain_timeout_seconds: int = Field(600, ge=0, description="Budget for finishing in-flight transfers.")
     device: str = Field("cuda", pattern=r"^(cpu|cuda)$", description="Where the pools live.")
+    served_model_name: str | None = Field(
+        None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@+-]+$",
+        description="The model name the worker API answers as (OpenAI ``model``, /v1/models); the deployment's "
+        "name when unset.",
+    )
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> RuntimeConfig:

@@ -112,6 +112,9 @@ class BootstrapState:
         self.pending: dict[tuple[str, str, Pair], _Pending] = {}
         self.version = 0
         """Bumped on every change (long polls wait for it)."""
+        self.admit: Callable[[TransferRequest], TransferRequest] | None = None
+        """The pod's say on a request before it is accepted: the request to accept (a held room's state
+        replaces the claim's fill), or ``ProtocolError`` to refuse it (``server/rooms.py``)."""
 
     # ------------------------------------------------------------------ dispatch
 
@@ -227,6 +230,8 @@ class BootstrapState:
         dec = self.decodes.get((msg.instance, dst))
         if dec is None:
             raise ProtocolError(RefusalCode.UNKNOWN_PEER, f"decode rank {dst} of {msg.instance} has not registered")
+        if self.admit is not None:
+            msg = self.admit(msg)
         key = (msg.instance, msg.request_id, dst)
         have = self.pending.get(key)
         if have is not None:

@@ -10,7 +10,8 @@ HTTP (``httpPort``, 8080): ``GET /healthz`` (the pod process and every rank proc
 ``GET /readyz`` (the transfer-path verdict with its reason; 200 or 503), ``GET /metrics``
 (Prometheus), ``GET|POST /drain[?wait=true]`` (stop admitting, finish in-flight; the preStop hook),
 ``DELETE /drain`` (cancel a drain: routable again), ``POST /v1/synthetic`` (decode pods: one
-synthetic request end to end). docs/runtime-server.md describes each answer.
+synthetic request end to end), and the worker API (``openai_api``: the OpenAI endpoints, SGLang's
+``/generate`` and registration endpoints). docs/runtime-server.md describes each answer.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .drain import Drain, DrainPhase
 from .gate import GateWriter, NoGate
 from .launcher import LaunchError, RankCallError, RankLauncher
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .openai_api import WorkerApi
 from .options import ServeOptions
 from .pipe import LegReport, RankSpec, RankStats, StatsOp, Transport
 from .readiness import Readiness
@@ -92,6 +94,8 @@ class PodServer:
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
         self.metrics.in_flight_from(lambda: float(self._in_flight_estimate()))
+        self.worker = WorkerApi(self)
+        """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -110,6 +114,7 @@ class PodServer:
                 state = BootstrapState(ParallelShape(cfg.shape.tensor, cfg.shape.pipeline), wire=wire)
                 self.bootstrap = BootstrapServer(state, Codec(secret, opts.instance), host=opts.bind_host,
                                                  port=opts.bootstrap_port)
+                self.worker.attach()
                 await self.bootstrap.start()
             await self._start_http()
             log.info("%s pod %s serving HTTP on %s:%d%s", self.role.value, opts.instance, opts.bind_host,
@@ -171,6 +176,7 @@ class PodServer:
         app.router.add_route("POST", "/drain", self._drain)
         app.router.add_route("DELETE", "/drain", self._undrain)
         app.router.add_post("/v1/synthetic", self._synthetic)
+        self.worker.add_routes(app)
         # Handlers still running at exit are cut after 2 s (the drain has already waited for transfers).
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()

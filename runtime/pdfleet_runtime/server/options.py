@@ -115,6 +115,8 @@ class ServeOptions:
     request_timeout_s: float = 60.0
     write_timeout_s: float = 30.0
     fence_timeout_s: float = 35.0
+    room_ttl_s: float = 30.0
+    """Prefill: how long a room (``bootstrap_room``) is held for its decode before it expires."""
     gate: bool = True
     """Patch the readiness-gate condition when running in a cluster (or with ``kubeconfig``)."""
     kubeconfig: Path | None = None
@@ -174,4 +176,6 @@ class ServeOptions:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
         if opts.canary_tokens < 1 or opts.canary_period_s <= 0 or opts.retry_period_s <= 0:
             raise OptionsError("canary tokens and periods must be positive")
+        if not 0 < opts.room_ttl_s <= 3600:
+            raise OptionsError(f"--room-ttl {opts.room_ttl_s} must be in (0, 3600] seconds")
         return opts

@@ -141,6 +141,8 @@ class TransferResult:
     seconds: float = 0.0
     mismatched: int = -1
     released: bool = False
+    mismatched_buffers: tuple[str, ...] = ()
+    """The buffers (``BufferSpec.describe``) whose bytes differ, when ``mismatched`` > 0."""
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,7 @@ from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTi
 from pdfleet_runtime.records import RequestIndices
 
 from .pipe import RankSpec, RankStats, TransferOp, TransferResult
-from .synthetic import corrupt_request, fill_request, verify_request
+from .synthetic import corrupt_request, fill_request, mismatched_buffers
 
 __all__ = ["DecodeRequests", "SyntheticSource"]
 
@@ -106,11 +106,12 @@ class DecodeRequests(_Items):
             self.in_flight -= 1
         moved = sum(r.bytes for r in out.reports)
         write_s = max((r.write_seconds for r in out.reports), default=0.0)
-        mismatched = -1
+        mismatched, bad_buffers = -1, ()
         if out.state is RequestState.SUCCESS:
             if self.spec.faults.corrupt_received:
                 await asyncio.to_thread(corrupt_request, self.pools, idx)
-            mismatched = await asyncio.to_thread(verify_request, self.pools, seed, idx) if op.verify else 0
+            bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
+            mismatched, bad_buffers = sum(bad.values()), tuple(sorted(bad))
             self.release(request_id)
         log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
@@ -118,7 +119,8 @@ class DecodeRequests(_Items):
         # Released: no source can still write these items (the request was never accepted, or it ended), so
         # the pod may send the same request to another prefill pod.
         return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,
-                              out.seconds, mismatched, released=request_id not in self.held)
+                              out.seconds, mismatched, released=request_id not in self.held,
+                              mismatched_buffers=bad_buffers)
 
     def stats(self) -> RankStats:
         fenced: dict[str, int] = {}

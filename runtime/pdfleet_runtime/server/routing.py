@@ -10,6 +10,7 @@ The outcome keeps its ``FailureReason`` (and cause) from the ranks; readiness de
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -50,6 +51,8 @@ class SyntheticResult:
     """Failed with every rank's items given back at once (nothing accepted it): another pod may take it."""
     cause: FailureReason | None = None
     """Under ``failure``: the failed prefill rank's kind (``SOURCE_FAILED``) or ``DRAINING`` (``REFUSED``)."""
+    mismatched_buffers: tuple[str, ...] = ()
+    """Under ``VERIFY``: the buffers whose bytes differ."""
 
     def as_json(self) -> dict[str, Any]:
         return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
@@ -112,7 +115,35 @@ class RequestRouter:
             self.active -= 1
         seconds = time.perf_counter() - t0
         res = SyntheticResult(res.request_id, res.ok, res.failure, res.reason, res.bytes, res.write_s, seconds,
-                              res.mismatched, res.prefill, cause=res.cause)
+                              res.mismatched, res.prefill, cause=res.cause, mismatched_buffers=res.mismatched_buffers)
+        self._account(kind, res, tokens)
+        return res
+
+    async def pull(self, ep: Endpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+                   retry_refused_s: float = 0.0) -> SyntheticResult:
+        """One request whose state a prefill pod holds (a room): from that pod only, ``seed`` as given.
+
+        A plain refusal (nothing accepted, every item back) is asked again for ``retry_refused_s``: the
+        prefill may not hold the room yet; attempt k > 0 is sent as ``request_id.k`` (a rank keeps a failed id).
+        Only the last attempt counts in metrics and readiness."""
+        self.active += 1
+        t0 = time.perf_counter()
+        try:
+            for attempt in itertools.count():
+                rid = request_id if attempt == 0 else f"{request_id}.{attempt}"
+                res = await self._through(ep, tokens, rid, seed, timeout_s, True)
+                if not (res.failure is FailureReason.REFUSED and res.cause is None and res.released
+                        and time.perf_counter() - t0 < retry_refused_s):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            self.active -= 1
+        res = dataclasses.replace(res, seconds=time.perf_counter() - t0)
+        self._account("request", res, tokens)
+        return res
+
+    def _account(self, kind: str, res: SyntheticResult, tokens: int) -> None:
+        seconds, request_id = res.seconds, res.request_id
         if res.failure not in NOT_THE_PATH or res.ok:
             self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure)
         if res.mismatched > 0:
@@ -124,7 +155,6 @@ class RequestRouter:
         log.info("request %s (%s, %d tokens) via prefill %s: %s%s, %d bytes in %.4fs", request_id, kind, tokens,
                  res.prefill, "success" if res.ok else "failed", "" if res.ok else f" ({res.failure}: {res.reason})",
                  res.bytes, seconds)
-        return res
 
     async def _through(self, ep: Endpoint, tokens: int, rid: str, seed: int, timeout_s: float,
                        verify: bool) -> SyntheticResult:
@@ -146,8 +176,10 @@ class RequestRouter:
             return SyntheticResult(rid, False, failure, f.reason, moved, write_s, 0.0, -1, str(ep),
                                    released=all(o.released for o in outs), cause=f.cause)
         if mismatched:
+            names = tuple(sorted({b for o in outs for b in o.mismatched_buffers}))
             return SyntheticResult(rid, False, FailureReason.VERIFY, f"{mismatched} bytes arrived different from the "
-                                   "seeded state", moved, write_s, 0.0, mismatched, str(ep))
+                                   f"seeded state in buffer {', '.join(names) or '?'}", moved, write_s, 0.0,
+                                   mismatched, str(ep), mismatched_buffers=names)
         return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep))
 
     def endpoints_for_requests(self) -> list[Endpoint]:

@@ -20,7 +20,7 @@ from pdfleet_runtime.pools import RankPools
 from pdfleet_runtime.records import RequestIndices
 from pdfleet_runtime.seeded import logical_items, shard_logical
 
-__all__ = ["corrupt_request", "fill_request", "request_bytes", "verify_request"]
+__all__ = ["corrupt_request", "fill_request", "mismatched_buffers", "request_bytes", "verify_request"]
 
 
 def _shards(pools: RankPools, seed: int, idx: RequestIndices) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -46,12 +46,18 @@ def fill_request(pools: RankPools, seed: int, idx: RequestIndices) -> int:
 
 def verify_request(pools: RankPools, seed: int, idx: RequestIndices) -> int:
     """Bytes of this rank's request items that differ from the seeded state (0: every byte arrived)."""
-    bad = 0
+    return sum(mismatched_buffers(pools, seed, idx).values())
+
+
+def mismatched_buffers(pools: RankPools, seed: int, idx: RequestIndices) -> dict[str, int]:
+    """Per buffer (``BufferSpec.describe``) that differs from the seeded state, its differing bytes."""
+    bad: dict[str, int] = {}
     for i, items, data in _shards(pools, seed, idx):
         view = pools.byte_view(i)
         ids = torch.from_numpy(np.array(items, dtype=np.int64)).to(view.device)
         actual = view.index_select(0, ids).cpu().numpy()
-        bad += int(np.count_nonzero(actual != data))
+        if n := int(np.count_nonzero(actual != data)):
+            bad[pools.records[i].spec.describe()] = n
     return bad
 
 

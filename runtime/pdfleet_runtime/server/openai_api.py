@@ -1,0 +1,327 @@
+"""The worker API: the OpenAI endpoints and SGLang's PD worker contract, on both roles of the built-in runtime.
+
+SGLang's router sends one body to a prefill and a decode worker at once (``POST /generate``,
+``/v1/chat/completions``, ``/v1/completions``) with ``bootstrap_host``, ``bootstrap_port`` and
+``bootstrap_room`` added, and returns the decode's answer. Here:
+
+- a prefill pod holds the room (``rooms.RoomTable``: the state's seed and token count, bounded in
+  count, bytes and time) until a decode's ``TransferRequest`` for ``room-<n>`` claims it (the
+  bootstrap's ``admit`` hook); its ranks fill that state and write it; the prefill answers with the
+  bytes it wrote once every leg finished (or 504 when no decode claimed the room in time);
+- a decode pod allocates, pulls the room's state over pdfleet's protocol from the prefill pod at
+  ``bootstrap_host:bootstrap_port`` (its own bootstrap port when null), verifies every byte, and
+  answers with the completion derived from the verified state (``worker_api.completion``).
+
+Registration and load: ``GET /health``, ``/server_info``, ``/model_info``, ``/v1/models``, and the
+gauges SGLang exports (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+``sglang:num_used_tokens``, ``sglang:token_usage``, label ``model_name``) on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+
+from pdfleet_runtime import __version__
+from pdfleet_runtime.config import Role, RuntimeConfig
+from pdfleet_runtime.layouts import (
+    IndexKind,
+    item_bytes_by_kind,
+    pages_for_tokens,
+    pool_counts,
+    resolve_layout,
+    swa_pages_for_tokens,
+)
+from pdfleet_runtime.protocol.auth import ProtocolError
+from pdfleet_runtime.protocol.discovery import Endpoint as PeerEndpoint
+from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, TransferRequest
+from pdfleet_runtime.protocol.states import FailureReason
+
+from .launcher import RankCallError
+from .pipe import RankStats, StatsOp
+from .rooms import RoomError, RoomTable, room_of
+from .worker_api import (
+    ApiError,
+    Endpoint,
+    WorkerRequest,
+    completion,
+    error_body,
+    parse_request,
+    prefill_answer,
+    render,
+    sse_chunks,
+)
+
+if TYPE_CHECKING:
+    from .app import PodServer
+
+__all__ = ["WorkerApi", "request_state_bytes"]
+
+log = logging.getLogger("pdfleet_runtime.server")
+ROOM_WAIT_S = 2.0
+"""The router sends both pods the body at once: a decode whose claim came before the prefill held the room
+(refused, nothing changed) asks again for this long."""
+_UNREACHABLE = frozenset({FailureReason.PEER_UNREACHABLE, FailureReason.PEER_LOST, FailureReason.PEER_RESTARTED,
+                          FailureReason.NO_PEER})
+
+
+def request_state_bytes(cfg: RuntimeConfig, tokens: int, *, decode_side: bool) -> int:
+    """Bytes a request of ``tokens`` tokens occupies on every rank of the decode pod (what a transfer moves)."""
+    layout = resolve_layout(cfg.layout)
+    shape = cfg.shape if decode_side else cfg.peer_shape
+    counts = {IndexKind.PAGE: pages_for_tokens(tokens, layout.page_size),
+              IndexKind.SWA_PAGE: swa_pages_for_tokens(tokens, layout.swa.window, layout.page_size)
+              if layout.swa else 0, IndexKind.SLOT: 1, IndexKind.ROW: 1}
+    return sum(shape.tensor * counts[k] * b for pp in range(shape.pipeline)
+               for k, b in item_bytes_by_kind(layout, shape.tensor, shape.pipeline, pp).items())
+
+
+def _pool_bytes(cfg: RuntimeConfig) -> int:
+    layout = resolve_layout(cfg.layout)
+    counts = pool_counts(layout, cfg.max_concurrent_requests, cfg.kv_tokens)
+    return sum(cfg.peer_shape.tensor * counts[k] * b for pp in range(cfg.peer_shape.pipeline)
+               for k, b in item_bytes_by_kind(layout, cfg.peer_shape.tensor, cfg.peer_shape.pipeline, pp).items())
+
+
+class WorkerApi:
+    """The worker endpoints of one pod server (``PodServer`` owns one and adds its routes)."""
+
+    def __init__(self, pod: PodServer) -> None:
+        self.pod = pod
+        cfg = pod.opts.config
+        self.model = cfg.served_model_name or cfg.deployment
+        self.rooms = RoomTable(max_rooms=cfg.max_concurrent_requests * 4, max_bytes=_pool_bytes(cfg),
+                               ttl_s=pod.opts.room_ttl_s)
+        self.running = 0
+        self.queued = 0
+        self.used_tokens = 0
+        r, m = pod.metrics.registry, [self.model]
+        Gauge("sglang:num_running_reqs", "The number of running requests.", ["model_name"],
+              registry=r).labels(*m).set_function(lambda: self.running)
+        Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue (held rooms on a prefill "
+              "pod).", ["model_name"], registry=r).labels(*m).set_function(lambda: self.queued)
+        Gauge("sglang:num_used_tokens", "The number of used tokens.", ["model_name"],
+              registry=r).labels(*m).set_function(lambda: self.used_tokens)
+        Gauge("sglang:token_usage", "The token usage.", ["model_name"],
+              registry=r).labels(*m).set_function(lambda: self.used_tokens / max(1, cfg.kv_tokens))
+        self.expired = Counter("pdfleet_rooms_expired", "Rooms (bootstrap_room) no decode claimed in time: their "
+                               "reservation was freed (prefill pods)", registry=r)
+        self._expired_seen = 0
+        self.held = Gauge("pdfleet_rooms_held", "Rooms held for a decode (prefill pods)", registry=r)
+        self.held.set_function(lambda: sum(1 for x in self.rooms.rooms.values() if not x.done))
+        self.room_bytes = Counter("pdfleet_room_transfer_bytes", "Bytes of worker requests (rooms) moved, as this "
+                                  "pod reports them per request", registry=r)
+
+    def add_routes(self, app: web.Application) -> None:
+        for ep in Endpoint:
+            app.router.add_post(ep.value, self._handler(ep))
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/get_server_info", self._server_info)
+        app.router.add_get("/model_info", self._model_info)
+        app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/v1/models", self._models)
+
+    def attach(self) -> None:
+        """Prefill: claims of rooms go through the bootstrap's admission."""
+        if self.pod.bootstrap is not None:
+            self.pod.bootstrap.state.admit = self._admit
+
+    # ------------------------------------------------------------------ info
+
+    async def _health(self, _: web.Request) -> web.Response:
+        launcher = self.pod.launcher
+        up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.ranks
+        return web.Response(status=200 if up else 503)
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        o, cfg = self.pod.opts, self.pod.opts.config
+        mode = "prefill" if self.pod.role is Role.PREFILL else "decode"
+        return web.json_response({
+            "version": __version__, "runtime": "pdfleet", "runtime_version": __version__,
+            "served_model_name": self.model, "model_path": self.model, "disaggregation_mode": mode,
+            "disaggregation_transfer_backend": cfg.backend.value, "disaggregation_bootstrap_port": o.bootstrap_port,
+            "tp_size": cfg.shape.tensor, "pp_size": cfg.shape.pipeline, "dp_size": 1,
+            "max_running_requests": cfg.max_concurrent_requests, "max_total_num_tokens": cfg.kv_tokens,
+            "layout": cfg.layout.model_dump(mode="json", exclude_none=True), "draining": not self.pod.drain.serving,
+            "internal_states": [{"num_running_reqs": self.running, "num_queue_reqs": self.queued}],
+            "pools": await self._pools()})
+
+    async def _pools(self) -> dict[str, Any]:
+        """Items held and free per index kind over every rank (tests check that failed requests free them)."""
+        held, free = 0, dict[str, int]()
+        if self.pod.launcher is not None and self.pod.launcher.up:
+            with contextlib.suppress(RankCallError):
+                for st in await self.pod.launcher.call_all(StatsOp(), timeout_s=5.0):
+                    if isinstance(st, RankStats):
+                        held += st.held
+                        for k, v in st.free.items():
+                            free[k] = free.get(k, 0) + v
+        return {"held": held, "free": free}
+
+    async def _model_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model, "tokenizer_path": None, "is_generation": True,
+                                  "served_model_name": self.model, "model_type": "pdfleet-synthetic"})
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                              "owned_by": "pdfleet", "root": self.model}]})
+
+    # ------------------------------------------------------------------ requests
+
+    def _handler(self, ep: Endpoint):  # type: ignore[no-untyped-def]
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                req = parse_request(ep, await request.read())
+                self._check(req)
+                if self.pod.role is Role.PREFILL:
+                    return await self._prefill(req)
+                return await self._decode(request, req)
+            except ApiError as e:
+                headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
+                return web.json_response(error_body(e), status=e.status, headers=headers)
+        return handle
+
+    def _check(self, req: WorkerRequest) -> None:
+        if req.model is not None and req.model != self.model:
+            raise ApiError(404, f"The model `{req.model}` does not exist: this worker serves `{self.model}`",
+                           param="model", code="model_not_found")
+        if req.room is None:
+            raise ApiError(400, "bootstrap_room is required: this is a PD worker (send the request through the "
+                           "router, or add bootstrap_host, bootstrap_port and bootstrap_room to the body)",
+                           param="bootstrap_room", code="missing_bootstrap_room")
+        if not self.pod.drain.serving:
+            raise ApiError(503, f"the pod is draining ({self.pod.drain.phase.value}): send the request to another "
+                           "worker", code="draining", retry_after=5)
+        launcher = self.pod.launcher
+        if launcher is None or launcher.up < self.pod.opts.config.shape.ranks:
+            raise ApiError(503, "rank processes are not up", code="not_ready", retry_after=1)
+        if req.prompt_tokens > self.pod.opts.config.kv_tokens:
+            raise ApiError(400, f"the prompt has {req.prompt_tokens} tokens, more than this worker's "
+                           f"{self.pod.opts.config.kv_tokens} (kvTokens): send a shorter prompt", param="prompt",
+                           code="context_length_exceeded")
+
+    async def _prefill(self, req: WorkerRequest) -> web.Response:
+        cfg = self.pod.opts.config
+        nbytes = request_state_bytes(cfg, req.prompt_tokens, decode_side=False)
+        assert req.room is not None
+        try:
+            room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes)
+        except RoomError as e:
+            raise ApiError(e.status, str(e), code=e.code, param="bootstrap_room",
+                           retry_after=1 if e.status == 503 else None) from e
+        self.queued += 1
+        claimed = False
+        try:
+            while True:  # wait for the claim, then for every leg; the table expires unclaimed rooms
+                self._expire()
+                if room.done:
+                    break
+                if room.claimed is not None:
+                    if not claimed:
+                        claimed = True
+                        self.queued -= 1
+                        self.running += 1
+                        self.used_tokens += room.tokens
+                    moved, failure, finished = self._legs(room.request_id)
+                    if finished:
+                        self.rooms.finish(req.room, moved, failure)
+                        break
+                await asyncio.sleep(0.02)
+        finally:
+            if claimed:
+                self.running -= 1
+                self.used_tokens -= room.tokens
+            else:
+                self.queued -= 1
+            self.rooms.drop(req.room)
+        if room.failure == "expired":
+            raise ApiError(504, f"no decode claimed bootstrap_room {req.room} within {self.rooms.ttl_s:g}s: the "
+                           "room expired and its reservation was freed", code="room_expired", param="bootstrap_room")
+        if room.failure:
+            raise ApiError(500, f"the transfer of bootstrap_room {req.room} failed: {room.failure}",
+                           code="transfer_failed")
+        self.room_bytes.inc(room.moved)
+        log.info("room %d: %d tokens, %d bytes written (layout %d)", req.room, room.tokens, room.moved, nbytes)
+        return web.json_response(prefill_answer(req, model=self.model, moved=room.moved, layout_bytes=nbytes))
+
+    def _expire(self) -> None:
+        self.rooms.expire()
+        if self.rooms.expired > self._expired_seen:
+            self.expired.inc(self.rooms.expired - self._expired_seen)
+            self._expired_seen = self.rooms.expired
+
+    def _legs(self, rid: str) -> tuple[int, str, bool]:
+        """(bytes written, first failure, every leg terminal) of a claimed room, from the bootstrap's reports."""
+        assert self.pod.bootstrap is not None
+        pending = [p for (_, r, _), p in self.pod.bootstrap.state.pending.items() if r == rid]
+        want = self.pod.opts.config.peer_shape.ranks
+        moved = sum(rep.bytes for p in pending for rep in p.reports.values())
+        failure = next((f"{rep.failure.value}: {rep.reason}" for p in pending for rep in p.reports.values()
+                        if rep.failure is not None), "")
+        return moved, failure, len(pending) >= want and all(p.finished is not None for p in pending)
+
+    def _admit(self, msg: TransferRequest) -> TransferRequest:
+        """A decode rank claims a room: the room's state (seed, tokens) is what the prefill ranks fill."""
+        n = room_of(msg.request_id)
+        if n is None:
+            return msg
+        try:
+            room = self.rooms.claim(n, msg.instance, msg.request_id)
+        except RoomError as e:
+            raise ProtocolError(RefusalCode.UNEXPECTED, str(e)) from e
+        return msg.model_copy(update={"fill": SyntheticFill(seed=room.seed, tokens=room.tokens)})
+
+    async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
+        o = self.pod.opts
+        host = req.host or "127.0.0.1"
+        port = req.port or o.bootstrap_port
+        self.running += 1
+        self.used_tokens += req.prompt_tokens
+        try:
+            res = await self.pod.router.pull(PeerEndpoint(host, port), req.prompt_tokens, req.request_id, req.seed,
+                                             o.request_timeout_s, retry_refused_s=ROOM_WAIT_S)
+        finally:
+            self.running -= 1
+            self.used_tokens -= req.prompt_tokens
+        if not res.ok:
+            raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
+        expected = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
+        self.room_bytes.inc(res.bytes)
+        c = completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
+        pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
+                   "layoutBytes": expected, "verified": True, "prefill": res.prefill, "seconds": res.seconds,
+                   "ignored": list(req.ignored)}
+        headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
+        if rid := http.headers.get("X-Request-Id"):
+            headers["X-Request-Id"] = rid
+        if not req.stream:
+            return web.json_response(render(req, c, model=self.model, state_bytes=res.bytes, pdfleet=pdfleet),
+                                     headers=headers)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **headers})
+        await resp.prepare(http)
+        for event in sse_chunks(req, c, model=self.model, pdfleet=pdfleet):
+            await resp.write(event.encode())
+        await resp.write_eof()
+        return resp
+
+    def _failure(self, req: WorkerRequest, failure: FailureReason | None, reason: str,
+                 buffers: tuple[str, ...]) -> ApiError:
+        if failure is FailureReason.VERIFY:
+            return ApiError(500, f"the state of bootstrap_room {req.room} arrived different in buffer "
+                            f"{', '.join(buffers)}: {reason}", code="state_mismatch")
+        if failure in _UNREACHABLE:
+            return ApiError(503, f"no prefill reachable for bootstrap_room {req.room}: {reason}",
+                            code="prefill_unreachable", retry_after=1)
+        if failure in (FailureReason.BUSY, FailureReason.DRAINING):
+            return ApiError(503, f"no room for the request: {reason}", code=str(failure), retry_after=1)
+        return ApiError(502, f"the transfer of bootstrap_room {req.room} failed ({failure}): {reason}",
+                        code="transfer_failed")
+

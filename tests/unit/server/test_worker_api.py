@@ -1,0 +1,77 @@
+"""The worker API's pure half: rooms (bounds, expiry, claims) and the documented derivations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdfleet_runtime.seeded import request_seed
+from pdfleet_runtime.server.rooms import RoomError, RoomTable, room_of
+from pdfleet_runtime.server.worker_api import ApiError, Endpoint, completion, parse_request
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_rooms_are_bounded_expire_and_claim_once() -> None:
+    clock = Clock()
+    t = RoomTable(max_rooms=2, max_bytes=100, ttl_s=5, clock=clock)
+    t.hold(1, 11, 4, 40)
+    with pytest.raises(RoomError) as e:
+        t.hold(1, 11, 4, 40)
+    assert e.value.status == 409
+    with pytest.raises(RoomError) as e:
+        t.hold(2, 11, 4, 70)  # 110 bytes > 100
+    assert e.value.code == "busy" and "100 bytes" in str(e.value)
+    t.hold(2, 11, 4, 60)
+    with pytest.raises(RoomError):
+        t.hold(3, 11, 4, 1)  # count
+    assert t.claim(1, "dec", "room-1").seed == 11
+    assert t.claim(1, "dec", "room-1").claimed == 0.0  # every rank of the decode claims
+    with pytest.raises(RoomError) as e:
+        t.claim(1, "other", "room-1")
+    assert e.value.status == 409
+    clock.t = 6
+    assert t.expire() == 1 and t.expired == 1  # room 2 unclaimed; room 1 was claimed
+    with pytest.raises(RoomError) as e:
+        t.claim(2, "dec", "room-2")
+    assert e.value.code == "room_not_found"
+    t.drop(2)
+    assert t.held_bytes == 40
+    assert room_of("room-7.2") == 7 and room_of("room-7") == 7 and room_of("canary-x") is None
+
+
+def test_the_documented_derivations() -> None:
+    body = {"messages": [{"role": "user", "content": "hello"}], "bootstrap_room": 5, "max_tokens": 3,
+            "temperature": 0.2, "frobnicate": 1}
+    req = parse_request(Endpoint.CHAT, json.dumps(body).encode())
+    assert req.prompt_tokens == 3  # "user: hello" = 11 bytes -> ceil(11 / 4)
+    assert req.ignored == ("temperature", "frobnicate")
+    assert req.seed == request_seed("room-5", req.prompt_key)
+    c = completion(req.seed, req.prompt_tokens, 1000, req.max_tokens)
+    natural = 4 + req.seed % 29
+    assert len(c.ids) == min(3, natural) and c.finish_reason == ("stop" if natural <= 3 else "length")
+    assert c.text == " ".join(f"t{i}" for i in c.ids)
+    assert completion(req.seed, req.prompt_tokens, 1001, 3) != c  # the state's bytes enter the completion
+    ids = parse_request(Endpoint.GENERATE, b'{"input_ids": [1, 2, 3, 4, 5], "bootstrap_room": 1}')
+    assert ids.prompt_tokens == 5 and ids.max_tokens == 16
+
+
+@pytest.mark.parametrize(("endpoint", "body", "param"), [
+    (Endpoint.CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    (Endpoint.CHAT, {"messages": []}, "messages"),
+    (Endpoint.COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
+    (Endpoint.COMPLETIONS, {"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    (Endpoint.GENERATE, {"input_ids": [[1], [2]]}, "input_ids"),
+    (Endpoint.GENERATE, {"text": "a", "bootstrap_room": -1}, "bootstrap_room"),
+])
+def test_bad_bodies_name_the_field(endpoint: Endpoint, body: dict[str, object], param: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_request(endpoint, json.dumps(body).encode())
+    assert e.value.status == 400 and e.value.param == param
