@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import heapq
 import socket
 import time
@@ -85,6 +86,10 @@ class BootstrapLimits:
     max_requests: int = 50_000
     max_decode_ranks: int = 4096
     max_events: int = 100_000
+    page_events: int = 1024
+    """At most this many events in one ``PrefillWork`` (``more`` says another page waits)."""
+    page_bytes: int = 1 << 20
+    """... and about this many bytes of events and siblings (a rank refuses a reply over 4 MiB)."""
 
 
 @dataclass
@@ -109,6 +114,10 @@ class BootstrapState:
         self.sources: dict[tuple[str, Pair], tuple[Pair, ...]] = {}
         """The source ranks of each registered decode rank, paired once at its registration."""
         self._events: dict[Pair, list[WorkEvent]] = {}
+        self._sizes: dict[int, int] = {}
+        """Serialized size of each queued event, by ``id(event)`` (measured once, at queueing)."""
+        self._queued = 0
+        self._siblings_tag = ""
         self._seq: dict[Pair, int] = {}
         self.pending: dict[tuple[str, str, Pair], _Pending] = {}
         self._expiry: list[tuple[float, tuple[str, str, Pair]]] = []
@@ -183,7 +192,10 @@ class BootstrapState:
             self._fail_source(key, FailureReason.PEER_RESTARTED, f"prefill rank {key} registered again "
                               "(restarted): its unfinished requests are lost")
         self.ranks[key] = msg
+        self._siblings_tag = hashlib.sha256(b"".join(self.ranks[k].model_dump_json().encode()
+                                                     for k in sorted(self.ranks))).hexdigest()[:32]
         self.last_seen[key] = self._clock()
+        self._forget(self._events.get(key, []))
         self._events[key] = []
         self._seq.setdefault(key, 0)
         for dkey, dec in self.decodes.items():
@@ -199,8 +211,16 @@ class BootstrapState:
         self.last_seen[key] = self._clock()
         log = self._events[key]
         if log and msg.ack >= log[0].seq:
+            self._forget([e for e in log if e.seq <= msg.ack])
             self._events[key] = log = [e for e in log if e.seq > msg.ack]
-        return PrefillWork(siblings=tuple(self.ranks[k] for k in sorted(self.ranks)), events=tuple(log))
+        siblings = () if msg.siblings_tag == self._siblings_tag else tuple(self.ranks[k] for k in sorted(self.ranks))
+        budget = self.limits.page_bytes - sum(len(s.model_dump_json()) for s in siblings)
+        n = 0
+        while n < len(log) and n < self.limits.page_events and (n == 0 or budget >= self._sizes[id(log[n])]):
+            budget -= self._sizes[id(log[n])]
+            n += 1
+        return PrefillWork(siblings=siblings, siblings_tag=self._siblings_tag, events=tuple(log[:n]),
+                           more=n < len(log))
 
     def decode_register(self, msg: DecodeRegister) -> DecodeRegistered:
         if not self.ready:
@@ -245,10 +265,11 @@ class BootstrapState:
             raise ProtocolError(RefusalCode.DRAINING, f"prefill pod is draining: request {msg.request_id} refused, "
                                 "send it to another prefill pod")
         if len(self.pending) >= self.limits.max_requests:
-            raise ProtocolError(RefusalCode.BUSY, f"{len(self.pending)} requests pending")
+            raise ProtocolError(RefusalCode.BUSY, f"{len(self.pending)} requests pending (maxRequests "
+                                f"{self.limits.max_requests}): request {msg.request_id} refused, retry later or "
+                                "send it to another prefill pod")
         sources = self.sources[(msg.instance, dst)]
-        if sum(len(v) for v in self._events.values()) + len(sources) > self.limits.max_events:
-            raise ProtocolError(RefusalCode.BUSY, "event queues are full")
+        self._room(len(sources), f"request {msg.request_id}")
         now = self._clock()
         self.pending[key] = _Pending(msg, sources, now)
         self._unfinished += 1
@@ -296,7 +317,9 @@ class BootstrapState:
         hits = [p for (inst, rid, _), p in self.pending.items() if inst == msg.instance and rid == msg.request_id]
         if not hits:
             raise ProtocolError(RefusalCode.UNEXPECTED, f"no pending request {msg.request_id} of {msg.instance}")
-        for src in sorted({s for p in hits for s in p.sources}):
+        srcs = sorted({s for p in hits for s in p.sources})
+        self._room(len(srcs), f"cancel of {msg.request_id}")
+        for src in srcs:
             self._push(src, cancel=msg)
         self._changed()
         return Ack()
@@ -309,11 +332,25 @@ class BootstrapState:
             raise PlanError(f"decode rank {dst} is outside {decode}")
         return tuple(sorted(source_ranks(self.prefill, decode, dst[0], dst[1])))
 
+    def _room(self, n: int, what: str) -> None:
+        """Refuse (``busy``) what would queue ``n`` more events past ``max_events`` (every kind counts)."""
+        if self._queued + n > self.limits.max_events:
+            raise ProtocolError(RefusalCode.BUSY, f"{self._queued} events queued for this pod's prefill ranks "
+                                f"(maxEvents {self.limits.max_events}): {what} refused, retry later")
+
     def _push(self, src: Pair, **kind: object) -> None:
         if src not in self._events:
             return  # not registered yet: it gets the decodes on registration, requests need it registered
         self._seq[src] += 1
-        self._events[src].append(WorkEvent(seq=self._seq[src], **kind))  # type: ignore[arg-type]
+        ev = WorkEvent(seq=self._seq[src], **kind)  # type: ignore[arg-type]
+        self._events[src].append(ev)
+        self._sizes[id(ev)] = len(ev.model_dump_json()) + 1
+        self._queued += 1
+
+    def _forget(self, events: list[WorkEvent]) -> None:
+        for ev in events:
+            self._sizes.pop(id(ev), None)
+        self._queued -= len(events)
 
     def _fail_source(self, src: Pair, failure: FailureReason, reason: str) -> None:
         for (inst, rid, dst), p in self.pending.items():
