@@ -1,9 +1,12 @@
 """`pdfleet-runtime`: the command the operator runs in each pod, plus offline tools.
 
 Sub-commands:
-  serve    the runtime pod: one process per local GPU rank, /healthz /readyz /metrics /drain and
-           /v1/synthetic on the HTTP port, the bootstrap endpoint on prefill pods; SIGTERM drains
-           then exits. Exit 0 after a clean stop, 1 when the ranks cannot start, 2 on a bad config.
+  serve    the runtime pod: one process per local GPU rank, /healthz /readyz /metrics and
+           /v1/synthetic on the HTTP port, /drain on the loopback-only admin port, the bootstrap
+           endpoint on prefill pods; SIGTERM drains then exits. Exit 0 after a clean stop, 1 when
+           the ranks cannot start, 2 on a bad config.
+  drain    the pod's exec preStop hook: drain this pod (or --cancel) through its admin port on
+           127.0.0.1. Exit 0 once drained (or cancelled), 1 when the pod refused or is unreachable.
   synthetic  send synthetic requests to a decode pod's /v1/synthetic and print the results
   parity   build prefill and decode pools, transfer a seeded request set and compare every decode
            byte: in this process (--backend local, mori), or with every rank its own process on
@@ -48,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="spec.transfer.protocol of mooncake/nixl (default tcp on cpu, nvlink on cuda)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
     _serve_parser(sub)
+    drn = sub.add_parser("drain", help="drain this pod through its loopback admin port (the preStop hook)")
+    drn.add_argument("--config", required=True, type=Path, help="the runtime config (for adminPort)")
+    drn.add_argument("--wait", action="store_true", help="return once drained (or the drain budget passed)")
+    drn.add_argument("--cancel", action="store_true", help="cancel a drain instead")
     syn = sub.add_parser("synthetic", help="send synthetic requests to a decode pod")
     syn.add_argument("--url", required=True, help="the decode pod's HTTP base URL, e.g. http://127.0.0.1:8080")
     syn.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
@@ -66,7 +73,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv = sub.add_parser("serve", help="run the runtime pod server")
     srv.add_argument("--config", required=True, type=Path, help="the runtime config (the operator's ConfigMap)")
     srv.add_argument("--port-offset", type=int, default=None,
-                     help="local runs: add N to the HTTP, bootstrap and engine ports (env PDFLEET_PORT_OFFSET)")
+                     help="local runs: add N to the HTTP, admin, bootstrap and engine ports (env PDFLEET_PORT_OFFSET)")
     srv.add_argument("--prefill-addresses", default=None,
                      help="local runs: prefill bootstrap addresses host:port,... instead of the headless Service "
                      "(env PDFLEET_PREFILL_ADDRESSES)")
@@ -124,6 +131,29 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"pdfleet-runtime serve: {e}", file=sys.stderr)
         return EXIT_REJECTED
     return serve(opts, in_cluster=bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
+
+
+def _drain(args: argparse.Namespace) -> int:
+    import os
+
+    from pdfleet_runtime.config import ConfigError, load_config
+    from pdfleet_runtime.server.admin import call_drain
+
+    try:
+        cfg = load_config(args.config)
+        raw = os.environ.get("PDFLEET_PORT_OFFSET", "0")  # local runs, as ``serve`` reads it
+        port = cfg.admin_port + int(raw)
+    except (ConfigError, ValueError) as e:
+        print(f"pdfleet-runtime drain: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    try:
+        code, body = call_drain(port, wait=args.wait, cancel=args.cancel,
+                                timeout_s=cfg.drain_timeout_seconds + 60.0)
+    except OSError as e:
+        print(f"pdfleet-runtime drain: cannot reach the admin port 127.0.0.1:{port}: {e}", file=sys.stderr)
+        return EXIT_MISMATCH
+    print(json.dumps(body, sort_keys=True))
+    return EXIT_OK if code == 200 else EXIT_MISMATCH
 
 
 def _synthetic(args: argparse.Namespace) -> int:
@@ -224,4 +254,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "synthetic":
         return _synthetic(args)
+    if args.command == "drain":
+        return _drain(args)
     return 0

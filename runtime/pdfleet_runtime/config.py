@@ -22,6 +22,7 @@ from pdfleet_runtime.roles import Role
 from pdfleet_runtime.transfer import Backend, Protocol
 
 __all__ = [
+    "ADMIN_PORT",
     "BOOTSTRAP_PORT",
     "CONFIG_SCHEMA_VERSION",
     "DRAINED_CONDITION",
@@ -40,7 +41,8 @@ __all__ = [
 ]
 
 CONFIG_SCHEMA_VERSION = 1
-HTTP_PORT = 8080  # /healthz, /readyz, /metrics, /drain
+HTTP_PORT = 8080  # /healthz, /readyz, /metrics
+ADMIN_PORT = 8081  # POST|DELETE /drain, on 127.0.0.1 only: the exec preStop hook (``pdfleet-runtime drain``)
 BOOTSTRAP_PORT = 8998  # prefill only: where decode ranks register and send requests
 ENGINE_PORT = 17000  # first engine port; rank r of a pod uses ENGINE_PORT + r
 READINESS_GATE = "pdfleet.io/transfer-path"  # pod condition set after a verified canary transfer
@@ -114,6 +116,8 @@ class RuntimeConfig(_Model):
     )
     secret_path: Path = Field(description="File holding the per-deployment secret that signs messages.")
     http_port: int = Field(HTTP_PORT, ge=1, le=65535)
+    admin_port: int = Field(ADMIN_PORT, ge=1, le=65535,
+                            description="Drain and cancel; listens on the pod's loopback only (docs/security.md).")
     bootstrap_port: int = Field(BOOTSTRAP_PORT, ge=1, le=65535)
     engine_port: int = Field(ENGINE_PORT, ge=1, le=65535)
     readiness_gate: str = Field(READINESS_GATE, description="Pod condition type the runtime sets.")
@@ -128,11 +132,12 @@ class RuntimeConfig(_Model):
     @model_validator(mode="after")
     def _ports_distinct(self) -> RuntimeConfig:
         last_engine = self.engine_port + self.shape.ranks - 1
-        for name, port in (("httpPort", self.http_port), ("bootstrapPort", self.bootstrap_port)):
+        for name, port in (("httpPort", self.http_port), ("adminPort", self.admin_port),
+                           ("bootstrapPort", self.bootstrap_port)):
             if self.engine_port <= port <= last_engine:
                 raise ValueError(f"{name} {port} overlaps the engine ports {self.engine_port}-{last_engine}")
-        if self.http_port == self.bootstrap_port:
-            raise ValueError("httpPort and bootstrapPort must differ")
+        if len({self.http_port, self.admin_port, self.bootstrap_port}) < 3:
+            raise ValueError("httpPort, adminPort and bootstrapPort must differ")
         return self
 
     def to_yaml(self) -> str:

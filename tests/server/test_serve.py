@@ -102,7 +102,7 @@ def test_drain_finishes_in_flight_transfers_once_and_metrics_move(tmp_path: Path
         # Decode drain: three requests are in flight (each write takes a second) when it starts.
         futs = [pool.submit(dec.synthetic, 64, 30, requestId=f"d{i}") for i in range(3)]
         wait_for(lambda: metric(dec.metrics(), "pdfleet_transfers_in_flight", role="decode") >= 3, "3 in flight")
-        code, drained = dec.get("/drain?wait=true", timeout_s=30)
+        code, drained = dec.admin("POST", "/drain?wait=true", timeout_s=30)
         assert code == 200 and drained["drained"] and not drained["forced"] and drained["inFlight"] == 0, drained
         results = [f.result() for f in futs]
         assert [c for c, _ in results] == [200] * 3 and all(b["ok"] and b["mismatchedBytes"] == 0
@@ -110,14 +110,14 @@ def test_drain_finishes_in_flight_transfers_once_and_metrics_move(tmp_path: Path
         code, refused = dec.synthetic(64)
         assert code == 503 and "draining" in refused["error"]
         assert dec.readyz()["problem"] == "Draining" and metric(dec.metrics(), "pdfleet_draining") == 1
-        code, back = http_delete(dec.url + "/drain")
+        code, back = dec.admin("DELETE", "/drain")
         assert back["phase"] == "serving"
         dec.wait_ready(True, 30)
 
         # Prefill drain: two requests in flight; the pod refuses new ones (the decode says so, 503).
         futs = [pool.submit(dec.synthetic, 64, 30, requestId=f"p{i}") for i in range(2)]
         wait_for(lambda: metric(pre.metrics(), "pdfleet_transfers_in_flight", role="prefill") >= 2, "2 in flight")
-        code, drained = pre.post("/drain?wait=true")
+        code, drained = pre.admin("POST", "/drain?wait=true")
         assert code == 200 and drained["drained"] and not drained["forced"], drained
         assert [f.result()[0] for f in futs] == [200, 200]
         code, refused = dec.synthetic(64)
@@ -222,9 +222,3 @@ def wait_for(cond: Any, what: str, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def http_delete(url: str) -> tuple[int, Any]:
-    from tests.server.harness import http
-
-    return http("DELETE", url, None, 10)

@@ -25,11 +25,12 @@ from pdfleet_operator.resources.runtime_config import CONFIG_FILE, CONFIG_MOUNT,
 from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT, READINESS_GATE
 from pdfleet_runtime.transfer import Protocol
 
-__all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "role_spec", "runtime_pod"]
+__all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "PRESTOP_DRAIN", "role_spec", "runtime_pod"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ANNOTATION_IDENTITY = f"{GROUP}/identity"
 RUNTIME_UID = 1000
+PRESTOP_DRAIN = ["pdfleet-runtime", "drain", "--wait", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"]
 # Time past the drain budget for the process to flush logs and exit after the drain.
 EXIT_GRACE_SECONDS = 30
 # The root filesystem is read-only; these memory/disk-backed mounts are the only writable places.
@@ -113,8 +114,10 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": HTTP_PORT}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": HTTP_PORT}, "periodSeconds": 10,
                           "failureThreshold": 6},
-        # The pod's drain: stop admitting, finish in-flight transfers, then return.
-        "lifecycle": {"preStop": {"httpGet": {"path": "/drain?wait=true", "port": HTTP_PORT}}},
+        # The pod's drain: stop admitting, finish in-flight transfers, then return. An exec hook (run in
+        # the container) reaches the admin port on loopback; an httpGet hook would need it on the pod IP,
+        # where anyone the NetworkPolicy lets in could drain the pod (docs/security.md).
+        "lifecycle": {"preStop": {"exec": {"command": PRESTOP_DRAIN}}},
         "securityContext": _security(spec),
     }
     pod_spec: dict = {

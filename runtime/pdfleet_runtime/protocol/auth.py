@@ -138,7 +138,9 @@ class Codec:
             raise ProtocolError(RefusalCode.TOO_LARGE, f"message of {len(raw)} bytes, limit {self.max_bytes}")
         if not signature:
             raise ProtocolError(RefusalCode.UNSIGNED, f"no {SIGNATURE_HEADER} header")
-        if not hmac.compare_digest(self.sign(raw), signature.strip().lower()):
+        # Bytes, not str: ``compare_digest`` raises on a non-ASCII str (a header of any bytes reaches here).
+        given = signature.strip().lower().encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(self.sign(raw).encode(), given):
             raise ProtocolError(RefusalCode.BAD_SIGNATURE, "signature does not match the deployment secret")
         try:
             data = json.loads(raw)

@@ -374,6 +374,8 @@ class PrefillPoll(_Msg):
     rank: RankKey
     ack: int = Field(ge=0, lt=2**62)
     wait_s: float = Field(0.0, ge=0, le=30)
+    siblings_tag: str = Field("", max_length=64)
+    """The ``PrefillWork.siblings_tag`` the rank holds: siblings are sent again only when they changed."""
 
 
 class WorkEvent(_Msg):
@@ -394,8 +396,14 @@ class WorkEvent(_Msg):
 class PrefillWork(_Msg):
     type: Literal["prefill_work"] = "prefill_work"
     siblings: tuple[PrefillRegister, ...] = Field(max_length=4096)
-    """Every prefill rank of the pod registered so far (the sources a decode rank's plan needs)."""
+    """Every prefill rank of the pod registered so far (the sources a decode rank's plan needs); empty
+    when the poll's ``siblings_tag`` is already current."""
+    siblings_tag: str = Field("", max_length=64)
+    """A digest of the current siblings."""
     events: tuple[WorkEvent, ...] = Field(max_length=65536)
+    """One page of the unacknowledged events (bounded by count and bytes, ``BootstrapLimits``)."""
+    more: bool = False
+    """More events wait beyond this page: poll again at once."""
 
 
 class Ack(_Msg):

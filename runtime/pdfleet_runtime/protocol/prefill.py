@@ -145,6 +145,8 @@ class PrefillRank:
         self._outbox: list[StatusReport] = []
         self._outbox_event = asyncio.Event()
         self._ack = 0
+        self._siblings_tag = ""
+        self._more = False
         self._engine_lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self.polls_failed = 0
@@ -211,7 +213,8 @@ class PrefillRank:
             try:
                 reply = await self.client.call(
                     PrefillPoll(rank=RankKey(tp=self.me[0], pp=self.me[1]), ack=self._ack,
-                                wait_s=self.settings.poll_wait_s),
+                                wait_s=0.0 if self._more else self.settings.poll_wait_s,  # more: next page now
+                                siblings_tag=self._siblings_tag),
                     timeout_s=self.settings.poll_wait_s + self.settings.rpc_timeout_s)
             except (BootstrapUnreachable, ProtocolError) as e:
                 self.polls_failed += 1
@@ -272,6 +275,7 @@ class PrefillRank:
     async def _apply(self, work: PrefillWork) -> None:
         for sib in work.siblings:
             self._siblings[sib.rank.rank.pair] = sib.rank.registration()
+        self._siblings_tag, self._more = work.siblings_tag, work.more
         for ev in work.events:
             if ev.seq <= self._ack:
                 continue  # re-sent after a lost reply: already applied

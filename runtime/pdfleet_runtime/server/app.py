@@ -8,10 +8,11 @@ Where a synthetic request goes is ``routing.RequestRouter``.
 
 HTTP (``httpPort``, 8080): ``GET /healthz`` (the pod process and every rank process are alive),
 ``GET /readyz`` (the transfer-path verdict with its reason; 200 or 503), ``GET /metrics``
-(Prometheus), ``GET|POST /drain[?wait=true]`` (stop admitting, finish in-flight; the preStop hook),
-``DELETE /drain`` (cancel a drain: routable again), ``POST /v1/synthetic`` (decode pods: one
-synthetic request end to end), and the worker API (``openai_api``: the OpenAI endpoints, SGLang's
-``/generate`` and registration endpoints). docs/runtime-server.md describes each answer.
+(Prometheus), ``POST /v1/synthetic`` (decode pods: one synthetic request end to end), and the worker
+API (``openai_api``: the OpenAI endpoints, SGLang's ``/generate`` and registration endpoints). Admin
+(``adminPort``, 8081, on 127.0.0.1 only, ``server.admin``): ``POST /drain[?wait=true]`` (stop
+admitting, finish in-flight; the exec preStop hook) and ``DELETE /drain`` (cancel a drain: routable
+again). docs/runtime-server.md describes each answer.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pdfleet_runtime.protocol.discovery import (
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 from pdfleet_runtime.records import ParallelShape
 
+from .admin import start_admin
 from .drain import Drain, DrainPhase
 from .gate import GateWriter, NoGate
 from .launcher import LaunchError, RankCallError, RankLauncher
@@ -93,6 +95,7 @@ class PodServer:
         self.launcher: RankLauncher | None = None
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
+        self._admin: web.AppRunner | None = None
         self.metrics.in_flight_from(lambda: float(self._in_flight_estimate()))
         self.worker = WorkerApi(self)
         """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``)."""
@@ -160,6 +163,8 @@ class PodServer:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._admin is not None:
+            await self._admin.cleanup()
         if self._runner is not None:  # first: no request may reach a rank that is stopping
             await self._runner.cleanup()
         if self.launcher is not None:
@@ -172,9 +177,6 @@ class PodServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_route("GET", "/drain", self._drain)
-        app.router.add_route("POST", "/drain", self._drain)
-        app.router.add_route("DELETE", "/drain", self._undrain)
         app.router.add_post("/v1/synthetic", self._synthetic)
         self.worker.add_routes(app)
         # Handlers still running at exit are cut after 2 s (the drain has already waited for transfers).
@@ -182,6 +184,7 @@ class PodServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.opts.bind_host, self.opts.http_port, reuse_address=True)
         await site.start()
+        self._admin = await start_admin(self._drain, self._undrain, self.opts.admin_port)
 
     # ------------------------------------------------------------------ HTTP
 

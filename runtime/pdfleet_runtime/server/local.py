@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.config import BOOTSTRAP_PORT, HTTP_PORT, RuntimeConfig
+from pdfleet_runtime.config import ADMIN_PORT, BOOTSTRAP_PORT, HTTP_PORT, RuntimeConfig
 from pdfleet_runtime.lifetime import die_with_parent
 
 __all__ = ["REPO", "LocalPod", "free_offset", "http", "metric"]
@@ -35,12 +35,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def free_offset() -> int:
-    """A port offset whose HTTP and bootstrap ports are free now and whose engine ports stay valid
+    """A port offset whose HTTP, admin and bootstrap ports are free now and whose engine ports stay valid
     (best effort on a shared host: random, so concurrent tests rarely pick the same)."""
     rng = random.Random()
     for _ in range(200):
         offset = rng.randrange(20_000, 40_000)
-        if _free(HTTP_PORT + offset) and _free(BOOTSTRAP_PORT + offset):
+        if all(_free(p + offset) for p in (HTTP_PORT, ADMIN_PORT, BOOTSTRAP_PORT)):
             return offset
     raise RuntimeError("no free port offset")
 
@@ -73,6 +73,14 @@ class LocalPod:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.cfg.http_port + self.offset}"
+
+    @property
+    def admin_url(self) -> str:
+        """The admin port (drain, cancel): loopback only, as inside a pod."""
+        return f"http://127.0.0.1:{self.cfg.admin_port + self.offset}"
+
+    def admin(self, method: str, path: str, timeout_s: float = 60.0) -> tuple[int, Any]:
+        return http(method, self.admin_url + path, None, timeout_s)
 
     @property
     def bootstrap(self) -> str:

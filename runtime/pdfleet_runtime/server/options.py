@@ -8,7 +8,7 @@ deeper in the server reads an environment variable.
 Local runs (tests, benchmarks, the kwok pod runner) put many pods on 127.0.0.1, so three overrides
 exist, each named as such:
 
-- ``PDFLEET_PORT_OFFSET`` / ``--port-offset N``: adds N to the HTTP, bootstrap and engine ports;
+- ``PDFLEET_PORT_OFFSET`` / ``--port-offset N``: adds N to the HTTP, admin, bootstrap and engine ports;
 - ``PDFLEET_PREFILL_ADDRESSES`` / ``--prefill-addresses host:port,...``: the prefill pods' bootstrap
   addresses, instead of resolving the headless Service ``prefillService`` through DNS;
 - ``PDFLEET_PREFILL_ADDRESSES_FILE`` / ``--prefill-addresses-file PATH``: the same list, as a JSON list of
@@ -128,6 +128,11 @@ class ServeOptions:
         return self.config.http_port + self.port_offset
 
     @property
+    def admin_port(self) -> int:
+        """Drain and cancel, on 127.0.0.1 only (``server.admin``)."""
+        return self.config.admin_port + self.port_offset
+
+    @property
     def bootstrap_port(self) -> int:
         return self.config.bootstrap_port + self.port_offset
 
@@ -171,8 +176,8 @@ class ServeOptions:
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
-        highest = max(opts.http_port, opts.bootstrap_port, opts.engine_port + config.shape.ranks - 1)
-        if min(opts.http_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
+        highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.ranks - 1)
+        if min(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
         if opts.canary_tokens < 1 or opts.canary_period_s <= 0 or opts.retry_period_s <= 0:
             raise OptionsError("canary tokens and periods must be positive")

@@ -72,7 +72,10 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
             assert len(engine_ports) == (1 if sglang else gpus)  # SGLang: its HTTP port; it picks the rest
             assert any(e["name"] == "POD_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
                        for e in c["env"])
-            assert c["lifecycle"]["preStop"]["httpGet"]["path"].startswith("/drain")
+            # The drain runs in the container (exec) against the loopback admin port, never over the pod IP.
+            assert c["lifecycle"]["preStop"] == {"exec": {"command": ["pdfleet-runtime", "drain", "--wait",
+                                                                      "--config", "/etc/pdfleet/runtime.yaml"]}}
+            assert "httpGet" not in c["lifecycle"]["preStop"]
             assert c["securityContext"]["privileged"] is False
             assert pod["spec"].get("hostIPC", False) is (spec.transfer.protocol.value == "nvlink")
 

@@ -172,3 +172,41 @@ def test_signed_well_framed_but_malformed_bodies_are_refused(body: dict, kind: s
         assert len(b.replays) == 0
     else:  # hypothesis found a valid message: then it must round-trip
         assert opened.body.type == kind and len(b.replays) == 1
+
+
+@pytest.mark.parametrize("sig", ["é" * 64, "\udcff" * 64, "\uff10" * 64])
+def test_non_ascii_signature_is_a_bad_signature_not_a_crash(sig: str) -> None:
+    """Issue 25 item 5: ``compare_digest`` raises on non-ASCII str (HTTP 500 with a traceback before)."""
+    c = codec()
+    raw, _, _ = c.seal(HELLO)
+    with pytest.raises(ProtocolError) as e:
+        codec("other").open(raw, sig)
+    assert e.value.code is RefusalCode.BAD_SIGNATURE
+
+
+def test_non_ascii_signature_header_over_http_is_401() -> None:
+    """The same through a real ``BootstrapServer``: the header's raw bytes are not ASCII."""
+    import asyncio
+    import socket
+
+    from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH, BootstrapServer, BootstrapState
+    from pdfleet_runtime.records import ParallelShape
+
+    async def go() -> bytes:
+        srv = BootstrapServer(BootstrapState(ParallelShape(1, 1)), codec("boot"))
+        ep = await srv.start()
+        try:
+            raw, _, _ = codec().seal(HELLO)
+            head = (f"POST {MESSAGES_PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(raw)}\r\n"
+                    "Connection: close\r\nX-Pdfleet-Signature: ").encode() + "é".encode() * 32 + b"\r\n\r\n"
+            reader, writer = await asyncio.open_connection(ep.host, ep.port, family=socket.AF_INET)
+            writer.write(head + raw)
+            await writer.drain()
+            out = await reader.read()
+            writer.close()
+            return out
+        finally:
+            await srv.stop()
+
+    status = asyncio.run(go()).split(b"\r\n", 1)[0]
+    assert status == b"HTTP/1.1 401 Unauthorized", status
