@@ -241,7 +241,7 @@ def test_bad_requests_are_openai_errors(tmp_path: Path, pairs: list[Pair]) -> No
         client.completions.create(model=MODEL, prompt="x", extra_body=pair.room_fields())
     assert ae.value.status_code == 502 and "not held" in ae.value.body["message"]
     # Draining: 503 with Retry-After.
-    pair.decode.post("/drain")
+    assert pair.decode.admin("POST", "/drain")[0] == 200  # the admin port (loopback), as the preStop hook does
     code, headers, text = raw(pair.decode.url + "/v1/completions", {"prompt": "x", **pair.room_fields()})
     assert code == 503 and headers["Retry-After"] and json.loads(text)["error"]["code"] == "draining"
 

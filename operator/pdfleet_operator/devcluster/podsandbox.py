@@ -144,6 +144,11 @@ class PodSandbox:
         _ip("link", "add", self._veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _ip("link", "set", self._veth, "master", BRIDGE, "up")
         _ip("-n", self.netns, "addr", "add", f"{self.ip}/{self.ranges.prefix}", "dev", "eth0")
+        # kwok hands a freed IP to the next pod at once: the node and the other pods still map it to the
+        # old pod's MAC, so the new pod announces itself (a gratuitous ARP when eth0 comes up), which
+        # updates their entries instead of waiting out the stale ones (a minute of unreachable pod).
+        _ip("netns", "exec", self.netns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/eth0/arp_notify")
+        _ip("neigh", "flush", "to", self.ip, "dev", BRIDGE)
         _ip("-n", self.netns, "link", "set", "eth0", "up")
         _ip("-n", self.netns, "link", "set", "lo", "up")
         _ip("-n", self.netns, "route", "add", "default", "via", self.ranges.gateway)
