@@ -108,6 +108,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     srv.add_argument("--fault-wire", default=None, help=argparse.SUPPRESS)
     srv.add_argument("--fault-corrupt-received", action="store_true", help=argparse.SUPPRESS)
+    srv.add_argument("--fault-corrupt-sent", action="store_true", help=argparse.SUPPRESS)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -124,7 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
             "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
             "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level")}
-        flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received)
+        flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received,
+                                       args.fault_corrupt_sent)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
     except (ConfigError, OptionsError) as e:

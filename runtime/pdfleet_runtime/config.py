@@ -31,6 +31,7 @@ __all__ = [
     "GATE_FAILURE_REASONS",
     "HTTP_PORT",
     "READINESS_GATE",
+    "SERVED_NAME_PATTERN",
     "ConfigError",
     "Role",
     "RoleShape",
@@ -46,6 +47,7 @@ ADMIN_PORT = 8081  # POST|DELETE /drain, on 127.0.0.1 only: the exec preStop hoo
 BOOTSTRAP_PORT = 8998  # prefill only: where decode ranks register and send requests
 ENGINE_PORT = 17000  # first engine port; rank r of a pod uses ENGINE_PORT + r
 READINESS_GATE = "pdfleet.io/transfer-path"  # pod condition set after a verified canary transfer
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9._:/@+-]+$"  # spec.model.servedName, checked at admission too
 # Reasons of a False transfer-path condition that mean the pod's path is broken (the operator fails
 # a rollout on them); any other reason (Starting, WaitingForCanary, NoPeerFound, ...) means "not yet"
 # and only counts against the gate timeout. server.readiness.Problem holds every reason.
@@ -124,7 +126,7 @@ class RuntimeConfig(_Model):
     drain_timeout_seconds: int = Field(600, ge=0, description="Budget for finishing in-flight transfers.")
     device: str = Field("cuda", pattern=r"^(cpu|cuda)$", description="Where the pools live.")
     served_model_name: str | None = Field(
-        None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:/@+-]+$",
+        None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN,
         description="The model name the worker API answers as (OpenAI ``model``, /v1/models); the deployment's "
         "name when unset.",
     )

@@ -4,8 +4,9 @@ read with the official ``openai`` client.
 
 Covers issue 22's acceptance: chat, completions and streaming on both engines (Mooncake, NIXL), bounded
 concurrency, bad requests, unclaimed rooms expiring (pools freed, metric), a prefill killed after it
-accepted a room (a clean error, pools freed on both sides), a corrupted byte (500 naming the buffer),
-and per-request transfer bytes equal on both pods and to the layout's bytes.
+accepted a room (a clean error, pools freed on both sides), a corrupted byte sent by the prefill or
+received by the decode (500 naming the buffer), and per-request transfer bytes equal on both pods and to
+the layout's bytes.
 """
 
 from __future__ import annotations
@@ -273,8 +274,13 @@ def test_unclaimed_rooms_expire_and_free(tmp_path: Path, pairs: list[Pair]) -> N
     assert pcode == 200 and isinstance(comp, openai.types.Completion), comp
 
 
-def test_a_corrupted_byte_is_a_500_naming_the_buffer(tmp_path: Path, pairs: list[Pair]) -> None:
-    pair = Pair(tmp_path, "mooncake", decode_args=("--fault-corrupt-received",))
+@pytest.mark.parametrize(("backend", "side"), [("mooncake", "received"), ("mooncake", "sent"), ("nixl", "sent")])
+def test_a_corrupted_byte_is_a_500_naming_the_buffer(tmp_path: Path, pairs: list[Pair], backend: str,
+                                                     side: str) -> None:
+    """``sent``: the prefill flips a byte before its engine write (the wire carries it); ``received``: the
+    decode flips one after arrival. Either way the decode's byte check answers 500, never a completion."""
+    faults = {"prefill_args" if side == "sent" else "decode_args": (f"--fault-corrupt-{side}",)}
+    pair = Pair(tmp_path, backend, **faults)
     pairs.append(pair)
     pair.decode.wait_ready(False, 60, until=lambda b: b.get("problem") == "BytesMismatched")
     client = pair.client()

@@ -15,6 +15,7 @@ from pydantic import AwareDatetime, Field, StringConstraints
 
 from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, ConditionType, RolloutPhase
 from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
+from pdfleet_runtime.config import SERVED_NAME_PATTERN
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.transfer import Backend, Protocol
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_VERSION_PATTERN
@@ -157,7 +158,7 @@ class ModelSpec(ApiModel):
         "for a layout given in full. It decides which state types move and which shapes are legal."
     )
     served_name: str | None = Field(
-        None, min_length=1, max_length=256,
+        None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN,
         description="Model name clients send (--served-model-name); default: the deployment's name.",
     )
     source: ModelSource | None = Field(

@@ -38,6 +38,7 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         prefill_service=service_name(name, Role.PREFILL),
         secret_path=f"{SECRET_MOUNT}/{SECRET_FILE}",
         drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
+        served_model_name=spec.model.served_name,  # unset: the runtime answers as the deployment's name
     )
 
 

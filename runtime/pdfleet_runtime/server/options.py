@@ -80,12 +80,15 @@ class FaultOptions:
     ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
     ``wire``: speak another wire version (an incompatible peer);
     ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
-    byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``).
+    byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
+    ``corrupt_sent``: a prefill pod flips a byte of every request's state after filling it, before the
+    engine write (the wire carries a wrong byte; the decode's byte check finds it).
     """
 
     write_delay_s: float = 0.0
     wire: str | None = None
     corrupt_received: bool = False
+    corrupt_sent: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,15 @@ class _Items:
 
 
 class SyntheticSource(_Items):
-    """A prefill rank's seeded request state (``PrefillRank(synthetic=source.fill, release=source.release)``)."""
+    """A prefill rank's seeded request state (``PrefillRank(synthetic=source.fill, release=source.release)``).
+
+    ``corrupt`` (``--fault-corrupt-sent``): flip one byte of each request's filled state before the engine
+    writes it, so the wire really carries a wrong byte.
+    """
+
+    def __init__(self, pools: RankPools, alloc: RequestAllocator, *, corrupt: bool = False) -> None:
+        super().__init__(pools, alloc)
+        self.corrupt = corrupt
 
     async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
         try:
@@ -57,6 +65,8 @@ class SyntheticSource(_Items):
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
         self.held[request_id] = idx
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
+        if self.corrupt:
+            await asyncio.to_thread(corrupt_request, self.pools, idx)
         log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
         return idx
 

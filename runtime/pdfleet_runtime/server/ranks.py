@@ -166,7 +166,7 @@ class _Rank:
         engine = self.engine
         if spec.faults.write_delay_s > 0:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
-        self.work = source = SyntheticSource(self.pools, self.alloc)
+        self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent)
         client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"))
         timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,

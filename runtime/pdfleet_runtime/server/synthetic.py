@@ -62,7 +62,7 @@ def mismatched_buffers(pools: RankPools, seed: int, idx: RequestIndices) -> dict
 
 
 def corrupt_request(pools: RankPools, idx: RequestIndices) -> None:
-    """Fault injection (``--fault-corrupt-received``): flip the first byte of the request's first item."""
+    """Fault injection (``--fault-corrupt-received``/``-sent``): flip the first byte of the request's first item."""
     for i, rec in enumerate(pools.records):
         items = idx.of(rec.spec.index)
         if items.size:

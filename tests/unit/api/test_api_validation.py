@@ -94,6 +94,15 @@ def test_nulls_are_pruned_and_status_ignored_like_the_apiserver() -> None:
     assert validate_object(obj).admitted
 
 
+def test_a_served_name_the_runtime_would_refuse_is_denied_at_admission() -> None:
+    obj = copy.deepcopy(MINIMAL)
+    obj["spec"]["model"]["servedName"] = "my model"  # a space: the runtime config's pattern refuses it
+    (v,) = validate_object(obj).violations
+    assert v.rule == "schema" and v.paths == ("spec.model.servedName",), v
+    obj["spec"]["model"]["servedName"] = "org/llama-3.1@v2"
+    assert validate_object(obj).admitted
+
+
 def test_all_problems_are_reported_at_once() -> None:
     obj = copy.deepcopy(MINIMAL)
     obj["spec"]["transfer"]["extra"] = 1

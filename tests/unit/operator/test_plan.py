@@ -94,6 +94,23 @@ def test_runtime_config_round_trips_through_the_runtime_model(path: Path) -> Non
         assert "key" not in cm["data"]["runtime.yaml"].split("secretPath")[0]  # only a path, no secret
 
 
+def test_runtime_config_carries_the_served_name() -> None:
+    raw = yaml.safe_load((EXAMPLES[0].parent / "llama-dense.yaml").read_text())["spec"]
+    named = PDDeploymentSpec.model_validate({**raw, "model": {**raw["model"], "servedName": "org/llama-3.1@v2"}})
+    unset = base_spec()
+    assert unset.model.served_name is None
+    for role in Role:
+        cm = next(o for o in desired_children(OWNER, named)
+                  if o["kind"] == "ConfigMap" and o["metadata"]["labels"]["pdfleet.io/role"] == role.value)
+        text = cm["data"]["runtime.yaml"]
+        assert yaml.safe_load(text)["servedModelName"] == "org/llama-3.1@v2"
+        assert RuntimeConfig.model_validate(yaml.safe_load(text)).served_model_name == "org/llama-3.1@v2"
+        # Unset: nothing in the file (earlier configs unchanged); the runtime answers as the deployment.
+        fallback = runtime_config("demo", "ns", unset, role)
+        assert fallback.served_model_name is None and "servedModelName" not in fallback.to_yaml()
+        assert fallback.deployment == "demo"
+
+
 def test_second_pass_is_idempotent() -> None:
     spec = base_spec()
     first = plan(OWNER, spec, Snapshot())
