@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
+from pdfleet_operator.devcluster import podsandbox
 from pdfleet_operator.devcluster.podsandbox import PodSandbox
 from pdfleet_operator.devcluster.sandbox import Ranges
 
@@ -111,7 +112,7 @@ class Kubelet(threading.Thread):
         t.start()
 
     def _ips_taken(self) -> set[str]:
-        return {p.ip for p in self._all() if p.network_up}
+        return {p.ip for p in self._all() if p.network_up} | podsandbox.IPS_IN_USE
 
     @staticmethod
     def _grace(pod: Any) -> float:

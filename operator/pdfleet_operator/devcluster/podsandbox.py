@@ -40,6 +40,9 @@ TokenMinter = Callable[[dict, str, int, str], str]
 """(pod, service account, expiration seconds, audience or "") -> a token bound to the pod."""
 Lookup = Callable[[str, str], "dict[str, bytes] | None"]
 """(kind configMap|secret, name) -> its keys and values (decoded), or None when it does not exist."""
+IPS_IN_USE: set[str] = set()
+"""Pod IPs whose network namespace exists in this process's cluster, whichever kubelet made it: a pod
+of an earlier test's kubelet may still be stopping when kwok hands its IP to the next pod."""
 STAGING = "/etc/netns/.volumes"
 """Where a container's mount namespace first binds its pod's volume directory: on the cluster
 namespace's own tmpfs (``sandbox.enter``), which no volume mount of a pod covers."""
@@ -141,6 +144,7 @@ class PodSandbox:
     def _network(self) -> None:
         _ip("netns", "add", self.netns)
         self.network_up = True
+        IPS_IN_USE.add(self.ip)
         _ip("link", "add", self._veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         _ip("link", "set", self._veth, "master", BRIDGE, "up")
         _ip("-n", self.netns, "addr", "add", f"{self.ip}/{self.ranges.prefix}", "dev", "eth0")
@@ -293,6 +297,7 @@ class PodSandbox:
         with contextlib.suppress(RuntimeError):
             _ip("netns", "delete", self.netns)
         self.network_up = False
+        IPS_IN_USE.discard(self.ip)
 
     def _pre_stop(self, c: Container, deadline: float) -> None:
         h = podspec.hook(c.spec, "preStop")
