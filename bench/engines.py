@@ -47,8 +47,8 @@ import numpy as np
 
 from pdfleet_runtime.engines import EngineConfig, PeerInfo, create_engine
 from pdfleet_runtime.engines.base import poll_interval
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks
-from pdfleet_runtime.transfer import Protocol
 
 LAYOUT = "qwen3.8-flash-next"
 TARGET_RATIO = 0.90
@@ -56,10 +56,10 @@ RAW_QUEUE = "32768"
 ADAPTER_CHUNK = 1024
 MAX_ROUNDS = 60
 CONFIGS: dict[str, EngineConfig] = {
-    "mooncake-tcp": EngineConfig("mooncake", Protocol.TCP, env={"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": RAW_QUEUE},
+    "mooncake-tcp": EngineConfig("mooncake", LinkProtocol.TCP, env={"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": RAW_QUEUE},
                                  max_batch_entries=ADAPTER_CHUNK),
     "nixl-default": EngineConfig("nixl", None),
-    "nixl-tcp": EngineConfig("nixl", Protocol.TCP),
+    "nixl-tcp": EngineConfig("nixl", LinkProtocol.TCP),
 }
 
 

@@ -95,12 +95,12 @@ def _setup(device: str) -> Any:
 
 def _engine_config(args: argparse.Namespace, role: str) -> Any:
     from pdfleet_runtime.engines import EngineConfig
-    from pdfleet_runtime.transfer import Protocol
+    from pdfleet_runtime.links import LinkProtocol
 
     env: dict[str, str | None] = {}
     if args.ucx_tls:
         env["UCX_TLS"] = args.ucx_tls
-    return EngineConfig(args.engine, Protocol(args.protocol), env=env, name=f"bench-{role}-{os.getpid()}")
+    return EngineConfig(args.engine, LinkProtocol(args.protocol), env=env, name=f"bench-{role}-{os.getpid()}")
 
 
 def _pools(tokens: int, device: str, seed: int) -> Any:

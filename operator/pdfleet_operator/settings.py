@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pdfleet_runtime.kubeapi import DEFAULT_DEADLINES
+from pdfleet_runtime.links import Backend
 from pdfleet_runtime.matrix import MATRICES, Feature
-from pdfleet_runtime.transfer import Backend
 
 if TYPE_CHECKING:
     import kopf

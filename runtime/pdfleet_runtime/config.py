@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from pydantic.alias_generators import to_camel
 
 from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.links import Backend, LinkProtocol
 from pdfleet_runtime.roles import Role
-from pdfleet_runtime.transfer import Backend, Protocol
 
 __all__ = [
     "ADMIN_PORT",
@@ -108,7 +108,7 @@ class RuntimeConfig(_Model):
     shape: RoleShape = Field(description="This role's parallel shape.")
     peer_shape: RoleShape = Field(description="The other role's parallel shape (planning needs both).")
     backend: Backend = Field(description="Transfer engine.")
-    protocol: Protocol = Field(description="Link asked for; the engine settings follow from it.")
+    protocol: LinkProtocol = Field(description="Link asked for; the engine settings follow from it.")
     rdma_devices: tuple[str, ...] = Field((), description="RDMA device names for protocol rdma.")
     max_concurrent_requests: int = Field(ge=1, description="Slots and rows per rank.")
     kv_tokens: int = Field(ge=1, description="KV tokens per replica.")

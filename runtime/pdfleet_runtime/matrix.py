@@ -36,7 +36,7 @@ from pdfleet_runtime.layouts import (
     pool_counts,
     resolve_layout,
 )
-from pdfleet_runtime.transfer import UNSUPPORTED_PROTOCOLS, Backend, Protocol
+from pdfleet_runtime.links import UNSUPPORTED_PROTOCOLS, Backend, LinkProtocol
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_RELEASES, RuntimeRelease, release_of
 
 __all__ = [
@@ -99,11 +99,11 @@ FEATURE_TITLES: Mapping[Feature, str] = MappingProxyType({
     Feature.PROTOCOL_NVLINK: "protocol nvlink",
     Feature.PROTOCOL_SHM: "protocol shm",
 })
-_PROTOCOL_FEATURE: Mapping[Protocol, Feature] = MappingProxyType({
-    Protocol.RDMA: Feature.PROTOCOL_RDMA,
-    Protocol.TCP: Feature.PROTOCOL_TCP,
-    Protocol.NVLINK: Feature.PROTOCOL_NVLINK,
-    Protocol.SHM: Feature.PROTOCOL_SHM,
+_PROTOCOL_FEATURE: Mapping[LinkProtocol, Feature] = MappingProxyType({
+    LinkProtocol.RDMA: Feature.PROTOCOL_RDMA,
+    LinkProtocol.TCP: Feature.PROTOCOL_TCP,
+    LinkProtocol.NVLINK: Feature.PROTOCOL_NVLINK,
+    LinkProtocol.SHM: Feature.PROTOCOL_SHM,
 })
 
 
@@ -207,7 +207,7 @@ class MatrixInput:
 
     layout: LayoutFacts | None
     backend: Backend | str
-    protocol: Protocol | str
+    protocol: LinkProtocol | str
     prefill: RoleShape
     decode: RoleShape
 
@@ -385,7 +385,7 @@ class _Ctx:
         self.matrix = matrix
         self.layout = inp.layout if isinstance(inp.layout, LayoutFacts) else None
         self.backend = Backend(inp.backend) if inp.backend in _BACKENDS else None
-        self.protocol = Protocol(inp.protocol) if inp.protocol in _PROTOCOLS else None
+        self.protocol = LinkProtocol(inp.protocol) if inp.protocol in _PROTOCOLS else None
         # role -> (tp, pp) when both are readable
         self.shapes: dict[str, tuple[int, int] | None] = {}
         for role, _ in _ROLES:
@@ -400,7 +400,7 @@ class _Ctx:
 
 
 _BACKENDS = frozenset(b.value for b in Backend)
-_PROTOCOLS = frozenset(p.value for p in Protocol)
+_PROTOCOLS = frozenset(p.value for p in LinkProtocol)
 Check = Callable[[_Ctx], Iterable[Violation]]
 
 
@@ -595,9 +595,9 @@ def _check_runtimes(c: _Ctx, releases: Mapping[str, RuntimeRelease]) -> Iterator
 
 
 def _check_warnings(c: _Ctx) -> Iterator[Violation]:
-    if c.protocol is Protocol.TCP:
+    if c.protocol is LinkProtocol.TCP:
         yield c.violation("warn-tcp-transfer", "transfer runs over TCP", "spec.transfer.protocol")
-    if c.protocol in (Protocol.NVLINK, Protocol.SHM):
+    if c.protocol in (LinkProtocol.NVLINK, LinkProtocol.SHM):
         yield c.violation("warn-same-node-protocol", f"{c.protocol} reaches one host only",
                           "spec.transfer.protocol")
     if c.backend is Backend.MORI:
@@ -739,7 +739,7 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
     return facts
 
 
-def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: Protocol | str,
+def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: LinkProtocol | str,
                  prefill: RoleShape, decode: RoleShape) -> MatrixInput:
     """The one builder of an evaluation's input (the operator's admission and the parity harness):
     the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``)."""

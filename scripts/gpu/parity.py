@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.transfer import Protocol
 from pdfleet_runtime.verify.cases import CaseSpec, GroupSpec
 from pdfleet_runtime.verify.group import run_group
 
@@ -47,7 +47,7 @@ def main() -> int:
         p, d, layout = todo.pop(0)
         spec = GroupSpec(args.backend, ParallelShape.parse(p), ParallelShape.parse(d),
                          (CaseSpec(layout, args.requests, args.tokens, 7),),
-                         device=args.device, protocol=Protocol.NVLINK if args.device == "cuda" else Protocol.TCP,
+                         device=args.device, protocol=LinkProtocol.NVLINK if args.device == "cuda" else LinkProtocol.TCP,
                          engine_env=env)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pdfleet-gpu-parity-") as tmp:

@@ -25,9 +25,9 @@ LINK_GBPS = 50.0
 
 def _config(engine: str, tls: str) -> Any:
     from pdfleet_runtime.engines import EngineConfig
-    from pdfleet_runtime.transfer import Protocol
+    from pdfleet_runtime.links import LinkProtocol
 
-    return EngineConfig(engine, Protocol.NVLINK, env={} if tls == "table" else {"UCX_TLS": tls})
+    return EngineConfig(engine, LinkProtocol.NVLINK, env={} if tls == "table" else {"UCX_TLS": tls})
 
 
 def _side(conn: Connection, engine: str, tls: str, gpu: int, nbytes: int, initiator: bool) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pdfleet_runtime.engines import EngineConfig, FailureKind, Side
-from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.links import LinkProtocol
 from tests.engines.conftest import require, results_for, scenario
 
 SCENARIOS = [
@@ -25,7 +25,7 @@ SCENARIOS = [
 def results() -> dict[str, Any]:
     require("mooncake.engine")
     # None removes the variable the protocol table would set: the adapter alone must keep batches safe.
-    config = EngineConfig("mooncake", Protocol.TCP, env={"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": None})
+    config = EngineConfig("mooncake", LinkProtocol.TCP, env={"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": None})
     return results_for(config, SCENARIOS)
 
 

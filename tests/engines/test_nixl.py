@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from pdfleet_runtime.engines import EngineConfig, FailureKind, Side
-from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.links import LinkProtocol
 from tests.engines.conftest import require, results_for, scenario
 
 SCENARIOS = [
     "planned_equal_tp", "planned_hetero_tp", "out_of_range_local", "out_of_range_remote",
     "raw_out_of_range_then_write", "idle_cpu", "empty_batch", "dead_peer",
 ]
-PATHS = {"default": None, "tcp": Protocol.TCP, "shm": Protocol.SHM}
+PATHS = {"default": None, "tcp": LinkProtocol.TCP, "shm": LinkProtocol.SHM}
 EXPECTED_ENV = {
     "default": {"UCX_TLS": None, "UCX_NET_DEVICES": None},
     "tcp": {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"},

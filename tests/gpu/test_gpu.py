@@ -77,15 +77,15 @@ def test_staging_round_trip_is_byte_exact_on_one_gpu(shift: int, side: bool) -> 
 def test_parity_over_nvlink_across_gpus(backend: str, module: str, prefill: str, decode: str) -> None:
     _two_gpus()
     _engine(module)
+    from pdfleet_runtime.links import LinkProtocol
     from pdfleet_runtime.records import ParallelShape
-    from pdfleet_runtime.transfer import Protocol
     from pdfleet_runtime.verify.cases import CaseSpec, GroupSpec
     from pdfleet_runtime.verify.group import run_group
 
     # NIXL's matrix column rejects replicated PLE state across TP 2 -> 1: that shape runs without PLE.
     layout = "qwen3-next-hybrid" if backend == "nixl" and prefill != decode else "qwen3.8-flash-next"
     spec = GroupSpec(backend, ParallelShape.parse(prefill), ParallelShape.parse(decode),
-                     (CaseSpec(layout, 2, 1024, 7),), device="cuda", protocol=Protocol.NVLINK)
+                     (CaseSpec(layout, 2, 1024, 7),), device="cuda", protocol=LinkProtocol.NVLINK)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_group(spec, Path(tmp))[0]
     assert result.ok, (result.first_mismatch, result.mismatched_bytes, result.rejection)

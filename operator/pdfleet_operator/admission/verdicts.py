@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.settings import RecheckSettings
 from pdfleet_operator.validation import ObjectVerdict, matrix_input, validate_object
+from pdfleet_runtime.links import Backend
 from pdfleet_runtime.matrix import LATEST_MATRIX_VERSION, MATRICES, Cell, Feature, Matrix, Violation, evaluate
-from pdfleet_runtime.transfer import Backend
 
 __all__ = ["Verdicts", "running_matrix", "violation_key"]
 

@@ -17,7 +17,7 @@ from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, C
 from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
 from pdfleet_runtime.config import SERVED_NAME_PATTERN
 from pdfleet_runtime.layouts import LayoutRef
-from pdfleet_runtime.transfer import Backend, Protocol
+from pdfleet_runtime.links import Backend, LinkProtocol
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_VERSION_PATTERN
 
 __all__ = [
@@ -174,8 +174,8 @@ class TransferSpec(ApiModel):
         "or non-MLA QSA across TP sizes), or mori (AMD; no QSA with PP > 1 or across TP sizes, no PLE "
         "across TP sizes). `pdfleet matrix` prints every cell with its reason."
     )
-    protocol: Protocol = Field(
-        Protocol.RDMA,
+    protocol: LinkProtocol = Field(
+        LinkProtocol.RDMA,
         description="The link to use; each backend maps it to its engine settings: rdma (default; across "
         "nodes), tcp (slow, for tests), nvlink (GPUs of one host; grants hostIPC), shm (host memory of "
         "one host).",

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from pdfleet_runtime.links import ENGINE_SETTINGS, Backend, LinkProtocol
 from pdfleet_runtime.matrix import (
     FEATURE_TITLES,
     GENERAL_RULES,
@@ -19,7 +20,6 @@ from pdfleet_runtime.matrix import (
     Rule,
     all_rules,
 )
-from pdfleet_runtime.transfer import ENGINE_SETTINGS, Backend, Protocol
 from pdfleet_runtime.versions import RUNTIME_RELEASES
 
 __all__ = ["matrix_json", "matrix_text", "register"]
@@ -102,7 +102,7 @@ def matrix_text(m: Matrix) -> str:
         tag = " (warning)" if r.severity.value == "warning" else ""
         lines.append(f"  {r.id}{tag}: {r.title}")
     lines += ["", "protocol -> engine settings:"]
-    for p in Protocol:
+    for p in LinkProtocol:
         for b in backends:
             s = ENGINE_SETTINGS.get((b, p))
             if s is not None:

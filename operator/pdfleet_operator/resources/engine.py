@@ -17,7 +17,7 @@ from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
 from pdfleet_runtime.engine_rules import table_env
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT, PROTOCOLS
-from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.links import LinkProtocol
 
 __all__ = [
     "ANNOTATION_BOOTSTRAP_PORT",
@@ -149,7 +149,7 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     if src is not None and src.path is not None and src.volume is not None:
         pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
-    if settings.host_ipc or spec.transfer.protocol is Protocol.NVLINK:
+    if settings.host_ipc or spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True
     pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security), agent]
     if role is Role.PREFILL:

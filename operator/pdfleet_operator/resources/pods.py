@@ -23,7 +23,7 @@ from pdfleet_operator.resources.names import (
 from pdfleet_operator.resources.revision import compat_key
 from pdfleet_operator.resources.runtime_config import CONFIG_FILE, CONFIG_MOUNT, SECRET_MOUNT
 from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT, READINESS_GATE
-from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.links import LinkProtocol
 
 __all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "PRESTOP_DRAIN", "role_spec", "runtime_pod"]
 
@@ -46,7 +46,7 @@ def role_spec(spec: PDDeploymentSpec, role: Role) -> RoleSpec:
 
 def _extended(spec: PDDeploymentSpec, rs: RoleSpec) -> dict[str, str]:
     extended = {GPU_RESOURCE: str(rs.parallelism.tensor * rs.parallelism.pipeline)}
-    if spec.transfer.protocol is Protocol.RDMA:
+    if spec.transfer.protocol is LinkProtocol.RDMA:
         extended[spec.transfer.rdma_resource] = "1"  # the RDMA device plugin's share of the NIC
     return extended
 
@@ -78,7 +78,7 @@ def _env(rs: RoleSpec, role: Role) -> list[dict]:
 
 def _security(spec: PDDeploymentSpec) -> dict:
     caps: dict = {"drop": ["ALL"]}
-    if spec.transfer.protocol is Protocol.RDMA:
+    if spec.transfer.protocol is LinkProtocol.RDMA:
         caps["add"] = ["IPC_LOCK"]  # pinning RDMA memory registrations
     return {
         "allowPrivilegeEscalation": False,
@@ -145,7 +145,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
             {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         ],
     }
-    if spec.transfer.protocol is Protocol.NVLINK:
+    if spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True  # CUDA IPC between pods on one node needs a shared IPC namespace
     if rs.node_selector:
         pod_spec["nodeSelector"] = dict(rs.node_selector)

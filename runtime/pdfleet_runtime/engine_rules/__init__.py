@@ -14,8 +14,8 @@ from types import MappingProxyType
 
 from pdfleet_runtime.engine_rules import sglang
 from pdfleet_runtime.engine_rules.argv import flag_set, parse_args
+from pdfleet_runtime.links import Backend, LinkProtocol
 from pdfleet_runtime.matrix import Rule, Severity, Violation
-from pdfleet_runtime.transfer import Backend, Protocol
 
 __all__ = [
     "ENGINE_RULES",
@@ -76,7 +76,7 @@ class EngineRoleInput:
 class EngineInput:
     kind: str
     backend: Backend
-    protocol: Protocol
+    protocol: LinkProtocol
     prefill: EngineRoleInput
     decode: EngineRoleInput
     model: str | None = None  # layout preset

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pdfleet_runtime.engine_rules.argv import ParsedArgs
-from pdfleet_runtime.transfer import Backend, Protocol
+from pdfleet_runtime.links import Backend, LinkProtocol
 
 __all__ = [
     "BOOTSTRAP_PORT",
@@ -93,22 +93,22 @@ def _env(**kv: str) -> Mapping[str, str]:
     return MappingProxyType(kv)
 
 
-PROTOCOLS: Mapping[tuple[Backend, Protocol], ProtocolSettings] = MappingProxyType({
-    (Backend.MOONCAKE, Protocol.RDMA): ProtocolSettings(
+PROTOCOLS: Mapping[tuple[Backend, LinkProtocol], ProtocolSettings] = MappingProxyType({
+    (Backend.MOONCAKE, LinkProtocol.RDMA): ProtocolSettings(
         "mooncake", _env(), ib_device=True, note="devices from rdmaDeviceMap (per GPU) or rdmaDevices; "
         "none: Mooncake's auto-discovery"),
-    (Backend.MOONCAKE, Protocol.TCP): ProtocolSettings(
+    (Backend.MOONCAKE, LinkProtocol.TCP): ProtocolSettings(
         "mooncake", _env(MC_FORCE_TCP="1"), note="what SGLang's own alias mooncake_tcp becomes"),
-    (Backend.MOONCAKE, Protocol.NVLINK): ProtocolSettings(
+    (Backend.MOONCAKE, LinkProtocol.NVLINK): ProtocolSettings(
         "mooncake", _env(SGLANG_MOONCAKE_CUSTOM_MEM_POOL="INTRA_NODE_NVLINK", MC_INTRANODE_NVLINK="1"),
         host_ipc=True, note="GPUs of one host; without MC_INTRANODE_NVLINK Mooncake silently uses TCP"),
-    (Backend.NIXL, Protocol.RDMA): ProtocolSettings(
+    (Backend.NIXL, LinkProtocol.RDMA): ProtocolSettings(
         "nixl", _env(), ib_device=True, note="the devices become UCX_NET_DEVICES per GPU"),
-    (Backend.NIXL, Protocol.TCP): ProtocolSettings("nixl", _env(UCX_TLS="tcp")),
-    (Backend.NIXL, Protocol.NVLINK): ProtocolSettings(
+    (Backend.NIXL, LinkProtocol.TCP): ProtocolSettings("nixl", _env(UCX_TLS="tcp")),
+    (Backend.NIXL, LinkProtocol.NVLINK): ProtocolSettings(
         "nixl", _env(UCX_TLS="cuda_ipc,cuda_copy,tcp"), host_ipc=True,
         note="tcp stays listed: NIXL's UCX backend needs an active-message lane"),
-    (Backend.MORI, Protocol.RDMA): ProtocolSettings(
+    (Backend.MORI, LinkProtocol.RDMA): ProtocolSettings(
         "mori", _env(), ib_device=True, per_gpu_devices=False,
         note="AMD GPUs with ROCm; the list becomes MORI_RDMA_DEVICES as written (no per-GPU map)"),
 })
@@ -132,7 +132,7 @@ class RoleView:
     tensor: int
     pipeline: int
     backend: Backend
-    protocol: Protocol
+    protocol: LinkProtocol
     model: str | None  # layout preset name (None: inline layout)
     state_types: frozenset[str]
     mla: bool

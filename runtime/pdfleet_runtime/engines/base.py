@@ -38,9 +38,9 @@ from pdfleet_runtime.engines.errors import (
     UnknownPeer,
 )
 from pdfleet_runtime.engines.settings import PROCESS_ENV, EngineConfig, ResolvedSettings, resolve
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import BufferRecord, RankRegistration, RegionRecord
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = [
     "PEER_INFO_VERSION",
@@ -98,7 +98,7 @@ class EngineCapabilities:
     """
 
     backend: str
-    protocols: frozenset[Protocol]
+    protocols: frozenset[LinkProtocol]
     memory: frozenset[str]
     library: str
     prepared_descriptors: bool = False
@@ -111,7 +111,7 @@ class EngineCapabilities:
 class TransportReport:
     """What was asked for and what the engine runs; ``pinned`` where the engine cannot report it."""
 
-    requested: Protocol | None
+    requested: LinkProtocol | None
     engine_protocol: str
     effective: str
     pinned: bool
@@ -124,7 +124,7 @@ class PeerInfo:
 
     backend: str
     name: str
-    protocol: Protocol | None
+    protocol: LinkProtocol | None
     regions: tuple[RegionRecord, ...]
     granules: tuple[Granule, ...] = ()
     metadata: bytes = b""
@@ -153,7 +153,7 @@ class PeerInfo:
             return cls(
                 backend=str(data["backend"]),
                 name=str(data["name"]),
-                protocol=None if data["protocol"] is None else Protocol(data["protocol"]),
+                protocol=None if data["protocol"] is None else LinkProtocol(data["protocol"]),
                 regions=tuple(RegionRecord(int(r["address"]), int(r["totalBytes"]), str(r["device"]))
                               for r in data["regions"]),
                 granules=tuple(Granule(int(a), int(b), int(c)) for a, b, c in data["granules"]),

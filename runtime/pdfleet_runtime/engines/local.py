@@ -23,9 +23,9 @@ from pdfleet_runtime.engines.base import (
 )
 from pdfleet_runtime.engines.errors import HandshakeError
 from pdfleet_runtime.engines.settings import LOCAL_BACKEND
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = ["LocalEngine"]
 
@@ -55,7 +55,7 @@ class LocalEngine(TransferEngine):
     """Copies between regions of this process; refuses peers of another process."""
 
     capabilities = EngineCapabilities(
-        backend=LOCAL_BACKEND, protocols=frozenset(Protocol), memory=frozenset({"cpu"}), library="(none)",
+        backend=LOCAL_BACKEND, protocols=frozenset(LinkProtocol), memory=frozenset({"cpu"}), library="(none)",
     )
 
     def _start(self) -> None:

@@ -49,9 +49,9 @@ from pdfleet_runtime.engines.errors import (
     TransferFailed,
     TransportMismatch,
 )
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = ["LIBRARY", "MODULES", "InjectedFault", "MooncakeEngine", "map_write_failure"]
 
@@ -145,7 +145,7 @@ class MooncakeEngine(TransferEngine):
 
     capabilities = EngineCapabilities(
         backend="mooncake",
-        protocols=frozenset({Protocol.TCP, Protocol.RDMA, Protocol.NVLINK}),
+        protocols=frozenset({LinkProtocol.TCP, LinkProtocol.RDMA, LinkProtocol.NVLINK}),
         memory=frozenset({"cpu", "cuda"}),
         library=LIBRARY,
         recovers_engine=True,
@@ -155,7 +155,7 @@ class MooncakeEngine(TransferEngine):
 
     def _start(self) -> None:
         self._module = import_first(MODULES, LIBRARY)
-        if self.settings.protocol is Protocol.NVLINK and self._non_cuda_build():
+        if self.settings.protocol is LinkProtocol.NVLINK and self._non_cuda_build():
             raise TransportMismatch("nvlink asked for, but the installed Mooncake is the non-CUDA build: its "
                                     "initialize accepts nvlink_intra and then moves data over TCP")
         self.generation = 0
@@ -182,7 +182,7 @@ class MooncakeEngine(TransferEngine):
         if rc != 0:
             raise EngineStartError(f"mooncake initialize({self.config.host!r}, {self.settings.engine_protocol!r}) "
                                    f"returned {rc}")
-        if self.settings.protocol is Protocol.RDMA and not self._has_rdma_device(engine):
+        if self.settings.protocol is LinkProtocol.RDMA and not self._has_rdma_device(engine):
             raise TransportMismatch("rdma asked for, but the engine's topology lists no RDMA device: it would "
                                     "silently move data over TCP")
         return engine

@@ -20,9 +20,9 @@ from pdfleet_runtime.engines.base import (
     import_first,
 )
 from pdfleet_runtime.engines.errors import EngineUnavailable
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = ["LIBRARY", "MODULES", "MoriEngine"]
 
@@ -39,7 +39,7 @@ class MoriEngine(TransferEngine):
 
     capabilities = EngineCapabilities(
         backend="mori",
-        protocols=frozenset({Protocol.RDMA}),
+        protocols=frozenset({LinkProtocol.RDMA}),
         memory=frozenset({"cuda"}),
         library=LIBRARY,
         publishes_layer_ids=False,

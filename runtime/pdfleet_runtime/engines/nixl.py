@@ -51,9 +51,9 @@ from pdfleet_runtime.engines.errors import (
     SettingsError,
     TransferFailed,
 )
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = ["LIBRARY", "MODULES", "NixlEngine", "map_nixl_error", "memory_type"]
 
@@ -179,7 +179,7 @@ class NixlEngine(TransferEngine):
 
     capabilities = EngineCapabilities(
         backend="nixl",
-        protocols=frozenset({Protocol.TCP, Protocol.RDMA, Protocol.NVLINK, Protocol.SHM}),
+        protocols=frozenset({LinkProtocol.TCP, LinkProtocol.RDMA, LinkProtocol.NVLINK, LinkProtocol.SHM}),
         memory=frozenset({"cpu", "cuda"}),
         library=LIBRARY,
         prepared_descriptors=True,

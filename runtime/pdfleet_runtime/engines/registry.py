@@ -14,7 +14,7 @@ from types import MappingProxyType
 from pdfleet_runtime.engines.base import TransferEngine
 from pdfleet_runtime.engines.errors import SettingsError
 from pdfleet_runtime.engines.settings import LOCAL_BACKEND, EngineConfig
-from pdfleet_runtime.transfer import Backend
+from pdfleet_runtime.links import Backend
 
 __all__ = ["ADAPTERS", "adapter_class", "create_engine"]
 

@@ -2,7 +2,7 @@
 
 This is the one place that writes ``MC_*``, ``UCX_*`` and ``NIXL_*`` environment variables, and it
 does so before the engine is imported or created (engines read them at start). The per-protocol
-table lives in ``pdfleet_runtime.transfer.ENGINE_SETTINGS``; ``resolve`` adds what depends on the
+table lives in ``pdfleet_runtime.links.ENGINE_SETTINGS``; ``resolve`` adds what depends on the
 runtime's configuration (log levels, loopback devices, RDMA device names, overrides) and the
 adapters' own limits. The environment is process-wide, so ``EnvLedger`` refuses a second engine
 in one process that needs different values (one engine per process is the runtime's model).
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pdfleet_runtime.engines.errors import SettingsError
-from pdfleet_runtime.transfer import UNSUPPORTED_PROTOCOLS, Backend, Protocol, engine_settings
+from pdfleet_runtime.links import UNSUPPORTED_PROTOCOLS, Backend, LinkProtocol, engine_settings
 
 __all__ = [
     "LOCAL_BACKEND",
@@ -65,7 +65,7 @@ class EngineConfig:
     """
 
     backend: str
-    protocol: Protocol | None = Protocol.TCP
+    protocol: LinkProtocol | None = LinkProtocol.TCP
     host: str = "127.0.0.1"
     rdma_devices: tuple[str, ...] = ()
     net_devices: str | None = None
@@ -91,7 +91,7 @@ class ResolvedSettings:
     """
 
     backend: str
-    protocol: Protocol | None
+    protocol: LinkProtocol | None
     engine_protocol: str
     env: Mapping[str, str | None]
     accepted_transports: frozenset[str]
@@ -145,7 +145,7 @@ def resolve(config: EngineConfig) -> ResolvedSettings:
                       "UCX_LOG_LEVEL": ucx_log}, config.env)
         return ResolvedSettings(backend.value, None, "ucx", env, frozenset(), False, config.max_batch_entries)
     if config.protocol is None:
-        raise SettingsError(f"{backend.value} needs an explicit protocol (one of {[p.value for p in Protocol]})")
+        raise SettingsError(f"{backend.value} needs an explicit protocol (one of {[p.value for p in LinkProtocol]})")
     table = engine_settings(backend, config.protocol)
     if table is None:
         reason = UNSUPPORTED_PROTOCOLS.get((backend, config.protocol), "no entry in the protocol table")
@@ -155,11 +155,11 @@ def resolve(config: EngineConfig) -> ResolvedSettings:
     max_batch = config.max_batch_entries
     if backend is Backend.MOONCAKE:
         extra["MC_LOG_LEVEL"] = mc_log
-        if config.protocol is Protocol.RDMA:
+        if config.protocol is LinkProtocol.RDMA:
             device_names = ",".join(config.rdma_devices)
     elif backend is Backend.NIXL:
         extra.update(NIXL_LOG_LEVEL=nixl_log, UCX_LOG_LEVEL=ucx_log)
-        if config.protocol is Protocol.TCP:
+        if config.protocol is LinkProtocol.TCP:
             # Without a device UCX splits traffic over lo and the host's interface.
             devices = config.net_devices or ("lo" if _is_loopback(config.host) else None)
             if devices:
@@ -167,10 +167,10 @@ def resolve(config: EngineConfig) -> ResolvedSettings:
         elif config.net_devices:
             extra["UCX_NET_DEVICES"] = config.net_devices
     env = _merge(table.env, extra, config.env)
-    if backend is Backend.MOONCAKE and config.protocol is Protocol.TCP:
+    if backend is Backend.MOONCAKE and config.protocol is LinkProtocol.TCP:
         queue = _queue_limit(env)
         max_batch = min(max_batch or queue, max(1, queue // 2))
-    if backend is Backend.MOONCAKE and config.protocol is Protocol.NVLINK and env.get("MC_INTRANODE_NVLINK") != "1":
+    if backend is Backend.MOONCAKE and config.protocol is LinkProtocol.NVLINK and env.get("MC_INTRANODE_NVLINK") != "1":
         raise SettingsError("mooncake nvlink needs MC_INTRANODE_NVLINK=1: without it the engine silently uses TCP")
     return ResolvedSettings(backend.value, config.protocol, table.engine_protocol, env,
                             table.accepted_transports, True, max_batch, device_names)

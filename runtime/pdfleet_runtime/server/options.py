@@ -25,7 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pdfleet_runtime.config import RuntimeConfig
-from pdfleet_runtime.transfer import Protocol
+from pdfleet_runtime.links import LinkProtocol
 
 __all__ = [
     "CANARY_FLOORS_GBPS",
@@ -42,15 +42,15 @@ ENV_PORT_OFFSET = "PDFLEET_PORT_OFFSET"
 ENV_PREFILL_ADDRESSES = "PDFLEET_PREFILL_ADDRESSES"
 ENV_PREFILL_ADDRESSES_FILE = "PDFLEET_PREFILL_ADDRESSES_FILE"
 
-CANARY_FLOORS_GBPS: Mapping[Protocol, float] = MappingProxyType({
+CANARY_FLOORS_GBPS: Mapping[LinkProtocol, float] = MappingProxyType({
     # The lowest canary write throughput (engine write of the canary's bytes, GB/s) at which a pod is
     # still ready. Far below what each link does when it works (TCP loopback ~1-2 GB/s on a 2-core host,
     # RDMA 10-50, NVLink 100+), far above what the link does when it silently falls back to another path
     # (Mooncake nvlink without MC_INTRANODE_NVLINK ran at 1.5 GB/s, shared/engines.md).
-    Protocol.TCP: 0.05,
-    Protocol.SHM: 0.5,
-    Protocol.RDMA: 5.0,
-    Protocol.NVLINK: 20.0,
+    LinkProtocol.TCP: 0.05,
+    LinkProtocol.SHM: 0.5,
+    LinkProtocol.RDMA: 5.0,
+    LinkProtocol.NVLINK: 20.0,
 })
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.transfer import Protocol
 
 __all__ = ["CaseSpec", "GroupSpec", "gpu_of"]
 
@@ -39,7 +39,7 @@ class GroupSpec:
     write_timeout_s: float = 30.0
     device: str = "cpu"
     """``cpu``, or ``cuda``: each rank's pools on one GPU of the host (``gpu_of``)."""
-    protocol: Protocol = Protocol.TCP
+    protocol: LinkProtocol = LinkProtocol.TCP
     engine_env: dict[str, str | None] = field(default_factory=dict)
     """Overrides of the protocol table's engine environment (``EngineConfig.env``)."""
     placement: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())

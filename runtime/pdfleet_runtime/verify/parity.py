@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from pdfleet_runtime.layouts import StateType
+from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.planner import Blocks, compile_destination, source_ranks
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.seeded import request_lengths
-from pdfleet_runtime.transfer import Protocol
 
 from .arena import LocalCopyExecutor, compare, fill_background, write_requests
 from .cases import CaseSpec, GroupSpec
@@ -59,7 +59,7 @@ def run_parity_engine(cfg: ParityConfig, workdir: str | None = None) -> ParityRe
         return ParityResult(ok=False, rejection=rejection)
     group = GroupSpec(cfg.backend, cfg.prefill, cfg.decode, (CaseSpec(cfg.layout_name, cfg.requests, cfg.tokens,
                                                                       cfg.seed),),
-                      device="cpu" if cfg.device == "cpu" else "cuda", protocol=Protocol(cfg.protocol))
+                      device="cpu" if cfg.device == "cpu" else "cuda", protocol=LinkProtocol(cfg.protocol))
     with tempfile.TemporaryDirectory(prefix="pdfleet-parity-", dir=workdir) as tmp:
         return run_group(group, Path(tmp))[0]
 

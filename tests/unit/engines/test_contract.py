@@ -36,10 +36,10 @@ from pdfleet_runtime.engines.base import PeerId
 from pdfleet_runtime.engines.blocks import Granule
 from pdfleet_runtime.engines.mooncake import map_write_failure
 from pdfleet_runtime.engines.nixl import _new_agent, map_nixl_error, memory_type
+from pdfleet_runtime.links import ENGINE_SETTINGS, UNSUPPORTED_PROTOCOLS, Backend, LinkProtocol
 from pdfleet_runtime.matrix import LATEST_MATRIX_VERSION, MATRICES, Feature
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.records import RegionRecord
-from pdfleet_runtime.transfer import ENGINE_SETTINGS, UNSUPPORTED_PROTOCOLS, Backend, Protocol
 
 
 def _pair(chunk: int = 3) -> tuple[object, object, np.ndarray, np.ndarray, str]:
@@ -92,7 +92,7 @@ def test_lifecycle_is_enforced() -> None:
 
 
 def test_peer_info_wire_round_trip_and_checks() -> None:
-    info = PeerInfo("nixl", "agent-1", Protocol.TCP, (RegionRecord(4096, 100, "cpu"),), (Granule(4096, 10, 10),),
+    info = PeerInfo("nixl", "agent-1", LinkProtocol.TCP, (RegionRecord(4096, 100, "cpu"),), (Granule(4096, 10, 10),),
                     b"\x00meta\xff")
     wire = info.to_wire()
     assert PeerInfo.from_wire(wire) == info
@@ -104,12 +104,12 @@ def test_peer_info_wire_round_trip_and_checks() -> None:
 
 def test_connect_refuses_another_backend_or_protocol() -> None:
     a, *_ = _pair()
-    other = PeerInfo("nixl", "x", Protocol.TCP, (RegionRecord(4096, 1, "cpu"),))
+    other = PeerInfo("nixl", "x", LinkProtocol.TCP, (RegionRecord(4096, 1, "cpu"),))
     with pytest.raises(HandshakeError, match="backend"):
         a.connect(other)
     mine = a.local_info()
     with pytest.raises(HandshakeError, match="protocol"):
-        a.connect(PeerInfo("local", mine.name, Protocol.RDMA, mine.regions))
+        a.connect(PeerInfo("local", mine.name, LinkProtocol.RDMA, mine.regions))
 
 
 def test_importing_the_package_imports_no_engine() -> None:
@@ -123,8 +123,8 @@ def test_importing_the_package_imports_no_engine() -> None:
 
 def test_mori_declares_capabilities_and_fails_at_start_naming_its_library() -> None:
     caps = adapter_class("mori").capabilities
-    assert caps.protocols == frozenset({Protocol.RDMA}) and not caps.publishes_layer_ids
-    engine = create_engine(EngineConfig("mori", Protocol.RDMA))
+    assert caps.protocols == frozenset({LinkProtocol.RDMA}) and not caps.publishes_layer_ids
+    engine = create_engine(EngineConfig("mori", LinkProtocol.RDMA))
     with pytest.raises(EngineUnavailable, match="libamdhip64") as info:
         engine.start()
     assert info.value.kind is FailureKind.UNAVAILABLE

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet_runtime.matrix import LATEST_MATRIX_VERSION, MATRICES, Feature
-from pdfleet_runtime.transfer import (
+from pdfleet_runtime.links import (
     ENGINE_SETTINGS,
     UNSUPPORTED_PROTOCOLS,
     Backend,
-    Protocol,
+    LinkProtocol,
     engine_settings,
 )
+from pdfleet_runtime.matrix import LATEST_MATRIX_VERSION, MATRICES, Feature
 from pdfleet_runtime.versions import (
     CURRENT_RUNTIME_VERSION,
     RUNTIME_RELEASES,
@@ -52,7 +52,7 @@ def test_wire_protocol_majors_decide() -> None:
 
 def test_every_pair_is_either_served_or_refused_with_a_reason() -> None:
     for b in Backend:
-        for p in Protocol:
+        for p in LinkProtocol:
             served, refused = (b, p) in ENGINE_SETTINGS, (b, p) in UNSUPPORTED_PROTOCOLS
             assert served != refused, (b, p)
             cell = MATRICES[LATEST_MATRIX_VERSION].supports(b, Feature(f"protocol-{p}"))

@@ -20,7 +20,7 @@ __all__ = [
     "UNSUPPORTED_PROTOCOLS",
     "Backend",
     "EngineSettings",
-    "Protocol",
+    "LinkProtocol",
     "engine_settings",
 ]
 
@@ -33,7 +33,7 @@ class Backend(StrEnum):
     MORI = "mori"
 
 
-class Protocol(StrEnum):
+class LinkProtocol(StrEnum):
     """The link the user asks for; each backend maps it to its own engine settings."""
 
     RDMA = "rdma"
@@ -51,7 +51,7 @@ class EngineSettings:
     """
 
     backend: Backend
-    protocol: Protocol
+    protocol: LinkProtocol
     engine_protocol: str
     env: Mapping[str, str] = field(default_factory=dict)
     accepted_transports: frozenset[str] = frozenset()
@@ -60,21 +60,21 @@ class EngineSettings:
     note: str = ""
 
 
-def _settings(*items: EngineSettings) -> Mapping[tuple[Backend, Protocol], EngineSettings]:
+def _settings(*items: EngineSettings) -> Mapping[tuple[Backend, LinkProtocol], EngineSettings]:
     return MappingProxyType({(s.backend, s.protocol): s for s in items})
 
 
-ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
+ENGINE_SETTINGS: Mapping[tuple[Backend, LinkProtocol], EngineSettings] = _settings(
     EngineSettings(
         Backend.MOONCAKE,
-        Protocol.RDMA,
+        LinkProtocol.RDMA,
         "rdma",
         accepted_transports=frozenset({"rdma"}),
         note="device names from spec.transfer.rdmaDevices, else the engine's auto-discovery",
     ),
     EngineSettings(
         Backend.MOONCAKE,
-        Protocol.TCP,
+        LinkProtocol.TCP,
         "tcp",
         # A batch of more than ~2,000 entries to one peer otherwise fails with "TCP lane queue-full"
         # and poisons every later transfer to that peer (shared/engines.md).
@@ -83,7 +83,7 @@ ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
     ),
     EngineSettings(
         Backend.MOONCAKE,
-        Protocol.NVLINK,
+        LinkProtocol.NVLINK,
         "nvlink_intra",
         # Without this variable the engine silently falls back to TCP (1.5 GB/s instead of 389 GB/s).
         env={"MC_INTRANODE_NVLINK": "1"},
@@ -93,7 +93,7 @@ ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
     ),
     EngineSettings(
         Backend.NIXL,
-        Protocol.RDMA,
+        LinkProtocol.RDMA,
         "ucx",
         env={"UCX_TLS": "rc,ud,cuda_copy"},
         accepted_transports=frozenset({"rc", "rc_mlx5", "ud", "ud_mlx5", "dc_mlx5"}),
@@ -101,14 +101,14 @@ ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
     ),
     EngineSettings(
         Backend.NIXL,
-        Protocol.TCP,
+        LinkProtocol.TCP,
         "ucx",
         env={"UCX_TLS": "tcp"},
         accepted_transports=frozenset({"tcp"}),
     ),
     EngineSettings(
         Backend.NIXL,
-        Protocol.NVLINK,
+        LinkProtocol.NVLINK,
         "ucx",
         # cuda_ipc moves the bytes; tcp is only the active-message lane NIXL's UCX backend needs:
         # with `cuda_ipc,cuda_copy` alone backend creation fails ("no active messages transport";
@@ -120,7 +120,7 @@ ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
     ),
     EngineSettings(
         Backend.NIXL,
-        Protocol.SHM,
+        LinkProtocol.SHM,
         "ucx",
         # `UCX_TLS=sm,self` fails at backend creation; tcp stays listed for connection wire-up only.
         env={"UCX_TLS": "cma,tcp"},
@@ -131,28 +131,28 @@ ENGINE_SETTINGS: Mapping[tuple[Backend, Protocol], EngineSettings] = _settings(
     ),
     EngineSettings(
         Backend.MORI,
-        Protocol.RDMA,
+        LinkProtocol.RDMA,
         "rdma",
         accepted_transports=frozenset({"rdma"}),
         note="needs the ROCm runtime; the backend fails with a clear error where it is absent",
     ),
 )
 
-UNSUPPORTED_PROTOCOLS: Mapping[tuple[Backend, Protocol], str] = MappingProxyType(
+UNSUPPORTED_PROTOCOLS: Mapping[tuple[Backend, LinkProtocol], str] = MappingProxyType(
     {
-        (Backend.MOONCAKE, Protocol.SHM): (
+        (Backend.MOONCAKE, LinkProtocol.SHM): (
             "Mooncake's transfer engine has no host shared-memory transport between processes"
         ),
-        (Backend.MORI, Protocol.TCP): "MORI-IO moves data over RDMA only",
-        (Backend.MORI, Protocol.NVLINK): "NVLink is an NVIDIA link; MORI runs on AMD GPUs (XGMI)",
-        (Backend.MORI, Protocol.SHM): "MORI-IO has no host shared-memory transport",
+        (Backend.MORI, LinkProtocol.TCP): "MORI-IO moves data over RDMA only",
+        (Backend.MORI, LinkProtocol.NVLINK): "NVLink is an NVIDIA link; MORI runs on AMD GPUs (XGMI)",
+        (Backend.MORI, LinkProtocol.SHM): "MORI-IO has no host shared-memory transport",
     }
 )
 
 
-def engine_settings(backend: Backend | str, protocol: Protocol | str) -> EngineSettings | None:
+def engine_settings(backend: Backend | str, protocol: LinkProtocol | str) -> EngineSettings | None:
     """The engine settings for a pair, or None where the backend cannot serve the protocol."""
     try:
-        return ENGINE_SETTINGS.get((Backend(backend), Protocol(protocol)))
+        return ENGINE_SETTINGS.get((Backend(backend), LinkProtocol(protocol)))
     except ValueError:
         return None
