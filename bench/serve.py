@@ -27,8 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdfleet_runtime.config import RoleShape, RuntimeConfig
+from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.server.local import LocalPod
 
 LAYOUT = "qwen3.8-flash-next"
@@ -37,7 +38,7 @@ SECRET = b"bench-serve-secret-0123456789abcdef"
 
 def _config(role: str, tokens: int, slots: int) -> RuntimeConfig:
     return RuntimeConfig(deployment="bench", namespace="default", role=role, runtime_version="0.1.0",
-                         layout=LayoutRef(preset=LAYOUT), shape=RoleShape(tensor=1), peer_shape=RoleShape(tensor=1),
+                         layout=LayoutRef(preset=LAYOUT), shape=ParallelShape(1), peer_shape=ParallelShape(1),
                          backend="mooncake", protocol="tcp", max_concurrent_requests=slots,
                          kv_tokens=tokens * slots, prefill_service="bench-prefill", secret_path=Path("/unused"),
                          drain_timeout_seconds=60, device="cpu")

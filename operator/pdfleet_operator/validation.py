@@ -37,7 +37,7 @@ from pdfleet_runtime.layouts import PRESETS, LayoutRef
 from pdfleet_runtime.matrix import (
     GENERAL_RULES,
     MatrixInput,
-    RoleShape,
+    RoleInput,
     Verdict,
     Violation,
     all_rules,
@@ -250,9 +250,9 @@ def check_cel(obj: Mapping[str, Any]) -> list[Violation]:
 # -- 3. matrix ---------------------------------------------------------------------------------------
 
 
-def _role_shape(role: Any) -> RoleShape:
+def _role_shape(role: Any) -> RoleInput:
     p = role.parallelism
-    return RoleShape(
+    return RoleInput(
         tensor=p.tensor,
         pipeline=p.pipeline,
         data=p.data,

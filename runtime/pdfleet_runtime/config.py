@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.links import Backend, LinkProtocol
+from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.roles import Role
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
     "SERVED_NAME_PATTERN",
     "ConfigError",
     "Role",
-    "RoleShape",
     "RuntimeConfig",
     "drain_of",
     "drained_message",
@@ -85,17 +85,6 @@ class _Model(BaseModel):
     )
 
 
-class RoleShape(_Model):
-    """Parallel shape of one role: a pod holds tensor x pipeline ranks, one GPU each."""
-
-    tensor: int = Field(ge=1, le=64)
-    pipeline: int = Field(1, ge=1, le=64)
-
-    @property
-    def ranks(self) -> int:
-        return self.tensor * self.pipeline
-
-
 class RuntimeConfig(_Model):
     """Everything one pod's runtime needs to start; written by the operator per role."""
 
@@ -105,8 +94,9 @@ class RuntimeConfig(_Model):
     role: Role = Field(description="This pod's role.")
     runtime_version: str = Field(description="The runtime version the operator expects in the image.")
     layout: LayoutRef = Field(description="The model's state layout.")
-    shape: RoleShape = Field(description="This role's parallel shape.")
-    peer_shape: RoleShape = Field(description="The other role's parallel shape (planning needs both).")
+    shape: ParallelShape = Field(description="This role's parallel shape ``{tensor, pipeline}``: a pod holds "
+                                 "tensor x pipeline ranks, one GPU each.")
+    peer_shape: ParallelShape = Field(description="The other role's parallel shape (planning needs both).")
     backend: Backend = Field(description="Transfer engine.")
     protocol: LinkProtocol = Field(description="Link asked for; the engine settings follow from it.")
     rdma_devices: tuple[str, ...] = Field((), description="RDMA device names for protocol rdma.")
@@ -133,7 +123,7 @@ class RuntimeConfig(_Model):
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> RuntimeConfig:
-        last_engine = self.engine_port + self.shape.ranks - 1
+        last_engine = self.engine_port + self.shape.world - 1
         for name, port in (("httpPort", self.http_port), ("adminPort", self.admin_port),
                            ("bootstrapPort", self.bootstrap_port)):
             if self.engine_port <= port <= last_engine:

@@ -27,7 +27,7 @@ Conventions (design.md sections 1 and 2):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -62,6 +62,7 @@ __all__ = [
     "pool_counts",
     "rank_buffers",
     "rank_state_bytes",
+    "replica_bytes",
     "resolve_layout",
     "stage_layers",
     "swa_pages_for_tokens",
@@ -627,6 +628,12 @@ def item_bytes_by_kind(layout: Layout, tp: int, pp: int, pp_rank: int) -> dict[I
     for buf in rank_buffers(layout, tp, pp, 0, pp_rank):
         per_kind[buf.index] = per_kind.get(buf.index, 0) + buf.item_bytes
     return per_kind
+
+
+def replica_bytes(layout: Layout, tp: int, pp: int, counts: Mapping[IndexKind, int]) -> int:
+    """Bytes of ``counts`` items of each index kind over every rank of a tp x pp replica (a request's
+    state on a whole pod, or a pod's pools)."""
+    return sum(tp * counts[k] * b for stage in range(pp) for k, b in item_bytes_by_kind(layout, tp, pp, stage).items())
 
 
 def rank_state_bytes(layout: Layout, tp: int, pp: int, pp_rank: int, max_requests: int, max_tokens: int) -> int:

@@ -49,7 +49,7 @@ __all__ = [
     "LayoutFacts",
     "Matrix",
     "MatrixInput",
-    "RoleShape",
+    "RoleInput",
     "Rule",
     "Severity",
     "Verdict",
@@ -187,8 +187,10 @@ class LayoutFacts:
 
 
 @dataclass(frozen=True, slots=True)
-class RoleShape:
-    """One role's shape as the matrix sees it (replicas and pod settings do not matter here)."""
+class RoleInput:
+    """One role as the matrix reads it: the spec's values as given, unvalidated (the matrix reports what is
+    wrong, with its path), so not a ``records.ParallelShape``, which refuses a bad shape when built.
+    Replicas and pod settings do not matter here."""
 
     tensor: int
     pipeline: int = 1
@@ -208,8 +210,8 @@ class MatrixInput:
     layout: LayoutFacts | None
     backend: Backend | str
     protocol: LinkProtocol | str
-    prefill: RoleShape
-    decode: RoleShape
+    prefill: RoleInput
+    decode: RoleInput
 
 
 @dataclass(frozen=True)
@@ -411,7 +413,7 @@ def _check_inputs(c: _Ctx) -> Iterator[Violation]:
         yield c.violation("input-invalid", f"unknown protocol {c.inp.protocol!r}", "spec.transfer.protocol")
     for role, prefix in _ROLES:
         shape = getattr(c.inp, role, None)
-        if not isinstance(shape, RoleShape):
+        if not isinstance(shape, RoleInput):
             yield c.violation("input-invalid", f"{role} is missing", prefix)
             continue
         for attr, path in _ROLE_INT_FIELDS:
@@ -513,7 +515,7 @@ def _check_pools(c: _Ctx) -> Iterator[Violation]:
     for role, prefix in _ROLES:
         shape = getattr(c.inp, role, None)
         tp_pp = c.shapes[role]
-        if tp_pp is None or not isinstance(shape, RoleShape):
+        if tp_pp is None or not isinstance(shape, RoleInput):
             continue
         reqs, toks, gib = _pos_int(shape.max_requests), _pos_int(shape.kv_tokens), shape.gpu_memory_gib
         if not reqs or not toks or type(gib) not in (int, float) or not math.isfinite(gib) or gib <= 0:
@@ -740,7 +742,7 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
 
 
 def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: LinkProtocol | str,
-                 prefill: RoleShape, decode: RoleShape) -> MatrixInput:
+                 prefill: RoleInput, decode: RoleInput) -> MatrixInput:
     """The one builder of an evaluation's input (the operator's admission and the parity harness):
     the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``)."""
     try:

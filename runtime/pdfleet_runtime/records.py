@@ -33,10 +33,29 @@ __all__ = [
 
 @dataclass(frozen=True, order=True)
 class ParallelShape:
-    """The (tp, pp) shape of one role (prefill or decode)."""
+    """The (tp, pp) shape of one role (prefill or decode): the one shape type of the runtime.
+
+    In a pydantic model (the runtime config) it reads and writes ``{tensor, pipeline}`` (each 1..64,
+    ``pipeline`` defaulting to 1), the names the operator writes.
+    """
 
     tp: int
     pp: int = 1
+
+    MAX_RANKS = 64
+    """The most ranks per dimension a runtime config may name."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: object, handler: object) -> object:
+        from pydantic_core import core_schema as cs
+
+        dim = cs.int_schema(ge=1, le=cls.MAX_RANKS)
+        wire = cs.typed_dict_schema({"tensor": cs.typed_dict_field(dim),
+                                     "pipeline": cs.typed_dict_field(dim, required=False)}, extra_behavior="forbid")
+        return cs.no_info_before_validator_function(
+            lambda v: {"tensor": v.tp, "pipeline": v.pp} if isinstance(v, cls) else v,
+            cs.no_info_after_validator_function(lambda d: cls(d["tensor"], d.get("pipeline", 1)), wire),
+            serialization=cs.plain_serializer_function_ser_schema(lambda s: {"tensor": s.tp, "pipeline": s.pp}))
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1:

@@ -4,9 +4,10 @@
 
 Shapes (``qwen3.8-flash-next``): prefill tp 1 -> decode tp 1 (GPU0 -> GPU1), tp 2 -> tp 2 (every leg
 crosses GPUs) and tp 2 -> tp 1 (prefill ranks on GPU0 and GPU1, decode on GPU1: one leg within a
-GPU, one across); placement by ``multiproc.gpu_of``. A shape the capability matrix rejects is
-reported with its reason and run with ``FALLBACK`` instead. Each decode rank compares its whole arena
-(background plus the logical state sharded for the decode shape) byte for byte. Prints one JSON
+GPU, one across); every rank is a serving rank process (``server.ranks``), placed by
+``verify.cases.gpu_of``. A shape the capability matrix rejects is reported with its reason and
+run with ``FALLBACK`` instead. Each decode rank compares its whole arena (background plus every
+request's seeded state at its items) byte for byte. Prints one JSON
 line per shape; exit 1 on any mismatch or failure. Same flow as ``pdfleet-runtime parity --device
 cuda``, which cannot override the protocol table's ``UCX_TLS`` (the probe may have to).
 """
@@ -16,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.records import ParallelShape
@@ -50,8 +49,7 @@ def main() -> int:
                          device=args.device, protocol=LinkProtocol.NVLINK if args.device == "cuda" else LinkProtocol.TCP,
                          engine_env=env)
         t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="pdfleet-gpu-parity-") as tmp:
-            r = run_group(spec, Path(tmp))[0]
+        r = run_group(spec)[0]
         line = {"backend": args.backend, "layout": layout, "prefill": p, "decode": d, "ok": r.ok, "bytes_moved": r.bytes_moved,
                 "descriptors": r.descriptors, "mismatched_bytes": r.mismatched_bytes,
                 "first_mismatch": r.first_mismatch.describe() if r.first_mismatch else None,

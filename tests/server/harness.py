@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pdfleet_runtime.config import RoleShape, RuntimeConfig
+from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.server.local import LocalPod, free_offset, http, metric
 
 __all__ = ["Pod", "config", "free_offset", "http", "metric"]
@@ -19,7 +20,7 @@ def config(role: str, *, layout: str | dict[str, Any] = LAYOUT, tp: int = 1, pee
            tokens: int = 512, drain_s: int = 20, backend: str = "mooncake") -> RuntimeConfig:
     ref = LayoutRef(preset=layout) if isinstance(layout, str) else LayoutRef(inline=layout)
     return RuntimeConfig(deployment="srv", namespace="default", role=role, runtime_version="0.1.0", layout=ref,
-                         shape=RoleShape(tensor=tp), peer_shape=RoleShape(tensor=peer_tp), backend=backend,
+                         shape=ParallelShape(tp), peer_shape=ParallelShape(peer_tp), backend=backend,
                          protocol="tcp", max_concurrent_requests=requests, kv_tokens=tokens,
                          prefill_service="srv-prefill", secret_path=Path("/nonexistent"),
                          drain_timeout_seconds=drain_s, device="cpu")

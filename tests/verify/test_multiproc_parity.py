@@ -1,8 +1,8 @@
-"""Multi-process parity through the real engines: every rank its own process, talking the protocol.
+"""Multi-process parity through the real engines: every rank a serving rank process, talking the protocol.
 
-One test per (backend, shape combination); each runs every preset through one process group (a
-fresh bootstrap server, i.e. prefill pod, per preset) so process start-up is paid once per group.
-Each decode rank verifies its whole arena; the bytes and descriptors moved must equal the
+One test per (backend, shape combination); each runs every preset as its own pair of pods (the
+serving rank processes ``serve`` runs, built from each preset's runtime config, and a fresh
+bootstrap server per prefill pod). Each decode rank verifies its whole arena; the bytes and descriptors moved must equal the
 in-process harness's for the same configuration (same planner, different transport). A
 combination the matrix rejects is reported with the matrix's rule before any process starts.
 """
@@ -10,7 +10,6 @@ combination the matrix rejects is reported with the matrix's rule before any pro
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -35,11 +34,11 @@ REQUESTS, TOKENS = 2, 64
 
 @pytest.mark.parametrize("combo", list(COMBOS))
 @pytest.mark.parametrize("backend", ["mooncake", "nixl"])
-def test_every_preset_is_byte_exact_across_processes(backend: str, combo: str, tmp_path: Path) -> None:
+def test_every_preset_is_byte_exact_across_processes(backend: str, combo: str) -> None:
     p, d = COMBOS[combo]
     cases = tuple(CaseSpec(name, REQUESTS, TOKENS, seed=11) for name in PRESETS)
     t0 = time.monotonic()
-    results = run_group(GroupSpec(backend, p, d, cases, request_timeout_s=60.0), tmp_path)
+    results = run_group(GroupSpec(backend, p, d, cases, request_timeout_s=60.0))
     elapsed = time.monotonic() - t0
     admitted = 0
     for case, res in zip(cases, results, strict=True):
@@ -58,10 +57,11 @@ def test_every_preset_is_byte_exact_across_processes(backend: str, combo: str, t
         # Every source rank reported for every request, on every decode rank (also ranks that sent nothing).
         pairs = sum(len(source_ranks(p, d, t, k)) for t, k in d.coords())
         assert res.details is not None
-        assert sum(len(x["reports"]) for x in res.details.decode) == REQUESTS * pairs, case
+        assert sum(len(r.reports) for x in res.details.decode for r in x.results) == REQUESTS * pairs, case
+        assert all(x.check.mismatched == 0 for x in res.details.decode)
         for served in res.details.prefill:
-            assert served["released"] == served["requests"] == REQUESTS
-            before, after = served["free_before"], served["free_after"]
+            assert served.released == served.requests == REQUESTS
+            before, after = served.free_before, served.free_after
             assert after["slot"] == before["slot"] + REQUESTS and after["page"] > before["page"]
     assert admitted >= 3
     print(f"{backend} {combo}: {admitted} presets in {elapsed:.1f}s")

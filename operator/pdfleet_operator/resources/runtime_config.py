@@ -9,7 +9,8 @@ from __future__ import annotations
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.resources.names import config_name, owner_labels, service_name
-from pdfleet_runtime.config import RoleShape, RuntimeConfig
+from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.records import ParallelShape
 
 __all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "runtime_config", "runtime_configmap"]
 
@@ -28,8 +29,8 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         role=role.value,
         runtime_version=mine.runtime_version,
         layout=spec.model.layout,
-        shape=RoleShape(tensor=mine.parallelism.tensor, pipeline=mine.parallelism.pipeline),
-        peer_shape=RoleShape(tensor=other.parallelism.tensor, pipeline=other.parallelism.pipeline),
+        shape=ParallelShape(mine.parallelism.tensor, mine.parallelism.pipeline),
+        peer_shape=ParallelShape(other.parallelism.tensor, other.parallelism.pipeline),
         backend=spec.transfer.backend,
         protocol=spec.transfer.protocol,
         rdma_devices=tuple(spec.transfer.rdma_devices or ()),

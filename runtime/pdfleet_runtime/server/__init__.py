@@ -3,7 +3,9 @@
 Reading order: ``options`` (what a pod runs with, read once at start; the local-run overrides),
 ``pipe`` (the typed messages between the pod process and its ranks), ``launcher`` (one spawned
 process per rank, supervised), ``ranks`` (a rank process: pools, engine, protocol coordinator),
-``synthetic`` (seeded request state, filled and verified), ``readiness`` (the pure verdict),
+``rank_requests`` (what a rank does with a synthetic request), ``synthetic`` (seeded request state,
+filled and verified), ``arena`` (a rank's seeded arena and whole-arena check, for the parity
+harness that drives these same rank processes), ``readiness`` (the pure verdict),
 ``routing`` (which prefill pod a request goes to, what its outcome means), ``drain`` (the drain's
 phases), ``metrics``, ``gate`` (the pod readiness-gate condition), ``app`` (HTTP, the canary loop,
 the operator's drain requests, SIGTERM), ``main``. docs/runtime-server.md describes endpoints, metrics,

@@ -41,7 +41,6 @@ from pdfleet_runtime.protocol.discovery import (
     StaticResolver,
 )
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
-from pdfleet_runtime.records import ParallelShape
 
 from .admin import start_admin
 from .drain import Drain, DrainPhase
@@ -73,7 +72,7 @@ class PodServer:
         self.role = cfg.role
         self.metrics = ServerMetrics(self.role.value)
         self.metrics.floor_gbps.set(opts.floor)
-        self.readiness = Readiness(self.role.value, opts.floor, opts.failures_not_ready, ranks_total=cfg.shape.ranks)
+        self.readiness = Readiness(self.role.value, opts.floor, opts.failures_not_ready, ranks_total=cfg.shape.world)
         self.gate: GateWriter = gate or NoGate()
         if resolver is None:
             if opts.prefill_addresses:
@@ -114,7 +113,7 @@ class PodServer:
         try:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
-                state = BootstrapState(ParallelShape(cfg.shape.tensor, cfg.shape.pipeline), wire=wire)
+                state = BootstrapState(cfg.shape, wire=wire)
                 self.bootstrap = BootstrapServer(state, Codec(secret, opts.instance), host=opts.bind_host,
                                                  port=opts.bootstrap_port)
                 self.worker.attach()
@@ -146,7 +145,7 @@ class PodServer:
         boot = ("127.0.0.1", self.bootstrap.port if self.bootstrap else o.bootstrap_port)
         return [RankSpec(cfg, t, p, secret, o.instance, o.advertise_host, boot, o.request_timeout_s,
                          o.write_timeout_s, o.fence_timeout_s, o.log_level, o.faults)
-                for p in range(cfg.shape.pipeline) for t in range(cfg.shape.tensor)]
+                for p in range(cfg.shape.pp) for t in range(cfg.shape.tp)]
 
     def _on_signal(self, sig: signal.Signals, stop: asyncio.Event) -> None:
         log.info("%s: draining (budget %ds), then exiting", sig.name, self.opts.config.drain_timeout_seconds)
@@ -191,7 +190,7 @@ class PodServer:
     async def _healthz(self, _: web.Request) -> web.Response:
         died = self.launcher.died if self.launcher else []
         body = {"alive": not died, "role": self.role.value, "phase": self.drain.phase.value,
-                "ranksUp": self.launcher.up if self.launcher else 0, "ranks": self.opts.config.shape.ranks,
+                "ranksUp": self.launcher.up if self.launcher else 0, "ranks": self.opts.config.shape.world,
                 "died": died}
         return web.json_response(body, status=503 if died else 200)
 
@@ -225,7 +224,7 @@ class PodServer:
         if not self.drain.serving:
             return web.json_response({"error": f"the pod is draining ({self.drain.phase.value}): no new requests"},
                                      status=503)
-        if self.launcher is None or self.launcher.up < self.opts.config.shape.ranks:
+        if self.launcher is None or self.launcher.up < self.opts.config.shape.world:
             return web.json_response({"error": "rank processes are not up"}, status=503)
         try:
             body = await request.json() if request.can_read_body else {}

@@ -31,9 +31,9 @@ from pdfleet_runtime import __version__
 from pdfleet_runtime.config import Role, RuntimeConfig
 from pdfleet_runtime.layouts import (
     IndexKind,
-    item_bytes_by_kind,
     pages_for_tokens,
     pool_counts,
+    replica_bytes,
     resolve_layout,
     swa_pages_for_tokens,
 )
@@ -77,15 +77,13 @@ def request_state_bytes(cfg: RuntimeConfig, tokens: int, *, decode_side: bool) -
     counts = {IndexKind.PAGE: pages_for_tokens(tokens, layout.page_size),
               IndexKind.SWA_PAGE: swa_pages_for_tokens(tokens, layout.swa.window, layout.page_size)
               if layout.swa else 0, IndexKind.SLOT: 1, IndexKind.ROW: 1}
-    return sum(shape.tensor * counts[k] * b for pp in range(shape.pipeline)
-               for k, b in item_bytes_by_kind(layout, shape.tensor, shape.pipeline, pp).items())
+    return replica_bytes(layout, shape.tp, shape.pp, counts)
 
 
 def _pool_bytes(cfg: RuntimeConfig) -> int:
     layout = resolve_layout(cfg.layout)
     counts = pool_counts(layout, cfg.max_concurrent_requests, cfg.kv_tokens)
-    return sum(cfg.peer_shape.tensor * counts[k] * b for pp in range(cfg.peer_shape.pipeline)
-               for k, b in item_bytes_by_kind(layout, cfg.peer_shape.tensor, cfg.peer_shape.pipeline, pp).items())
+    return replica_bytes(layout, cfg.peer_shape.tp, cfg.peer_shape.pp, counts)
 
 
 class WorkerApi:
@@ -137,7 +135,7 @@ class WorkerApi:
 
     async def _health(self, _: web.Request) -> web.Response:
         launcher = self.pod.launcher
-        up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.ranks
+        up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.world
         return web.Response(status=200 if up else 503)
 
     async def _server_info(self, _: web.Request) -> web.Response:
@@ -147,7 +145,7 @@ class WorkerApi:
             "version": __version__, "runtime": "pdfleet", "runtime_version": __version__,
             "served_model_name": self.model, "model_path": self.model, "disaggregation_mode": mode,
             "disaggregation_transfer_backend": cfg.backend.value, "disaggregation_bootstrap_port": o.bootstrap_port,
-            "tp_size": cfg.shape.tensor, "pp_size": cfg.shape.pipeline, "dp_size": 1,
+            "tp_size": cfg.shape.tp, "pp_size": cfg.shape.pp, "dp_size": 1,
             "max_running_requests": cfg.max_concurrent_requests, "max_total_num_tokens": cfg.kv_tokens,
             "layout": cfg.layout.model_dump(mode="json", exclude_none=True), "draining": not self.pod.drain.serving,
             "internal_states": [{"num_running_reqs": self.running, "num_queue_reqs": self.queued}],
@@ -200,7 +198,7 @@ class WorkerApi:
             raise ApiError(503, f"the pod is draining ({self.pod.drain.phase.value}): send the request to another "
                            "worker", code="draining", retry_after=5)
         launcher = self.pod.launcher
-        if launcher is None or launcher.up < self.pod.opts.config.shape.ranks:
+        if launcher is None or launcher.up < self.pod.opts.config.shape.world:
             raise ApiError(503, "rank processes are not up", code="not_ready", retry_after=1)
         if req.prompt_tokens > self.pod.opts.config.kv_tokens:
             raise ApiError(400, f"the prompt has {req.prompt_tokens} tokens, more than this worker's "
@@ -261,7 +259,7 @@ class WorkerApi:
         """(bytes written, first failure, every leg terminal) of a claimed room, from the bootstrap's reports."""
         assert self.pod.bootstrap is not None
         pending = [p for (_, r, _), p in self.pod.bootstrap.state.pending.items() if r == rid]
-        want = self.pod.opts.config.peer_shape.ranks
+        want = self.pod.opts.config.peer_shape.world
         moved = sum(rep.bytes for p in pending for rep in p.reports.values())
         failure = next((f"{rep.failure.value}: {rep.reason}" for p in pending for rep in p.reports.values()
                         if rep.failure is not None), "")

@@ -78,6 +78,7 @@ class FaultOptions:
     """Fault injection for tests only (flags hidden from ``--help``): never set in a pod.
 
     ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
+    ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late);
     ``wire``: speak another wire version (an incompatible peer);
     ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
     byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
@@ -86,6 +87,7 @@ class FaultOptions:
     """
 
     write_delay_s: float = 0.0
+    fill_delay_s: float = 0.0
     wire: str | None = None
     corrupt_received: bool = False
     corrupt_sent: bool = False
@@ -179,7 +181,7 @@ class ServeOptions:
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
-        highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.ranks - 1)
+        highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.world - 1)
         if min(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
         if opts.canary_tokens < 1 or opts.canary_period_s <= 0 or opts.retry_period_s <= 0:

@@ -9,6 +9,9 @@ with the result's type, and failures keep their ``FailureReason`` from the prefi
 - rank -> pod: ``RankReady`` once the engine is up (prefill: registered with the pod's bootstrap),
   ``Reply(call_id, result)`` with a ``TransferResult``, ``RankStats`` or ``CallFailed``, ``LegReport``
   per status a prefill rank sends (metrics and readiness), ``RankFailed(traceback)`` before dying.
+- the parity harness (``verify.group``) drives the same ranks with three more ops: ``SeededArenaOp``
+  (seeded background and allocations, as ``verify.parity.run_parity`` builds them), ``ArenaCheckOp``
+  (decode: every byte of the arena, answered by ``ArenaCheck``) and ``RequestStatesOp`` (prefill).
 """
 
 from __future__ import annotations
@@ -16,15 +19,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 
 from .options import FaultOptions
 
 __all__ = [
+    "ArenaCheck",
+    "ArenaCheckOp",
     "Call",
     "CallFailed",
     "Exit",
     "LegReport",
+    "Mismatch",
     "RankFailed",
     "RankOp",
     "RankReady",
@@ -32,6 +39,10 @@ __all__ = [
     "RankSpec",
     "RankStats",
     "Reply",
+    "RequestOutcome",
+    "RequestStates",
+    "RequestStatesOp",
+    "SeededArenaOp",
     "StatsOp",
     "TransferOp",
     "TransferResult",
@@ -58,6 +69,10 @@ class RankSpec:
     fence_timeout_s: float = 35.0
     log_level: str = "INFO"
     faults: FaultOptions = field(default_factory=FaultOptions)
+    engine_env: dict[str, str | None] = field(default_factory=dict)
+    """Overrides of the protocol table's engine environment (``EngineConfig.env``; the GPU probe's ``UCX_TLS``)."""
+    gpu: int | None = None
+    """The GPU of this rank's pools (parity's placement, ``verify.cases.gpu_of``); None: its local index."""
 
     @property
     def name(self) -> str:
@@ -65,8 +80,7 @@ class RankSpec:
 
     @property
     def index(self) -> int:
-        return self.pp * self.config.shape.tensor + self.tp
-
+        return self.pp * self.config.shape.tp + self.tp
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,36 @@ class StatsOp:
     """Either role: this rank's in-flight count, held and free items (and, decode, its fences)."""
 
 
-RankOp = TransferOp | StatsOp
+@dataclass(frozen=True)
+class SeededArenaOp:
+    """Parity: start a seeded case on this rank while it holds no request; answers ``RankStats``.
+
+    Fills the arena with ``seeded.background(background_seed, side, rank)`` (side 1 prefill, 2 decode),
+    restarts the allocator from ``allocator_seed`` and allocates ``reserve`` (request id, tokens) in
+    order, so the rank holds the items ``verify.parity.run_parity`` allocates; the synthetic request of a
+    reserved id (the prefill's fill, the decode's ``TransferOp``) takes them. From then on a decode rank
+    keeps what each request left in its arena, for ``ArenaCheckOp``.
+    """
+
+    background_seed: int
+    allocator_seed: int
+    reserve: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class ArenaCheckOp:
+    """Decode, after a ``SeededArenaOp``: compare every byte of the arena with the background plus each
+    succeeded request's seeded state at its items (a failed request's items may hold anything); ``ArenaCheck``."""
+
+
+@dataclass(frozen=True)
+class RequestStatesOp:
+    """Prefill: the protocol state of each request (``bootstrapping`` when not seen yet); ``RequestStates``."""
+
+    request_ids: tuple[str, ...]
+
+
+RankOp = TransferOp | StatsOp | SeededArenaOp | ArenaCheckOp | RequestStatesOp
 
 
 @dataclass(frozen=True)
@@ -121,32 +164,41 @@ class RankReady:
     engine: str
     transport: Transport
     pool_bytes: int
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
-class TransferResult:
+class RequestOutcome:
+    """How one request ended on one rank (or one leg of it): its state, the typed failure and the bytes moved."""
+
+    request_id: str
+    state: RequestState
+    failure: FailureReason | None = None
+    reason: str = ""
+    bytes: int = 0
+    write_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.state is RequestState.SUCCESS
+
+
+@dataclass(frozen=True)
+class TransferResult(RequestOutcome):
     """One synthetic request's outcome on one decode rank.
 
     ``failure`` and ``cause`` as in ``protocol.decode.TransferOutcome``; ``mismatched`` is -1 when the
     bytes were not checked; ``released``: no source can still write the items (another pod may take it).
     """
 
-    request_id: str
-    state: RequestState
-    failure: FailureReason | None = None
     cause: FailureReason | None = None
-    reason: str = ""
-    bytes: int = 0
-    write_s: float = 0.0
     seconds: float = 0.0
     mismatched: int = -1
     released: bool = False
     mismatched_buffers: tuple[str, ...] = ()
     """The buffers (``BufferSpec.describe``) whose bytes differ, when ``mismatched`` > 0."""
-
-    @property
-    def ok(self) -> bool:
-        return self.state is RequestState.SUCCESS
+    reports: tuple[StatusReport, ...] = ()
+    """The sources' status reports of a request that succeeded (parity sums their bytes and descriptors)."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +218,36 @@ class CallFailed:
     error: str
 
 
-RankResult = TransferResult | RankStats | CallFailed
+@dataclass(frozen=True)
+class Mismatch:
+    """The first differing byte of a decode arena."""
+
+    rank: int
+    state_type: str
+    field: str
+    layer_id: int
+    item: int
+    offset: int
+
+    def describe(self) -> str:
+        return (f"decode rank {self.rank}: {self.state_type}/{self.field} layer {self.layer_id} item {self.item} "
+                f"byte offset {self.offset}")
+
+
+@dataclass(frozen=True)
+class ArenaCheck:
+    """The answer to ``ArenaCheckOp``: bytes of the arena that differ from what it must hold, and the first."""
+
+    mismatched: int
+    first: Mismatch | None = None
+
+
+@dataclass(frozen=True)
+class RequestStates:
+    states: dict[str, RequestState]
+
+
+RankResult = TransferResult | RankStats | ArenaCheck | RequestStates | CallFailed
 
 
 @dataclass(frozen=True)
@@ -176,19 +257,8 @@ class Reply:
 
 
 @dataclass(frozen=True)
-class LegReport:
+class LegReport(RequestOutcome):
     """A prefill rank's status of one leg of a request (what it sent the decode)."""
-
-    request_id: str
-    state: RequestState
-    failure: FailureReason | None
-    reason: str
-    bytes: int
-    write_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.state is RequestState.SUCCESS
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ them with seeded state, give them back on release; full pools fail the request `
 ``DecodeRequests`` runs one ``TransferOp`` on a decode rank: allocate, ``DecodeRank.transfer`` with a
 ``SyntheticFill`` (one coordinator per prefill pod), verify every byte, free, and answer a
 ``TransferResult`` whose failure and cause are the protocol's own ``FailureReason``s. ``ranks``
-drives both from the pipe; tests drive them in one process.
+drives both from the pipe; tests drive them in one process. For parity (``SeededArenaOp``) both
+take a request's items from a reservation made in order, and a decode rank notes in its
+``SeededArena`` what each request left in its items.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pdfleet_runtime.engines import cuda as cuda_facts
 from pdfleet_runtime.engines.base import PeerInfo
 from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
@@ -23,6 +26,7 @@ from pdfleet_runtime.protocol.prefill import SyntheticError
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
 from pdfleet_runtime.records import RequestIndices
 
+from .arena import SeededArena
 from .pipe import RankSpec, RankStats, TransferOp, TransferResult
 from .synthetic import corrupt_request, fill_request, mismatched_buffers
 
@@ -37,6 +41,20 @@ class _Items:
     def __init__(self, pools: RankPools, alloc: RequestAllocator) -> None:
         self.pools, self.alloc = pools, alloc
         self.held: dict[str, RequestIndices] = {}
+        self.reserved: dict[str, RequestIndices] = {}
+
+    def reset(self, alloc: RequestAllocator, reserve: tuple[tuple[str, int], ...]) -> None:
+        """A fresh allocator (no request may be held), then ``reserve``'s requests allocated in order."""
+        if self.held:
+            raise RuntimeError(f"{len(self.held)} requests are in flight on this rank")
+        self.alloc = alloc
+        self.reserved = {rid: alloc.allocate(tokens) for rid, tokens in reserve}
+
+    def take(self, request_id: str, tokens: int) -> RequestIndices:
+        """The request's items: its reservation, else newly allocated (``PoolExhausted`` when full)."""
+        idx = self.reserved.pop(request_id, None)
+        self.held[request_id] = idx if idx is not None else self.alloc.allocate(tokens)
+        return self.held[request_id]
 
     def release(self, request_id: str) -> None:
         idx = self.held.pop(request_id, None)
@@ -51,22 +69,26 @@ class SyntheticSource(_Items):
     """A prefill rank's seeded request state (``PrefillRank(synthetic=source.fill, release=source.release)``).
 
     ``corrupt`` (``--fault-corrupt-sent``): flip one byte of each request's filled state before the engine
-    writes it, so the wire really carries a wrong byte.
+    writes it, so the wire really carries a wrong byte. ``fill_delay_s``: every fill sleeps first (the
+    request's input is late: it waits for input meanwhile).
     """
 
-    def __init__(self, pools: RankPools, alloc: RequestAllocator, *, corrupt: bool = False) -> None:
+    def __init__(self, pools: RankPools, alloc: RequestAllocator, *, corrupt: bool = False,
+                 fill_delay_s: float = 0.0) -> None:
         super().__init__(pools, alloc)
-        self.corrupt = corrupt
+        self.corrupt, self.fill_delay_s = corrupt, fill_delay_s
 
     async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
         try:
-            idx = self.alloc.allocate(fill.tokens)
+            idx = self.take(request_id, fill.tokens)
         except PoolExhausted as e:
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
-        self.held[request_id] = idx
+        if self.fill_delay_s > 0:
+            await asyncio.sleep(self.fill_delay_s)
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
         if self.corrupt:
             await asyncio.to_thread(corrupt_request, self.pools, idx)
+        cuda_facts.synchronize(self.pools.region.device)  # the engine reads on streams of its own
         log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
         return idx
 
@@ -82,6 +104,21 @@ class DecodeRequests(_Items):
         self.spec, self.info = spec, info
         self.coords: dict[Endpoint, DecodeRank] = {}
         self.in_flight = 0
+        self.arena: SeededArena | None = None
+        """Set by ``SeededArenaOp`` (parity): what each request left in this rank's arena."""
+
+    def release(self, request_id: str) -> None:
+        """Give a failed request's items back (a succeeded one's go through ``_done``)."""
+        idx = self.held.get(request_id)
+        if idx is not None and self.arena is not None:
+            self.arena.dirty(idx)
+        super().release(request_id)
+
+    def _done(self, request_id: str, seed: int) -> None:
+        idx = self.held.get(request_id)
+        if idx is not None and self.arena is not None:
+            self.arena.wrote(idx, seed)
+        super().release(request_id)
 
     def _coord(self, ep: Endpoint) -> DecodeRank:
         coord = self.coords.get(ep)
@@ -103,11 +140,10 @@ class DecodeRequests(_Items):
             return TransferResult(request_id, RequestState.FAILED, FailureReason.CONFLICT,
                                   reason=f"request id {request_id} is already in flight on this rank")
         try:
-            idx = self.alloc.allocate(op.tokens)
+            idx = self.take(request_id, op.tokens)
         except PoolExhausted as e:
             return TransferResult(request_id, RequestState.FAILED, FailureReason.BUSY,
                                   reason=f"decode pools are full: {e}")
-        self.held[request_id] = idx
         self.in_flight += 1
         try:
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
@@ -122,15 +158,16 @@ class DecodeRequests(_Items):
                 await asyncio.to_thread(corrupt_request, self.pools, idx)
             bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
             mismatched, bad_buffers = sum(bad.values()), tuple(sorted(bad))
-            self.release(request_id)
+            self._done(request_id, seed)
         log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
                  out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
         # Released: no source can still write these items (the request was never accepted, or it ended), so
         # the pod may send the same request to another prefill pod.
-        return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,
-                              out.seconds, mismatched, released=request_id not in self.held,
-                              mismatched_buffers=bad_buffers)
+        return TransferResult(request_id, out.state, out.failure, out.reason, moved, write_s, cause=out.cause,
+                              seconds=out.seconds, mismatched=mismatched, released=request_id not in self.held,
+                              mismatched_buffers=bad_buffers,
+                              reports=tuple(out.reports) if out.state is RequestState.SUCCESS else ())
 
     def stats(self) -> RankStats:
         fenced: dict[str, int] = {}

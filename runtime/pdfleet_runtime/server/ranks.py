@@ -6,12 +6,15 @@ ones of ``pipe``; EOF (the pod process died) ends the rank at once.
 
 Decode ops: ``TransferOp`` (one synthetic request through this rank: ``rank_requests.DecodeRequests``)
 and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill rank makes a synthetic request's state when the
-decode's ``TransferRequest`` asks for it (``rank_requests.SyntheticSource``).
+decode's ``TransferRequest`` asks for it (``rank_requests.SyntheticSource``). The parity harness
+drives these same processes, with ``SeededArenaOp`` (both roles), ``ArenaCheckOp`` (decode) and
+``RequestStatesOp`` (prefill) besides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -22,6 +25,7 @@ from typing import Any, cast
 
 from pdfleet_runtime.config import Role
 from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
+from pdfleet_runtime.engines import cuda as cuda_facts
 from pdfleet_runtime.layouts import resolve_layout
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
@@ -29,25 +33,10 @@ from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
-from pdfleet_runtime.protocol.states import StateTimeouts
-from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 
-from .pipe import (
-    Call,
-    CallFailed,
-    Exit,
-    LegReport,
-    RankFailed,
-    RankOp,
-    RankReady,
-    RankResult,
-    RankSpec,
-    RankStats,
-    Reply,
-    StatsOp,
-    TransferOp,
-    Transport,
-)
+from . import pipe
+from .arena import SeededArena
 from .rank_requests import DecodeRequests, SyntheticSource
 
 __all__ = ["rank_main"]
@@ -55,7 +44,7 @@ __all__ = ["rank_main"]
 log = logging.getLogger("pdfleet_runtime.server.rank")
 
 
-def rank_main(conn: Connection, spec: RankSpec) -> None:
+def rank_main(conn: Connection, spec: pipe.RankSpec) -> None:
     """Process entry point (spawned)."""
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s %(levelname)s {spec.name} %(name)s: %(message)s")
     try:
@@ -64,7 +53,7 @@ def rank_main(conn: Connection, spec: RankSpec) -> None:
         pass
     except BaseException:
         with contextlib.suppress(Exception):
-            conn.send(RankFailed(traceback.format_exc()))
+            conn.send(pipe.RankFailed(traceback.format_exc()))
         raise
 
 
@@ -83,10 +72,10 @@ class _DelayedWrites:
 
 
 class _Rank:
-    def __init__(self, conn: Connection, spec: RankSpec) -> None:
+    def __init__(self, conn: Connection, spec: pipe.RankSpec) -> None:
         self.conn, self.spec = conn, spec
         cfg = spec.config
-        self.shape = ParallelShape(cfg.shape.tensor, cfg.shape.pipeline)
+        self.shape = cfg.shape
         self.stop = asyncio.Event()
         self.work: SyntheticSource | DecodeRequests | None = None
 
@@ -95,13 +84,18 @@ class _Rank:
     async def main(self) -> None:
         cfg, spec = self.spec.config, self.spec
         t0 = time.perf_counter()
-        device = "cpu" if cfg.device == "cpu" else f"cuda:{spec.index}"
-        layout = resolve_layout(cfg.layout)
-        cap = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
-        self.pools = RankPools(layout, self.shape, spec.tp, spec.pp, cap, device)
-        self.alloc = RequestAllocator(layout, cap)
+        self.device = "cpu" if cfg.device == "cpu" else f"cuda:{spec.index if spec.gpu is None else spec.gpu}"
+        if self.device != "cpu":
+            # The current device is per thread: bind this one and every worker thread (engine writes, fills).
+            cuda_facts.bind_thread(self.device)
+            asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(
+                initializer=cuda_facts.bind_thread, initargs=(self.device,)))
+        self.layout = resolve_layout(cfg.layout)
+        self.capacity = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
+        self.pools = RankPools(self.layout, self.shape, spec.tp, spec.pp, self.capacity, self.device)
+        self.alloc = RequestAllocator(self.layout, self.capacity)
         self.engine = create_engine(EngineConfig(cfg.backend.value, cfg.protocol, host=spec.host,
-                                                 rdma_devices=cfg.rdma_devices,
+                                                 rdma_devices=cfg.rdma_devices, env=spec.engine_env,
                                                  name=f"{spec.instance}-{cfg.role.value}-{spec.tp}-{spec.pp}"))
         self.engine.start()
         self.info = self.engine.register_rank(self.pools.registration())
@@ -123,41 +117,60 @@ class _Rank:
 
     def _ready(self) -> None:
         t = self.engine.transport()
-        self.conn.send(RankReady(
+        self.conn.send(pipe.RankReady(
             (self.spec.tp, self.spec.pp), os.getpid(), self.info.name,
-            Transport(t.requested.value if t.requested else None, t.engine_protocol, t.effective, t.pinned),
-            self.pools.region.total_bytes))
+            pipe.Transport(t.requested.value if t.requested else None, t.engine_protocol, t.effective, t.pinned),
+            self.pools.region.total_bytes, self.device))
 
     def _readable(self) -> None:
         try:
             while self.conn.poll():
                 msg = self.conn.recv()
-                if isinstance(msg, Exit):
+                if isinstance(msg, pipe.Exit):
                     self.stop.set()
-                elif isinstance(msg, Call):
+                elif isinstance(msg, pipe.Call):
                     task = asyncio.get_running_loop().create_task(self._call(msg))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
         except (EOFError, OSError):
             os._exit(0)  # the pod process is gone: so is this rank
 
-    async def _call(self, call: Call) -> None:
-        result: RankResult
+    async def _call(self, call: pipe.Call) -> None:
+        result: pipe.RankResult
         try:
             result = await self._handle(call.op)
         except Exception as e:  # a bad call must not kill the rank: the pod sees the error
             log.exception("call %s failed", type(call.op).__name__)
-            result = CallFailed(f"{type(e).__name__}: {e}")
+            result = pipe.CallFailed(f"{type(e).__name__}: {e}")
         with contextlib.suppress(OSError):
-            self.conn.send(Reply(call.call_id, result))
+            self.conn.send(pipe.Reply(call.call_id, result))
 
-    async def _handle(self, op: RankOp) -> RankResult:
+    async def _handle(self, op: pipe.RankOp) -> pipe.RankResult:
+        work = self.work
         match op:
-            case TransferOp() if isinstance(self.work, DecodeRequests):
-                return await self.work.transfer(op)
-            case StatsOp():
+            case pipe.TransferOp() if isinstance(work, DecodeRequests):
+                return await work.transfer(op)
+            case pipe.StatsOp():
                 return self.stats()
-        return CallFailed(f"a {self.spec.config.role.value} rank does not take {type(op).__name__}")
+            case pipe.SeededArenaOp():
+                return await self._seed_arena(op)
+            case pipe.ArenaCheckOp() if isinstance(work, DecodeRequests) and work.arena is not None:
+                return await asyncio.to_thread(work.arena.check)
+            case pipe.RequestStatesOp() if isinstance(work, SyntheticSource):
+                return pipe.RequestStates({rid: self.coord.outcome(rid) or RequestState.BOOTSTRAPPING
+                                           for rid in op.request_ids})
+        return pipe.CallFailed(f"a {self.spec.config.role.value} rank does not take {type(op).__name__} now")
+
+    async def _seed_arena(self, op: pipe.SeededArenaOp) -> pipe.RankStats:
+        """Parity: seeded background, a seeded allocator and the reserved requests' items (no request held)."""
+        assert self.work is not None
+        self.alloc = RequestAllocator(self.layout, self.capacity, seed=op.allocator_seed)
+        self.work.reset(self.alloc, op.reserve)
+        side = 1 if self.spec.config.role is Role.PREFILL else 2
+        arena = await asyncio.to_thread(SeededArena, self.pools, op.background_seed, side)
+        if isinstance(self.work, DecodeRequests):
+            self.work.arena = arena
+        return self.stats()
 
     # ------------------------------------------------------------------ prefill
 
@@ -166,7 +179,8 @@ class _Rank:
         engine = self.engine
         if spec.faults.write_delay_s > 0:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
-        self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent)
+        self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent,
+                                             fill_delay_s=spec.faults.fill_delay_s)
         client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"))
         timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
@@ -183,7 +197,7 @@ class _Rank:
         log.info("request %s -> %s%s: %s%s, %d bytes in %.4fs", r.request_id, r.instance, list(r.dst.pair),
                  r.state.value, f" ({r.failure.value}: {r.reason})" if r.failure else "", r.bytes, r.write_seconds)
         with contextlib.suppress(OSError):
-            self.conn.send(LegReport(r.request_id, r.state, r.failure, r.reason, r.bytes, r.write_seconds))
+            self.conn.send(pipe.LegReport(r.request_id, r.state, r.failure, r.reason, r.bytes, r.write_seconds))
 
     # ------------------------------------------------------------------ decode
 
@@ -195,7 +209,7 @@ class _Rank:
         finally:
             await self.work.close()
 
-    def stats(self) -> RankStats:
+    def stats(self) -> pipe.RankStats:
         if isinstance(self.work, SyntheticSource):
             return self.work.stats(self.coord.in_flight)
         return self.work.stats()

@@ -20,10 +20,10 @@ from pdfleet_runtime.pools import RankPools
 from pdfleet_runtime.records import RequestIndices
 from pdfleet_runtime.seeded import logical_items, shard_logical
 
-__all__ = ["corrupt_request", "fill_request", "mismatched_buffers", "request_bytes", "verify_request"]
+__all__ = ["corrupt_request", "fill_request", "mismatched_buffers", "request_bytes", "request_shards", "verify_request"]
 
 
-def _shards(pools: RankPools, seed: int, idx: RequestIndices) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def request_shards(pools: RankPools, seed: int, idx: RequestIndices) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(buffer index, item ids, this rank's bytes for them) for every buffer the request occupies."""
     tp = pools.shape.tp
     for i, rec in enumerate(pools.records):
@@ -36,7 +36,7 @@ def _shards(pools: RankPools, seed: int, idx: RequestIndices) -> Iterator[tuple[
 def fill_request(pools: RankPools, seed: int, idx: RequestIndices) -> int:
     """Write the request's seeded state into this rank's pools; the bytes written."""
     written = 0
-    for i, items, data in _shards(pools, seed, idx):
+    for i, items, data in request_shards(pools, seed, idx):
         view = pools.byte_view(i)
         ids = torch.from_numpy(np.array(items, dtype=np.int64)).to(view.device)
         view.index_copy_(0, ids, torch.from_numpy(data).to(view.device))
@@ -52,7 +52,7 @@ def verify_request(pools: RankPools, seed: int, idx: RequestIndices) -> int:
 def mismatched_buffers(pools: RankPools, seed: int, idx: RequestIndices) -> dict[str, int]:
     """Per buffer (``BufferSpec.describe``) that differs from the seeded state, its differing bytes."""
     bad: dict[str, int] = {}
-    for i, items, data in _shards(pools, seed, idx):
+    for i, items, data in request_shards(pools, seed, idx):
         view = pools.byte_view(i)
         ids = torch.from_numpy(np.array(items, dtype=np.int64)).to(view.device)
         actual = view.index_select(0, ids).cpu().numpy()

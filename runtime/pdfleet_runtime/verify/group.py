@@ -1,168 +1,301 @@
-"""Multi-process parity: every rank its own spawned process on loopback, through a real engine and the protocol.
+"""Multi-process parity through the serving rank processes: ``server.ranks``, started by ``server.launcher``.
 
-A *group* is one (backend, prefill shape, decode shape); its processes are one bootstrap host
-(no torch: it runs one ``BootstrapServer`` per case, each a fresh "prefill pod" on its own port),
-one process per prefill rank and one per decode rank. Each rank process builds the pools of every
-case of the group at start and registers all of them with one engine, once; then, per case, the
-prefill ranks register with that case's bootstrap and the decode ranks handshake, send their
-indices, wait for every source's status and verify their own bytes (the receiving side checks:
-background plus the logical state sharded for the decode shape, so bytes outside the request's
-items must be untouched). So the process start cost (~1-2 s with torch) is paid once per group,
-not per case.
+A *group* is one (backend, prefill shape, decode shape) and its cases (layouts). Each case runs as
+``serve`` runs it: a prefill pod (its bootstrap server in this process, as the pod process holds
+it, and one rank process per prefill rank) and a decode pod (one rank process per decode rank),
+every rank built from the case's ``RuntimeConfig`` and driven over the typed rank pipe. The flow:
 
-Reading order: ``cases`` (``CaseSpec``/``GroupSpec``), ``run_group`` (the parity flow), ``ProcessGroup``
-(start/stop), then the process mains ``bootstrap_host.bootstrap_main`` and ``rank_workers``.
+1. ``SeededArenaOp`` on every rank: seeded background, and the requests allocated in order from
+   seeded allocators, exactly as ``parity.run_parity`` allocates them (so bytes and descriptors agree);
+2. ``TransferOp`` per request to every decode rank: serving's synthetic request (the prefill fills
+   the request's seeded state, the engine moves it, the decode checks the request's items);
+3. ``ArenaCheckOp`` on every decode rank: its whole arena against the background plus every
+   succeeded request's state, so bytes outside the request's items must be untouched;
+4. the prefill ranks give every request's items back (their free counts before and after).
+
+Reading order: ``cases`` (``CaseSpec``/``GroupSpec``), ``run_group``, ``run_case`` (the flow above),
+then ``CasePods`` (the two pods: start, seed, transfer, kill, stop).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
+import itertools
+import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from pdfleet_runtime.layouts import resolve_layout
-from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
-from pdfleet_runtime.seeded import request_lengths
+from pdfleet_runtime.config import Role, RuntimeConfig
+from pdfleet_runtime.layouts import LayoutRef, resolve_layout
+from pdfleet_runtime.planner import source_ranks
+from pdfleet_runtime.protocol.auth import Codec
+from pdfleet_runtime.protocol.bootstrap import BootstrapLimits, BootstrapServer, BootstrapState
+from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.states import RequestState
+from pdfleet_runtime.seeded import request_lengths, request_seed
+from pdfleet_runtime.server.launcher import RankLauncher
+from pdfleet_runtime.server.options import FaultOptions
+from pdfleet_runtime.server.pipe import (
+    ArenaCheck,
+    ArenaCheckOp,
+    LegReport,
+    RankSpec,
+    RankStats,
+    RequestStates,
+    RequestStatesOp,
+    SeededArenaOp,
+    StatsOp,
+    TransferOp,
+    TransferResult,
+)
+from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION
 
-from .arena import Mismatch
-from .bootstrap_host import bootstrap_main
-from .cases import GroupSpec
+from .cases import CaseSpec, GroupSpec, gpu_of
 from .precheck import check_matrix
-from .procs import RankProcess
-from .rank_workers import decode_main, prefill_main
-from .results import ParityConfig, ParityResult, RunDetails
+from .results import DecodeRun, ParityConfig, ParityResult, PrefillRun, RunDetails
 
-__all__ = ["ProcessGroup", "run_case", "run_group"]
+__all__ = ["READY_TIMEOUT_S", "CasePods", "run_case", "run_group"]
 
 READY_TIMEOUT_S = 180.0
-"""Waiting for a rank process to build pools and start its engine (2 cores, torch import, several cases)."""
-CASE_TIMEOUT_S = 240.0
+"""Waiting for the rank processes to build pools and start their engines (2 cores, torch import)."""
+CALL_MARGIN_S = 60.0
+"""A rank's answer may come this long after the request's own timeout (start-up, fences)."""
+_pods = itertools.count()
+_T = TypeVar("_T")
 
 
-class ProcessGroup:
-    """The bootstrap host plus one process per prefill and decode rank of a group."""
+class CasePods:
+    """The prefill and decode pods of one case: ``async with`` starts the decode pod (and, with ``open_pod``, a
+    prefill pod beside it, both starting at once), ``open_pod`` a fresh prefill pod."""
 
-    def __init__(self, spec: GroupSpec, workdir: Path) -> None:
-        self.spec, self.workdir = spec, Path(workdir)
-        self.resolver_file = self.workdir / "prefill-endpoints.json"
-        self.bootstrap: RankProcess | None = None
-        self.prefill: list[RankProcess] = []
-        self.decode: list[RankProcess] = []
+    def __init__(self, spec: GroupSpec, case: CaseSpec, *, open_pod: bool = False) -> None:
+        self.spec, self.case, self._open_at_start = spec, case, open_pod
+        self.decode = RankLauncher(self._specs(Role.DECODE, f"parity-{os.getpid()}-{next(_pods)}-decode"))
+        self.prefill: RankLauncher | None = None
+        self.bootstrap: BootstrapServer | None = None
+        self.endpoint = Endpoint("127.0.0.1", 0)
+        self.legs: list[list[LegReport]] = []
+        """Every status the current prefill pod's ranks sent, per rank."""
         self.ready_seconds = 0.0
-        self.devices: dict[str, str] = {}
-        """Each rank process's torch device, by process name (what ``ready`` reported)."""
 
-    def __enter__(self) -> ProcessGroup:
+    async def __aenter__(self) -> CasePods:
         t0 = time.monotonic()
         try:
-            self.start_bootstrap()
-            self.start_prefill()
-            self.decode = [RankProcess(f"decode-{t}-{p}", decode_main, self.spec, t, p, str(self.resolver_file))
-                           for t, p in self.spec.decode.coords()]
-            for w in [*self.prefill, *self.decode]:
-                info = w.recv(READY_TIMEOUT_S, expect="ready")[1]
-                self.devices[w.name] = info.get("device", "cpu")
+            async with asyncio.TaskGroup() as starting:  # one failing cancels the other
+                starting.create_task(self.decode.start(READY_TIMEOUT_S))
+                if self._open_at_start:
+                    starting.create_task(self.open_pod())
         except BaseException:
-            self.close()
+            await self.close_pod()
+            await self.decode.stop(5.0)
             raise
         self.ready_seconds = time.monotonic() - t0
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close_pod()
+        await self.decode.stop(10.0)
 
-    def start_bootstrap(self) -> None:
-        self.bootstrap = RankProcess("bootstrap", bootstrap_main, self.spec)
-        self.bootstrap.recv(READY_TIMEOUT_S, expect="ready")
+    @property
+    def devices(self) -> dict[str, str]:
+        """Each rank process's torch device, by rank name."""
+        return {h.spec.name: h.info.device for launcher in (self.prefill, self.decode) if launcher is not None
+                for h in launcher.handles if h.info is not None}
 
-    def start_prefill(self, *, wait: bool = False) -> None:
-        self.prefill = [RankProcess(f"prefill-{t}-{p}", prefill_main, self.spec, t, p)
-                        for t, p in self.spec.prefill.coords()]
-        if wait:
-            for w in self.prefill:
-                w.recv(READY_TIMEOUT_S, expect="ready")
+    # ------------------------------------------------------------------ pods
 
-    def open_pod(self) -> tuple[str, int]:
-        """A fresh bootstrap server (a new prefill pod incarnation); the resolver file names it."""
-        assert self.bootstrap is not None
-        self.bootstrap.send("start", self.spec.prefill)
-        _, host, port = self.bootstrap.recv(30, expect="started")
-        FileResolver.write(self.resolver_file, [Endpoint(host, port)])
-        return host, port
+    def config(self, role: Role) -> RuntimeConfig:
+        s, c = self.spec, self.case
+        mine, peer = (s.prefill, s.decode) if role is Role.PREFILL else (s.decode, s.prefill)
+        return RuntimeConfig(
+            deployment="parity", namespace="verify", role=role, runtime_version=CURRENT_RUNTIME_VERSION,
+            layout=LayoutRef(preset=c.layout_name), shape=mine, peer_shape=peer,
+            backend=s.backend, protocol=s.protocol, max_concurrent_requests=c.requests, kv_tokens=c.tokens,
+            prefill_service="parity-prefill", secret_path=Path("/nonexistent"),
+            device="cpu" if s.device == "cpu" else "cuda")
 
-    def close_pod(self, port: int) -> None:
-        assert self.bootstrap is not None
-        self.bootstrap.send("stop", port)
-        self.bootstrap.recv(30, expect="stopped")
+    def _specs(self, role: Role, instance: str, bootstrap: Endpoint | None = None,
+               faults: FaultOptions | None = None) -> list[RankSpec]:
+        s, cfg = self.spec, self.config(role)
+        shape = s.prefill if role is Role.PREFILL else s.decode
+        side = 1 if role is Role.PREFILL else 2
+        gpus = _gpu_count() if s.device != "cpu" else 0
+        boot = (bootstrap.host, bootstrap.port) if bootstrap is not None else ("127.0.0.1", 0)
+        return [RankSpec(cfg, t, p, s.secret, instance, "127.0.0.1", boot, s.request_timeout_s, s.write_timeout_s,
+                         s.write_timeout_s + 1.0, "WARNING", faults or FaultOptions(), dict(s.engine_env),
+                         gpu_of(s, side, shape.rank(t, p), gpus) if gpus else None)
+                for t, p in shape.coords()]
 
-    def close(self) -> None:
-        for w in [*self.decode, *self.prefill, *([self.bootstrap] if self.bootstrap else [])]:
-            w.stop()
+    async def open_pod(self, faults: FaultOptions | None = None) -> Endpoint:
+        """A fresh prefill pod (a new bootstrap server on a new port, new rank processes), as a pod restarted
+        elsewhere; ``faults`` as ``serve``'s hidden fault flags."""
+        await self.close_pod()
+        instance = f"parity-{os.getpid()}-{next(_pods)}-prefill"
+        state = BootstrapState(self.spec.prefill, limits=BootstrapLimits(lease_s=self.spec.lease_s))
+        self.bootstrap = BootstrapServer(state, Codec(self.spec.secret, instance))
+        self.endpoint = await self.bootstrap.start()
+        self.legs = [[] for _ in self.spec.prefill.coords()]
+        self.prefill = RankLauncher(self._specs(Role.PREFILL, instance, self.endpoint, faults),
+                                    on_report=lambda rank, leg: self.legs[rank].append(leg))
+        await self.prefill.start(READY_TIMEOUT_S)
+        return self.endpoint
+
+    async def close_pod(self) -> None:
+        if self.prefill is not None:
+            await self.prefill.stop(10.0)
+            self.prefill = None
+        if self.bootstrap is not None:
+            await self.bootstrap.stop()
+            self.bootstrap = None
+
+    @staticmethod
+    def kill(launcher: RankLauncher, rank: int = 0) -> None:
+        """SIGKILL one rank process, as a crashed pod dies (no cleanup, no goodbye)."""
+        proc = launcher.handles[rank].proc
+        proc.kill()
+        proc.join(5)
+
+    # ------------------------------------------------------------------ requests
+
+    async def seed(self, reserve: Sequence[tuple[str, int]]) -> list[RankStats]:
+        """``SeededArenaOp`` on every rank (as ``parity.run_parity`` seeds each side); the prefill ranks' stats."""
+        assert self.prefill is not None
+        seed, reserve = self.case.seed, tuple(reserve)
+        pre, _ = await asyncio.gather(
+            self.prefill.call_all(SeededArenaOp(seed, seed * 2 + 1, reserve), timeout_s=CALL_MARGIN_S),
+            self.decode.call_all(SeededArenaOp(seed, seed * 2 + 2, reserve), timeout_s=CALL_MARGIN_S))
+        return [_of(RankStats, s) for s in pre]
+
+    async def transfer(self, requests: Sequence[tuple[str, int]], timeout_s: float | None = None
+                       ) -> list[list[TransferResult]]:
+        """Every request into every decode rank at once (as the pod's router sends it); per rank, in order."""
+        t = self.spec.request_timeout_s if timeout_s is None else timeout_s
+        ep, seed = self.endpoint, self.case.seed
+        ranks = range(len(self.decode.handles))
+        out = await asyncio.gather(*(
+            self.decode.call(i, TransferOp(rid, ep.host, ep.port, n, request_seed(rid, seed), t),
+                             timeout_s=t + CALL_MARGIN_S) for i in ranks for rid, n in requests))
+        per = len(requests)
+        return [[_of(TransferResult, r) for r in out[i * per : (i + 1) * per]] for i in ranks]
+
+    async def prefill_states(self, request_ids: Sequence[str]) -> dict[str, RequestState]:
+        """Each request's state on prefill rank 0."""
+        assert self.prefill is not None
+        reply = await self.prefill.call(0, RequestStatesOp(tuple(request_ids)), timeout_s=10.0)
+        return _of(RequestStates, reply).states
+
+    async def wait_states(self, request_ids: Sequence[str], want: RequestState, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        states: dict[str, RequestState] = {}
+        while time.monotonic() < deadline:
+            states = await self.prefill_states(request_ids)
+            if all(states.get(r) is want for r in request_ids):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"requests never reached {want.value} on the prefill: {states}")
+
+    async def wait_idle(self, launcher: RankLauncher, timeout_s: float) -> list[RankStats]:
+        """Poll until no rank holds a request or waits on a fence (bounded); the last stats."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = [_of(RankStats, s) for s in await launcher.call_all(StatsOp(), timeout_s=10.0)]
+            if all(s.held == 0 and s.fences_pending == 0 for s in stats) or time.monotonic() > deadline:
+                return stats
+            await asyncio.sleep(0.05)
+
+    def leg_outcomes(self, request_ids: Sequence[str]) -> tuple[dict[str, RequestState], dict[str, str]]:
+        """Per request, its state over the prefill's legs (failed if one leg failed) and a failed leg's reason."""
+        wanted = set(request_ids)
+        states: dict[str, RequestState] = {}
+        failures: dict[str, str] = {}
+        for leg in (x for rank in self.legs for x in rank if x.request_id in wanted):
+            if leg.state is RequestState.FAILED:
+                states[leg.request_id] = RequestState.FAILED
+                failures.setdefault(leg.request_id, leg.reason)
+            else:
+                states.setdefault(leg.request_id, leg.state)
+        return states, failures
 
 
-def run_group(spec: GroupSpec, workdir: Path) -> list[ParityResult]:
+def _gpu_count() -> int:
+    import torch  # the cuda placement only: the harness itself runs no kernel
+
+    return int(torch.cuda.device_count())
+
+
+def _of(kind: type[_T], reply: object) -> _T:
+    if not isinstance(reply, kind):
+        raise TypeError(f"expected {kind.__name__}, the rank answered {type(reply).__name__}: {reply}")
+    return reply
+
+
+# --------------------------------------------------------------------------- the flow
+
+
+def run_group(spec: GroupSpec) -> list[ParityResult]:
     """Run every case of a group; one ``ParityResult`` per case, in order.
 
     A case the capability matrix rejects is reported with the matrix's rule and reason and never
-    reaches a process; if every case is rejected no process starts.
+    reaches a process.
     """
-    results: list[ParityResult | None] = [None] * len(spec.cases)
-    admitted = []
-    for i, case in enumerate(spec.cases):
-        cfg = ParityConfig(resolve_layout(case.layout_name), spec.prefill, spec.decode, case.requests, case.tokens,
-                           case.seed, spec.backend, case.layout_name, spec.device)
-        rejection = check_matrix(cfg)
-        if rejection is not None:
-            results[i] = ParityResult(ok=False, rejection=rejection)
-        else:
-            admitted.append(i)
-    if not admitted:
-        return [r for r in results if r is not None]
-    sub = dataclasses.replace(spec, cases=tuple(spec.cases[i] for i in admitted))
-    with ProcessGroup(sub, workdir) as group:
-        for j, i in enumerate(admitted):
-            results[i] = run_case(group, j)
-    return [r for r in results if r is not None]
+
+    async def main() -> list[ParityResult]:
+        results = []
+        for case in spec.cases:
+            cfg = ParityConfig(resolve_layout(case.layout_name), spec.prefill, spec.decode, case.requests,
+                               case.tokens, case.seed, spec.backend, case.layout_name, spec.device)
+            rejection = check_matrix(cfg)
+            if rejection is not None:
+                results.append(ParityResult(ok=False, rejection=rejection))
+                continue
+            async with CasePods(spec, case, open_pod=True) as pods:
+                results.append(await run_case(pods))
+        return results
+
+    return asyncio.run(main())
 
 
-def run_case(group: ProcessGroup, case: int) -> ParityResult:
-    """One case through a fresh pod: serve on every prefill rank, transfer and verify on every decode rank."""
-    spec = group.spec
-    host, port = group.open_pod()
-    try:
-        for w in group.prefill:
-            w.send("serve", case, host, port, {})
-        for w in group.prefill:
-            w.recv(60, expect="serving")
-        for w in group.decode:
-            w.send("transfer", case, None, spec.request_timeout_s, "a")
-        decoded = [w.recv(CASE_TIMEOUT_S, expect="transferred")[1] for w in group.decode]
-        served = [w.recv(CASE_TIMEOUT_S, expect="served")[1] for w in group.prefill]
-    finally:
-        group.close_pod(port)
-    c = spec.cases[case]
+async def run_case(pods: CasePods, attempt: str = "a") -> ParityResult:
+    """One case through the current prefill pod: seed, transfer every request, check every decode arena."""
+    spec, c = pods.spec, pods.case
+    assert pods.prefill is not None
+    rids = [f"{c.name}-{attempt}-{q}" for q in range(c.requests)]
+    lengths = request_lengths(c.tokens, c.requests, c.seed)
+    requests = list(zip(rids, lengths, strict=True))
+    before = await pods.seed(requests)
+    t0 = time.perf_counter()
+    results = await pods.transfer(requests)
+    seconds = time.perf_counter() - t0
+    checks = [_of(ArenaCheck, r) for r in await pods.decode.call_all(ArenaCheckOp(), timeout_s=CALL_MARGIN_S)]
+    decode_stats = [_of(RankStats, s) for s in await pods.decode.call_all(StatsOp(), timeout_s=10.0)]
+    after = await pods.wait_idle(pods.prefill, spec.request_timeout_s + 30)
+    states, failures = pods.leg_outcomes(rids)
+    prefill = [PrefillRun(len(rids), len(rids) - a.held, b.free, a.free, states, failures)
+               for b, a in zip(before, after, strict=True)]
+    decode = [DecodeRun(tuple(r), k, s) for r, k, s in zip(results, checks, decode_stats, strict=True)]
+
+    ok = all(p.released == p.requests for p in prefill)
     bytes_by: dict[str, int] = {}
     desc_by: dict[str, int] = {}
-    moved = desc = mismatched = 0
-    first = None
-    all_ok = True
+    moved = desc = 0
     plan_s = 0.0
-    for d in decoded:
-        mismatched += d["mismatched_bytes"]
-        first = first or d["first_mismatch"]
-        all_ok = all_ok and d["all_success"] and d["mismatched_bytes"] == 0 and d["reports_complete"]
-        for r in d["reports"]:
-            moved += r["bytes"]
-            desc += r["descriptors"]
-            plan_s += r["plan_seconds"]
-            for k, v in r["bytes_by_state"].items():
-                bytes_by[k] = bytes_by.get(k, 0) + v
-            for k, v in r["descriptors_by_state"].items():
-                desc_by[k] = desc_by.get(k, 0) + v
-    all_ok = all_ok and all(s["released"] == s["requests"] for s in served)
-    return ParityResult(ok=all_ok, bytes_moved=moved, descriptors=desc, mismatched_bytes=mismatched,
-                        bytes_by_state=bytes_by, descriptors_by_state=desc_by,
-                        request_tokens=request_lengths(c.tokens, c.requests, c.seed), plan_seconds=plan_s,
-                        copy_seconds=max(d["seconds"] for d in decoded),
-                        first_mismatch=Mismatch(**first) if first is not None else None,
-                        details=RunDetails(decoded, served, dict(group.devices)))
+    for (t, p), run in zip(spec.decode.coords(), decode, strict=True):
+        sources = len(source_ranks(spec.prefill, spec.decode, t, p))
+        ok = ok and run.check.mismatched == 0 and all(
+            r.ok and r.mismatched == 0 and len(r.reports) == sources for r in run.results)
+        for rep in (x for r in run.results for x in r.reports):
+            moved += rep.bytes
+            desc += rep.descriptors
+            plan_s += rep.plan_seconds
+            for k, v in rep.bytes_by_state.items():
+                bytes_by[k.value] = bytes_by.get(k.value, 0) + v
+            for k, v in rep.descriptors_by_state.items():
+                desc_by[k.value] = desc_by.get(k.value, 0) + v
+    first = next((r.check.first for r in decode if r.check.first is not None), None)
+    return ParityResult(ok=ok, bytes_moved=moved, descriptors=desc,
+                        mismatched_bytes=sum(r.check.mismatched for r in decode), bytes_by_state=bytes_by,
+                        descriptors_by_state=desc_by, request_tokens=lengths, plan_seconds=plan_s,
+                        copy_seconds=seconds, first_mismatch=first,
+                        details=RunDetails(decode, prefill, pods.devices))

@@ -19,11 +19,9 @@ bytes moved per state type are also checked against closed forms in the tests.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -44,13 +42,14 @@ __all__ = ["BACKENDS", "ENGINE_BACKENDS", "run_parity", "run_parity_engine"]
 BACKENDS = ("local", "mooncake", "nixl", "mori")
 """``--backend`` values. ``local`` checks the Mooncake column (the reference semantics). ``run_parity``
 runs every backend's column with the in-process copy executor; ``run_parity_engine`` (the CLI's
-``mooncake`` and ``nixl``) runs every rank as its own process through the real engine and the protocol."""
+``mooncake`` and ``nixl``) runs every rank as a serving rank process (``server.ranks``) through the real
+engine and the protocol."""
 
 ENGINE_BACKENDS = ("mooncake", "nixl")
 
 
-def run_parity_engine(cfg: ParityConfig, workdir: str | None = None) -> ParityResult:
-    """Parity through a real engine: every rank its own process on loopback, talking the protocol.
+def run_parity_engine(cfg: ParityConfig) -> ParityResult:
+    """Parity through a real engine: every rank a serving rank process on loopback, talking the protocol.
 
     Same checks and result as ``run_parity``; a rejected combination returns before any process starts.
     """
@@ -60,8 +59,7 @@ def run_parity_engine(cfg: ParityConfig, workdir: str | None = None) -> ParityRe
     group = GroupSpec(cfg.backend, cfg.prefill, cfg.decode, (CaseSpec(cfg.layout_name, cfg.requests, cfg.tokens,
                                                                       cfg.seed),),
                       device="cpu" if cfg.device == "cpu" else "cuda", protocol=LinkProtocol(cfg.protocol))
-    with tempfile.TemporaryDirectory(prefix="pdfleet-parity-", dir=workdir) as tmp:
-        return run_group(group, Path(tmp))[0]
+    return run_group(group)[0]
 
 
 def run_parity(cfg: ParityConfig, *, check_with_matrix: bool = True,

@@ -24,8 +24,8 @@ def check_matrix(cfg: ParityConfig) -> Rejection | None:
     named = cfg.layout_name in PRESETS and PRESETS[cfg.layout_name] == cfg.layout
     backend = "mooncake" if cfg.backend == "local" else cfg.backend
     # Capacity of the run; the GPU memory default is the matrix's own.
-    def role(s: ParallelShape) -> matrix.RoleShape:
-        return matrix.RoleShape(tensor=s.tp, pipeline=s.pp, max_requests=cfg.requests, kv_tokens=cfg.tokens)
+    def role(s: ParallelShape) -> matrix.RoleInput:
+        return matrix.RoleInput(tensor=s.tp, pipeline=s.pp, max_requests=cfg.requests, kv_tokens=cfg.tokens)
 
     inp = matrix.matrix_input(cfg.layout_name if named else cfg.layout, backend, MATRIX_PROTOCOL, role(cfg.prefill),
                               role(cfg.decode))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pdfleet_runtime.layouts import Layout
+from pdfleet_runtime.protocol.states import RequestState
 from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.server.pipe import ArenaCheck, Mismatch, RankStats, TransferResult
 
-from .arena import Mismatch
-
-__all__ = ["ParityConfig", "ParityResult", "Rejection", "RunDetails"]
+__all__ = ["DecodeRun", "ParityConfig", "ParityResult", "PrefillRun", "Rejection", "RunDetails"]
 
 
 @dataclass(frozen=True)
@@ -38,15 +37,36 @@ class Rejection:
 
 
 @dataclass(frozen=True)
-class RunDetails:
-    """What the rank processes of a multi-process run reported (``group.run_case``), as they sent it."""
+class DecodeRun:
+    """What one decode rank answered: each request's result (with its sources' reports), the arena check, stats."""
 
-    decode: list[dict[str, Any]]
-    """Per decode rank: outcomes, the sources' status reports, the byte check, free counts, handshakes."""
-    prefill: list[dict[str, Any]]
-    """Per prefill rank: requests served and released, states, failures, free counts before and after."""
+    results: tuple[TransferResult, ...]
+    check: ArenaCheck
+    stats: RankStats
+
+
+@dataclass(frozen=True)
+class PrefillRun:
+    """One prefill rank's side of a case: requests given back, free counts before and after, leg outcomes."""
+
+    requests: int
+    released: int
+    free_before: dict[str, int]
+    free_after: dict[str, int]
+    states: dict[str, RequestState]
+    """Per request, over the pod's legs (failed if one leg failed)."""
+    failures: dict[str, str]
+    """Per failed request, the reason of a failed leg."""
+
+
+@dataclass(frozen=True)
+class RunDetails:
+    """What the serving rank processes of a multi-process run reported (``group.run_case``)."""
+
+    decode: list[DecodeRun]
+    prefill: list[PrefillRun]
     devices: dict[str, str]
-    """Each rank process's torch device, by process name."""
+    """Each rank process's torch device, by rank name."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pdfleet_runtime.layouts import PRESETS
 from pdfleet_runtime.matrix import (
     LayoutFacts,
     MatrixInput,
-    RoleShape,
+    RoleInput,
     all_rules,
     evaluate,
     evaluate_rule,
@@ -24,9 +24,9 @@ small_int = st.one_of(st.integers(1, 8), st.sampled_from([16, 32, 64]), st.integ
 versions = st.sampled_from(["0.1.0", "0.1.0+cu13", "9.9.9", "not-a-version", ""])
 
 
-def shapes(values: st.SearchStrategy[object]) -> st.SearchStrategy[RoleShape]:
+def shapes(values: st.SearchStrategy[object]) -> st.SearchStrategy[RoleInput]:
     return st.builds(
-        RoleShape,
+        RoleInput,
         tensor=values,
         pipeline=values,
         data=values,

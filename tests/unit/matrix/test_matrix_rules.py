@@ -13,7 +13,7 @@ from pdfleet_runtime.matrix import (
     MATRICES,
     LayoutFacts,
     MatrixInput,
-    RoleShape,
+    RoleInput,
     Severity,
     all_rules,
     evaluate,
@@ -43,54 +43,54 @@ def inp(
     layout: LayoutFacts | None = LLAMA,
     backend: str = "mooncake",
     protocol: str = "rdma",
-    p: RoleShape | None = None,
-    d: RoleShape | None = None,
+    p: RoleInput | None = None,
+    d: RoleInput | None = None,
 ) -> MatrixInput:
-    return MatrixInput(layout, backend, protocol, p or RoleShape(4), d or RoleShape(2))
+    return MatrixInput(layout, backend, protocol, p or RoleInput(4), d or RoleInput(2))
 
 
 # rule id -> (violating input, passing input, a field path the violation must name)
 CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
-    "input-invalid": (inp(p=RoleShape(0)), inp(p=RoleShape(1)), "spec.prefill.parallelism.tensor"),
+    "input-invalid": (inp(p=RoleInput(0)), inp(p=RoleInput(1)), "spec.prefill.parallelism.tensor"),
     "layout-unresolved": (inp(layout=None), inp(), "spec.model.layout"),
     "reserved-data-parallel": (
-        inp(p=RoleShape(4, data=2)),
-        inp(p=RoleShape(4, data=1)),
+        inp(p=RoleInput(4, data=2)),
+        inp(p=RoleInput(4, data=1)),
         "spec.prefill.parallelism.data",
     ),
     "reserved-expert-parallel": (
-        inp(d=RoleShape(2, expert=8)),
-        inp(d=RoleShape(2)),
+        inp(d=RoleInput(2, expert=8)),
+        inp(d=RoleInput(2)),
         "spec.decode.parallelism.expert",
     ),
     "reserved-nodes-per-replica": (
-        inp(d=RoleShape(2, nodes_per_replica=2)),
-        inp(d=RoleShape(2)),
+        inp(d=RoleInput(2, nodes_per_replica=2)),
+        inp(d=RoleInput(2)),
         "spec.decode.parallelism.nodesPerReplica",
     ),
     "tp-divisible": (
-        inp(p=RoleShape(4), d=RoleShape(6)),
-        inp(p=RoleShape(4), d=RoleShape(8)),
+        inp(p=RoleInput(4), d=RoleInput(6)),
+        inp(p=RoleInput(4), d=RoleInput(8)),
         "spec.decode.parallelism.tensor",
     ),
     "pp-match": (
-        inp(p=RoleShape(4, 2), d=RoleShape(2, 4)),
-        inp(p=RoleShape(4, 2), d=RoleShape(2, 1)),
+        inp(p=RoleInput(4, 2), d=RoleInput(2, 4)),
+        inp(p=RoleInput(4, 2), d=RoleInput(2, 1)),
         "spec.decode.parallelism.pipeline",
     ),
     "pp-layers": (
-        inp(p=RoleShape(2, 64), d=RoleShape(2, 1)),
-        inp(p=RoleShape(2, 32), d=RoleShape(2, 1)),
+        inp(p=RoleInput(2, 64), d=RoleInput(2, 1)),
+        inp(p=RoleInput(2, 32), d=RoleInput(2, 1)),
         "spec.prefill.parallelism.pipeline",
     ),
     "kv-heads-tp": (
-        inp(p=RoleShape(6), d=RoleShape(3)),
-        inp(p=RoleShape(8), d=RoleShape(4)),
+        inp(p=RoleInput(6), d=RoleInput(3)),
+        inp(p=RoleInput(8), d=RoleInput(4)),
         "spec.model.layout.preset",
     ),
     "linear-heads-tp": (
-        inp(HYBRID, p=RoleShape(64), d=RoleShape(64)),
-        inp(HYBRID, p=RoleShape(16), d=RoleShape(16)),
+        inp(HYBRID, p=RoleInput(64), d=RoleInput(64)),
+        inp(HYBRID, p=RoleInput(16), d=RoleInput(16)),
         "spec.decode.parallelism.tensor",
     ),
     "qsa-page-ratio": (
@@ -99,19 +99,19 @@ CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
         "spec.model.layout.inline.pageSize",
     ),
     "pool-fits-gpu": (
-        inp(p=RoleShape(1, kv_tokens=1 << 22), d=RoleShape(1)),
-        inp(p=RoleShape(1), d=RoleShape(1)),
+        inp(p=RoleInput(1, kv_tokens=1 << 22), d=RoleInput(1)),
+        inp(p=RoleInput(1), d=RoleInput(1)),
         "spec.prefill.pool.kvTokensPerReplica",
     ),
     "runtime-version-unknown": (
-        inp(d=RoleShape(2, runtime_version="9.9.9")),
-        inp(d=RoleShape(2, runtime_version="0.1.0+cu13")),
+        inp(d=RoleInput(2, runtime_version="9.9.9")),
+        inp(d=RoleInput(2, runtime_version="0.1.0+cu13")),
         "spec.decode.runtimeVersion",
     ),
     "mooncake.protocol-shm": (inp(protocol="shm"), inp(protocol="nvlink"), "spec.transfer.protocol"),
     "nixl.replicated-hetero-tp": (
         inp(PLE_ONLY, "nixl"),
-        inp(PLE_ONLY, "nixl", d=RoleShape(4)),
+        inp(PLE_ONLY, "nixl", d=RoleInput(4)),
         "spec.decode.parallelism.tensor",
     ),
     "nixl.qsa-hetero-tp-mha": (
@@ -120,13 +120,13 @@ CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
         "spec.prefill.parallelism.tensor",
     ),
     "mori.qsa-pipeline": (
-        inp(QWEN_FULL, "mori", p=RoleShape(2, 2), d=RoleShape(2, 1)),
-        inp(HYBRID, "mori", p=RoleShape(2, 2), d=RoleShape(2, 1)),
+        inp(QWEN_FULL, "mori", p=RoleInput(2, 2), d=RoleInput(2, 1)),
+        inp(HYBRID, "mori", p=RoleInput(2, 2), d=RoleInput(2, 1)),
         "spec.prefill.parallelism.pipeline",
     ),
     "mori.qsa-hetero-tp-mha": (
         inp(QSA_ONLY, "mori"),
-        inp(QSA_ONLY, "mori", d=RoleShape(4)),
+        inp(QSA_ONLY, "mori", d=RoleInput(4)),
         "spec.decode.parallelism.tensor",
     ),
     "mori.qsa-hetero-tp-mla": (inp(QSA_MLA, "mori"), inp(QSA_MLA, "mooncake"), "spec.transfer.backend"),
@@ -150,8 +150,8 @@ CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
     "warn-same-node-protocol": (inp(protocol="nvlink"), inp(protocol="rdma"), "spec.transfer.protocol"),
     "warn-mori-rocm": (inp(backend="mori"), inp(backend="nixl"), "spec.transfer.backend"),
     "warn-kv-heads-replicated": (
-        inp(p=RoleShape(16), d=RoleShape(8)),
-        inp(p=RoleShape(8), d=RoleShape(8)),
+        inp(p=RoleInput(16), d=RoleInput(8)),
+        inp(p=RoleInput(8), d=RoleInput(8)),
         "spec.prefill.parallelism.tensor",
     ),
 }
@@ -183,8 +183,8 @@ def test_runtime_protocol_mismatch_names_both_roles() -> None:
         "0.1.1": RuntimeRelease("0.1.1", "1", WireProtocol(1, 3)),
         "0.2.0": RuntimeRelease("0.2.0", "1", WireProtocol(2, 0)),
     }
-    bad = inp(p=RoleShape(4, runtime_version="0.1.0"), d=RoleShape(2, runtime_version="0.2.0"))
-    good = inp(p=RoleShape(4, runtime_version="0.1.0"), d=RoleShape(2, runtime_version="0.1.1"))
+    bad = inp(p=RoleInput(4, runtime_version="0.1.0"), d=RoleInput(2, runtime_version="0.2.0"))
+    good = inp(p=RoleInput(4, runtime_version="0.1.0"), d=RoleInput(2, runtime_version="0.1.1"))
     found = [v for v in evaluate(bad, releases=releases).violations if v.rule == "runtime-protocol-mismatch"]
     assert len(found) == 1
     assert set(found[0].paths) == {"spec.prefill.runtimeVersion", "spec.decode.runtimeVersion"}
@@ -202,7 +202,7 @@ def test_a_failing_rule_becomes_a_violation_not_an_exception() -> None:
 
 
 def test_all_violations_at_once() -> None:
-    v = evaluate(inp(QWEN_FULL, "mori", "tcp", RoleShape(8, 2, data=2), RoleShape(3, 4, runtime_version="9")))
+    v = evaluate(inp(QWEN_FULL, "mori", "tcp", RoleInput(8, 2, data=2), RoleInput(3, 4, runtime_version="9")))
     rules = {x.rule for x in v.violations}
     assert {
         "reserved-data-parallel",
@@ -220,10 +220,10 @@ def test_all_violations_at_once() -> None:
 
 
 def test_valid_presets_are_admitted_by_their_backends() -> None:
-    assert evaluate(inp(QWEN_FULL, "mooncake", p=RoleShape(4), d=RoleShape(2))).admitted
-    assert evaluate(inp(HYBRID, "nixl", p=RoleShape(4), d=RoleShape(2))).admitted
-    assert evaluate(inp(MLA, "mori", p=RoleShape(8), d=RoleShape(4))).admitted
-    assert evaluate(inp(LLAMA, "mori", p=RoleShape(2, 2), d=RoleShape(2, 2))).admitted
+    assert evaluate(inp(QWEN_FULL, "mooncake", p=RoleInput(4), d=RoleInput(2))).admitted
+    assert evaluate(inp(HYBRID, "nixl", p=RoleInput(4), d=RoleInput(2))).admitted
+    assert evaluate(inp(MLA, "mori", p=RoleInput(8), d=RoleInput(4))).admitted
+    assert evaluate(inp(LLAMA, "mori", p=RoleInput(2, 2), d=RoleInput(2, 2))).admitted
 
 
 def test_rules_are_data_with_reasons() -> None:
@@ -249,11 +249,11 @@ def test_pool_bytes_scale_with_shape_and_capacity() -> None:
 
 def test_kv_heads_rule_covers_swa_only_layouts() -> None:
     swa_only = replace(LLAMA, name="swa-only", state_types=frozenset({"swa"}), kv_heads=2)
-    assert [v.rule for v in evaluate_rule("kv-heads-tp", inp(swa_only, p=RoleShape(3), d=RoleShape(3)))] == [
+    assert [v.rule for v in evaluate_rule("kv-heads-tp", inp(swa_only, p=RoleInput(3), d=RoleInput(3)))] == [
         "kv-heads-tp",
         "kv-heads-tp",
     ]
-    assert not evaluate_rule("kv-heads-tp", inp(swa_only, p=RoleShape(2), d=RoleShape(1)))
+    assert not evaluate_rule("kv-heads-tp", inp(swa_only, p=RoleInput(2), d=RoleInput(1)))
 
 
 def test_inline_layout_facts_point_at_inline_fields() -> None:
@@ -272,5 +272,5 @@ def test_inline_layout_facts_point_at_inline_fields() -> None:
     )
     facts = layout_facts(ref)
     assert facts.path("kv_heads") == "spec.model.layout.inline.kvHeads"
-    v = evaluate(inp(facts, p=RoleShape(3), d=RoleShape(3)))
+    v = evaluate(inp(facts, p=RoleInput(3), d=RoleInput(3)))
     assert any("spec.model.layout.inline.kvHeads" in x.paths for x in v.violations)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-import pdfleet_runtime.verify.procs as procs
 from pdfleet_runtime.cli import main
+from pdfleet_runtime.server.launcher import RankLauncher
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("a process was started for a rejected combination")
 
-    monkeypatch.setattr(procs.RankProcess, "__init__", refuse)
+    monkeypatch.setattr(RankLauncher, "__init__", refuse)  # every rank process starts through one
 
 
 @pytest.mark.usefixtures("no_processes")

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_runtime.config import ConfigError, RoleShape, RuntimeConfig, load_config
+from pdfleet_runtime.config import ConfigError, RuntimeConfig, load_config
 from pdfleet_runtime.layouts import LayoutRef
+from pdfleet_runtime.records import ParallelShape
 
 
 def config(**over: object) -> RuntimeConfig:
     base = dict(
         deployment="demo", namespace="ns", role="decode", runtime_version="0.1.0",
-        layout=LayoutRef(preset="llama-dense"), shape=RoleShape(tensor=2), peer_shape=RoleShape(tensor=4),
+        layout=LayoutRef(preset="llama-dense"), shape=ParallelShape(2), peer_shape=ParallelShape(4),
         backend="nixl", protocol="tcp", max_concurrent_requests=8, kv_tokens=4096,
         prefill_service="demo-prefill", secret_path="/var/run/pdfleet/auth/key",
     )
@@ -53,4 +54,4 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_engine_ports_may_not_overlap_http() -> None:
     with pytest.raises(ValueError, match="overlaps the engine ports"):
-        config(shape=RoleShape(tensor=8), engine_port=8075)
+        config(shape=ParallelShape(8), engine_port=8075)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.config import RoleShape, RuntimeConfig
+from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
 from pdfleet_runtime.planner import Blocks, compile_destination
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
@@ -32,7 +32,7 @@ from pdfleet_runtime.verify.arena import LocalCopyExecutor
 
 def cfg(**kw: Any) -> RuntimeConfig:
     base = dict(deployment="d", namespace="ns", role="decode", runtime_version="0.1.0",
-                layout=LayoutRef(preset="llama-dense"), shape=RoleShape(tensor=2), peer_shape=RoleShape(tensor=1),
+                layout=LayoutRef(preset="llama-dense"), shape=ParallelShape(2), peer_shape=ParallelShape(1),
                 backend="mooncake", protocol="tcp", max_concurrent_requests=2, kv_tokens=128,
                 prefill_service="d-prefill", secret_path=Path("/s"))
     return RuntimeConfig(**{**base, **kw})
