@@ -87,9 +87,11 @@ class CasePods:
                 starting.create_task(self.decode.start(READY_TIMEOUT_S))
                 if self._open_at_start:
                     starting.create_task(self.open_pod())
-        except BaseException:
+        except BaseException as e:
             await self.close_pod()
             await self.decode.stop(5.0)
+            if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+                raise e.exceptions[0] from None  # the LaunchError itself, not its task group
             raise
         self.ready_seconds = time.monotonic() - t0
         return self
