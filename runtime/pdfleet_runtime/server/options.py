@@ -78,19 +78,20 @@ class FaultOptions:
     """Fault injection for tests only (flags hidden from ``--help``): never set in a pod.
 
     ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
-    ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late);
     ``wire``: speak another wire version (an incompatible peer);
     ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
     byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
     ``corrupt_sent``: a prefill pod flips a byte of every request's state after filling it, before the
-    engine write (the wire carries a wrong byte; the decode's byte check finds it).
+    engine write (the wire carries a wrong byte; the decode's byte check finds it);
+    ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late:
+    the parity fault tests, which set it directly; no flag).
     """
 
     write_delay_s: float = 0.0
-    fill_delay_s: float = 0.0
     wire: str | None = None
     corrupt_received: bool = False
     corrupt_sent: bool = False
+    fill_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
