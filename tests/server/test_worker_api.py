@@ -198,7 +198,8 @@ def test_chat_completions_and_streaming_through_a_pd_pair(tmp_path: Path, pairs:
         _, want = expected(Endpoint.COMPLETIONS, b, comp.model_extra["pdfleet"]["transferBytes"])
         assert comp.choices[0].text == want.text
     m = pair.decode.metrics()
-    assert metric(m, "sglang:num_running_reqs", model_name=MODEL) == 0
+    assert f"sglang:num_running_reqs{{engine_type=decode,model_name={MODEL}}}" in m  # the key the next line reads
+    assert metric(m, "sglang:num_running_reqs", model_name=MODEL, engine_type="decode") == 0
     assert metric(m, "pdfleet_room_transfer_bytes_total") > 0
 
     # The CLI as a router and a checking client.
@@ -259,7 +260,7 @@ def test_unclaimed_rooms_expire_and_free(tmp_path: Path, pairs: list[Pair]) -> N
     m = pair.prefill.metrics()
     assert metric(m, "pdfleet_rooms_expired_total") == 1
     assert metric(m, "pdfleet_rooms_held") == 0
-    assert metric(m, "sglang:num_queue_reqs", model_name=MODEL) == 0
+    assert metric(m, "sglang:num_queue_reqs", model_name=MODEL, engine_type="prefill") == 0
     assert pools(pair.prefill)["held"] == 0
     # Its room is gone: a decode asking now gets a clean error, and the pair still serves.
     client = pair.client()
@@ -317,7 +318,7 @@ def test_a_prefill_killed_after_accepting_a_room(tmp_path: Path, pairs: list[Pai
     assert time.monotonic() - t0 < 60
     # Pools freed on the decode: every item back once the late-write fence lets them go (--fence-timeout 5:
     # a dead prefill never confirms that its write ended).
-    assert metric(pair.decode.metrics(), "sglang:num_running_reqs", model_name=MODEL) == 0
+    assert metric(pair.decode.metrics(), "sglang:num_running_reqs", model_name=MODEL, engine_type="decode") == 0
     deadline = time.monotonic() + 60
     while pools(pair.decode) != before and time.monotonic() < deadline:  # the late-write fence may hold them
         time.sleep(0.5)

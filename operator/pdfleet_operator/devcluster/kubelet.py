@@ -55,6 +55,7 @@ class Kubelet(threading.Thread):
     selector: str = ""
     extra_args: Callable[[dict], tuple[str, ...]] = lambda pod: ()  # local-run flags for a pod's command
     extra_env: dict[str, str] = field(default_factory=dict)
+    rewrite: Callable[[PodSandbox, dict], dict] | None = None  # a stand-in image (standin.SGLangStandIn)
     pods: dict[str, PodSandbox] = field(default_factory=dict)  # by pod uid
     started: dict[str, StartedPod] = field(default_factory=dict)  # uid -> identity, kept after the pod went
     finished: dict[str, PodSandbox] = field(default_factory=dict)  # terminated pods, logs kept
@@ -100,7 +101,7 @@ class Kubelet(threading.Thread):
         self.started[uid] = StartedPod(d["metadata"]["name"], labels.get(ROLE_LABEL, ""),
                                        labels.get("pdfleet.io/revision", ""), d["spec"]["containers"][0]["image"])
         sandbox = PodSandbox(d, self.workdir / d["metadata"]["name"], self.ranges, self.api_endpoint,
-                             self._lookup, self._mint, self._base_env, self.extra_args(d))
+                             self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite)
         self.pods[uid] = sandbox
         sandbox.start()
 

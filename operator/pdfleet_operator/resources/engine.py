@@ -15,6 +15,8 @@ import json
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
+from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
+from pdfleet_runtime.config import ADMIN_PORT
 from pdfleet_runtime.engine_rules import table_env
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT, PROTOCOLS
 from pdfleet_runtime.transfer import Protocol
@@ -23,6 +25,7 @@ __all__ = [
     "ANNOTATION_BOOTSTRAP_PORT",
     "ENGINE_CONTAINER",
     "HF_TOKEN_KEY",
+    "agent_command",
     "engine_container",
     "launch_command",
     "with_sglang",
@@ -35,7 +38,13 @@ CACHE_MOUNT = "/cache"  # HOME of the engine (non-root): Hub downloads, Triton a
 MODEL_VOLUME = "model"
 # Weights load before /health answers: up to 30 minutes for a large model from a network volume.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180
-SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8  # NCCL and the tokenizer/detokenizer processes share /dev/shm
+SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8
+TOKEN_VOLUME, TOKEN_MOUNT = "kube-api-access", "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_EXPIRATION_S = 3607  # what the ServiceAccount admission plugin projects (the kubelet rotates it)
+# The engine's preStop hook waits for the agent's drain (the same loopback call as the agent's own hook):
+# a container without a hook gets SIGTERM at once, while the agent still drains (python3: SGLang's image).
+ENGINE_PRESTOP = ["python3", "-c", "import urllib.request as u; u.urlopen(u.Request("
+                  f"'http://127.0.0.1:{ADMIN_PORT}/drain?wait=true', data=b'', method='POST'), timeout=86400)"]  # NCCL and the tokenizer/detokenizer processes share /dev/shm
 _DEFAULT_KV_TOKENS = PoolSpec().kv_tokens_per_replica
 
 
@@ -124,22 +133,46 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
         "startupProbe": {**probe(), "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES},
         "readinessProbe": {**probe(), "periodSeconds": 5},
         "livenessProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"exec": {"command": ENGINE_PRESTOP}}},
         "securityContext": security,
     }
 
 
+def _token_volume() -> dict:
+    """The ServiceAccount token, projected for the agent alone (the engine gets no API credential)."""
+    return {"name": TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_EXPIRATION_S}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}
+
+
+def agent_command(spec: PDDeploymentSpec, role: Role, config_args: list[str]) -> list[str]:
+    """``pdfleet-runtime agent``: the declared engine version, the model directory it shares with the
+    engine (checked only where it can see it: a model volume), and the routers' drop bound."""
+    cmd = ["pdfleet-runtime", "agent", *config_args, "--engine-version", str(role_engine(spec, role).version),
+           "--router-drop-seconds", f"{ROUTER_DROP_BOUND_S:g}"]
+    src = spec.model.source
+    if src is not None and src.path is not None and src.volume is not None:
+        cmd += ["--model-path", src.path]
+    return cmd
+
+
 def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine_resources: dict) -> dict:
     """The runtime pod turned into an SGLang pod: the engine owns the GPUs and RDMA; the runtime
-    container becomes the agent (``pdfleet-runtime agent``, built in issue 24) with the role's own
-    image, env and resources. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
+    container becomes the agent (``pdfleet-runtime agent``, docs/agent.md) with the role's own image,
+    env and resources, no capability, the pod's only API token and the model volume read-only. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     pod_spec = pod["spec"]
     (agent,) = pod_spec["containers"]
     agent["resources"] = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
     engine_security = copy.deepcopy(agent["securityContext"])
     agent["securityContext"]["capabilities"] = {"drop": ["ALL"]}
-    agent["command"] = ["pdfleet-runtime", "agent", *agent["command"][2:]]
+    agent["command"] = agent_command(spec, role, agent["command"][2:])
     agent["ports"] = [p for p in agent["ports"] if p["name"] == "http"]  # the engine binds bootstrap and data ports
+    agent["volumeMounts"].append({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True})
+    pod_spec["automountServiceAccountToken"] = False  # the agent's projected token only
+    pod_spec["volumes"].append(_token_volume())
     gpus = rs.parallelism.tensor * rs.parallelism.pipeline
     for v in pod_spec["volumes"]:
         if v["name"] == "dshm":
@@ -148,6 +181,7 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
         pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
+        agent["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
     if settings.host_ipc or spec.transfer.protocol is Protocol.NVLINK:
         pod_spec["hostIPC"] = True

@@ -15,9 +15,15 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "SGLANG_INFLIGHT", "SGLANG_QUEUED", "SGLANG_RUNNING", "ServerMetrics",
+           "sglang_gauges"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# SGLang 0.5.23's names (python/sglang/srt/observability/metrics_collector.py): the agent's drain reads
+# them from the engine, so the built-in runtime exports them too and one test suite covers both.
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_QUEUED = "sglang:num_queue_reqs"
+SGLANG_INFLIGHT = "sglang:num_prefill_inflight_queue_reqs"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -65,3 +71,18 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def sglang_gauges(registry: CollectorRegistry, model: str, role: str, running: Callable[[], float],
+                  queued: Callable[[], float], inflight: Callable[[], float]) -> None:
+    """The load gauges under SGLang's names and labels (``model_name``, ``engine_type``), read at scrape time.
+
+    ``inflight``: prefill pods, requests whose state is still being written (SGLang's inflight queue)."""
+    labels = {"model_name": model, "engine_type": role}
+    for name, doc, fn in ((SGLANG_RUNNING, "The number of running requests.", running),
+                          (SGLANG_QUEUED, "The number of requests in the waiting queue (held rooms on a prefill "
+                           "pod).", queued)):
+        Gauge(name, doc, list(labels), registry=registry).labels(**labels).set_function(fn)
+    if role == "prefill":
+        Gauge(SGLANG_INFLIGHT, "The number of requests in the prefill inflight queue (transfers in flight).",
+              list(labels), registry=registry).labels(**labels).set_function(inflight)

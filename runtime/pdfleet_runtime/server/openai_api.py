@@ -43,6 +43,7 @@ from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, Transf
 from pdfleet_runtime.protocol.states import FailureReason
 
 from .launcher import RankCallError
+from .metrics import sglang_gauges
 from .pipe import RankStats, StatsOp
 from .rooms import RoomError, RoomTable, room_of
 from .worker_api import (
@@ -101,10 +102,8 @@ class WorkerApi:
         self.queued = 0
         self.used_tokens = 0
         r, m = pod.metrics.registry, [self.model]
-        Gauge("sglang:num_running_reqs", "The number of running requests.", ["model_name"],
-              registry=r).labels(*m).set_function(lambda: self.running)
-        Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue (held rooms on a prefill "
-              "pod).", ["model_name"], registry=r).labels(*m).set_function(lambda: self.queued)
+        sglang_gauges(r, self.model, pod.role.value, lambda: self.running, lambda: self.queued,
+                      lambda: pod._in_flight_estimate())
         Gauge("sglang:num_used_tokens", "The number of used tokens.", ["model_name"],
               registry=r).labels(*m).set_function(lambda: self.used_tokens)
         Gauge("sglang:token_usage", "The token usage.", ["model_name"],
@@ -143,8 +142,11 @@ class WorkerApi:
     async def _server_info(self, _: web.Request) -> web.Response:
         o, cfg = self.pod.opts, self.pod.opts.config
         mode = "prefill" if self.pod.role is Role.PREFILL else "decode"
+        engine, _, version = (o.stand_in_for or "").partition("==")
+        stand_in = {"stand_in": f"pdfleet-runtime serve {__version__} standing in for {engine} {version} "
+                    "(which needs GPUs)"} if o.stand_in_for else {}
         return web.json_response({
-            "version": __version__, "runtime": "pdfleet", "runtime_version": __version__,
+            "version": version or __version__, "runtime": "pdfleet", "runtime_version": __version__, **stand_in,
             "served_model_name": self.model, "model_path": self.model, "disaggregation_mode": mode,
             "disaggregation_transfer_backend": cfg.backend.value, "disaggregation_bootstrap_port": o.bootstrap_port,
             "tp_size": cfg.shape.tensor, "pp_size": cfg.shape.pipeline, "dp_size": 1,

@@ -124,6 +124,9 @@ class ServeOptions:
     """Patch the readiness-gate condition when running in a cluster (or with ``kubeconfig``)."""
     kubeconfig: Path | None = None
     log_level: str = "INFO"
+    stand_in_for: str | None = None
+    """Harness only: this process stands in for an engine (``sglang==0.5.23``); /server_info reports that
+    engine's version and says it is a stand-in (devcluster.standin)."""
     faults: FaultOptions = field(default_factory=FaultOptions)
 
     @property
