@@ -106,6 +106,7 @@ class Agent:
         return 0
 
     def _on_signal(self, stop: asyncio.Event) -> None:
+        log.info("SIGTERM: exiting after the drain (%s)", self.drain.phase.value)
         if not self._final:  # SIGTERM without the preStop hook (local runs): drain first
             self._final_drain()
         stop.set()
