@@ -197,3 +197,29 @@ def test_engine_changes_are_new_revisions() -> None:
     assert shared[0] != base[0] and shared[1] != base[1]
     decode_only = revs(sglang_obj(spec__decode__engine={"image": "lmsysorg/sglang:v0.5.23-cu13"}))
     assert decode_only[0] == base[0] and decode_only[1] != base[1]  # a decode-only upgrade rolls decode only
+
+
+def test_the_agent_knows_what_to_check_and_holds_the_pods_only_token() -> None:
+    obj = sglang_obj(spec__model__source={"path": "/models/q", "volume": {"persistentVolumeClaim": {"claimName": "m"}}},
+                     spec__decode__engine={"image": "lmsysorg/sglang:v0.5.23-cu13"})
+    p = pod(obj, Role.DECODE)
+    eng, agent = containers(p)["engine"], containers(p)["runtime"]
+    cmd = agent["command"]
+    assert cmd[:4] == ["pdfleet-runtime", "agent", "--config", "/etc/pdfleet/runtime.yaml"]
+    assert flag(cmd, "--engine-version") == "0.5.23" and flag(cmd, "--model-path") == "/models/q"
+    assert flag(cmd, "--router-drop-seconds") == "4"  # ROUTER_DROP_BOUND_S, docs/router.md
+    assert {"name": "model", "mountPath": "/models/q", "readOnly": True} in agent["volumeMounts"]
+    # the engine's preStop waits for the agent's drain on the loopback admin port; both are exec hooks
+    hook = eng["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "-c"] and "http://127.0.0.1:8081/drain?wait=true" in hook[2]
+    assert agent["lifecycle"]["preStop"]["exec"]["command"][:3] == ["pdfleet-runtime", "drain", "--wait"]
+    # one API credential in the pod, the agent's
+    assert p["spec"]["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert [m["mountPath"] for m in agent["volumeMounts"]].count(token) == 1
+    assert token not in [m["mountPath"] for m in eng["volumeMounts"]]
+    (vol,) = [v for v in p["spec"]["volumes"] if v["name"] == "kube-api-access"]
+    assert vol["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
+    # a Hub model: no path the agent can see, so no config.json check
+    hub = sglang_obj(spec__model__source={"huggingFace": {"id": "Qwen/Qwen3.8-Flash-Next"}})
+    assert "--model-path" not in containers(pod(hub, Role.DECODE))["runtime"]["command"]
