@@ -4,8 +4,8 @@ contract, /server_info and /metrics names, and the agent beside the decode check
 as SGLang's router sends a request, and drains by the engine's own metrics.
 
 Covers: ready only through the canary (and the reason says so); the version, the served model and the
-model's config.json refused with the field named; the drain waits for the routers' bound and then for
-every running request (all of which succeed); the built-in runtime's /metrics read by the same parser
+model's config.json refused with the field named; the drain (decode and prefill agents at once) waits
+for the routers' bound and then for every running request and transfer in flight (all of which succeed); the built-in runtime's /metrics read by the same parser
 as SGLang's (tests/unit/agent has SGLang's bodies).
 """
 
@@ -188,35 +188,51 @@ def test_declared_version_model_and_config_are_checked(engines: tuple[Pod, Pod, 
 
 def test_the_drain_waits_for_routers_then_for_every_running_request(engines: tuple[Pod, Pod, Path]) -> None:
     prefill, decode, tmp = engines
-    agent = Agent(tmp, "agent-drain", decode.cfg, decode, prefill, _model_dir(tmp, "model-drain", LAYOUT),
-                  "--router-drop-seconds", "0.5")
+    model = _model_dir(tmp, "model-drain", LAYOUT)
+    agents = {"decode": Agent(tmp, "agent-drain-decode", decode.cfg, decode, prefill, model, "--router-drop-seconds",
+                              "0.5"),
+              "prefill": Agent(tmp, "agent-drain-prefill", prefill.cfg, prefill, None, model, "--router-drop-seconds",
+                               "0.5")}
     try:
-        agent.wait_for("TransferPathVerified")
+        agents["decode"].wait_for("TransferPathVerified")
+        agents["prefill"].wait_for("EngineVerified")
         results: list[tuple[float, int, Any]] = []
+
         def one(i: int) -> None:
             code, body = router_request(prefill, decode, f"request {i} in flight when the drain starts")
             results.append((time.monotonic(), code, body))
         threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 10  # until the engine reports them running (the prefill writes slowly)
-        while engine_load(_text(decode.url + "/metrics")).running < 4 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # until the engines report them (the prefill writes slowly)
+        while time.monotonic() < deadline and (engine_load(_text(decode.url + "/metrics")).running < 4
+                                               or engine_load(_text(prefill.url + "/metrics")).inflight < 1):
             time.sleep(0.05)
+        assert engine_load(_text(prefill.url + "/metrics")).inflight >= 1  # transfers in flight on the prefill
         t0 = time.monotonic()
-        code, drained = http("POST", f"http://127.0.0.1:{agent.cfg.admin_port}/drain?wait=true", None, 60)
-        t1 = time.monotonic()
-        for t in threads:
+        drains: dict[str, tuple[float, int, Any]] = {}
+
+        def drain(role: str) -> None:
+            code, body = http("POST", f"http://127.0.0.1:{agents[role].cfg.admin_port}/drain?wait=true", None, 60)
+            drains[role] = (time.monotonic(), code, body)
+        ds = [threading.Thread(target=drain, args=(r,)) for r in agents]
+        for t in ds:
+            t.start()
+        for t in [*ds, *threads]:
             t.join(60)
-        assert code == 200 and drained["drained"] is True and drained["forced"] is False, drained
-        assert drained["engine"] == {"running": 0, "queued": 0, "inflight": 0}
-        assert t1 - t0 >= 0.5  # the routers' bound first
         assert len(results) == 4 and all(c == 200 for _, c, _ in results), results
-        assert max(t for t, _, _ in results) <= t1 + 0.5  # it returned once the last request was answered
-        assert agent.readyz()["problem"] == "Draining"
+        last = max(t for t, _, _ in results)
+        for role, (t1, code, body) in drains.items():
+            assert code == 200 and body["drained"] is True and body["forced"] is False, (role, body)
+            assert body["engine"] == {"running": 0, "queued": 0, "inflight": 0}, (role, body)
+            assert t1 - t0 >= 0.5, role  # the routers' bound first
+            assert t1 >= last - 0.5, role  # then every request it was given was answered
+            assert agents[role].readyz()["problem"] == "Draining"
         # the drain endpoint is the admin port's: loopback only, and never by GET
-        assert http("GET", f"http://127.0.0.1:{agent.cfg.admin_port}/drain", None, 5)[0] == 405
+        assert http("GET", f"http://127.0.0.1:{agents['decode'].cfg.admin_port}/drain", None, 5)[0] == 405
     finally:
-        agent.stop()
+        for a in agents.values():
+            a.stop()
 
 
 def _text(url: str) -> str:
