@@ -5,8 +5,9 @@ as SGLang's router sends a request, and drains by the engine's own metrics.
 
 Covers: ready only through the canary (and the reason says so); the version, the served model and the
 model's config.json refused with the field named; the drain (decode and prefill agents at once) waits
-for the routers' bound and then for every running request and transfer in flight (all of which succeed); the built-in runtime's /metrics read by the same parser
-as SGLang's (tests/unit/agent has SGLang's bodies).
+for the routers' bound and then for every running request and transfer in flight (all of which
+succeed); the built-in runtime's /metrics read by the same parser as SGLang's (tests/unit/agent has
+SGLang's bodies).
 """
 
 from __future__ import annotations
