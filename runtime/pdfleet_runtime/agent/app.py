@@ -289,7 +289,7 @@ class Agent:
                 self.drain.cancel()
             self._by_operator = wanted is not None
             stamp = wanted or stamp
-            if stamp is not None:
+            if stamp is not None and not self._final:  # deleted: the operator has read its report
                 done = self.drain.phase is DrainPhase.DRAINED
                 ok, reason, text = ((done, "Forced" if self.drain.forced else "Drained" if done else "Draining",
                                      "the engine had requests when the budget ran out" if self.drain.forced else
