@@ -103,7 +103,7 @@ class WorkerApi:
         self.used_tokens = 0
         r, m = pod.metrics.registry, [self.model]
         sglang_gauges(r, self.model, pod.role.value, lambda: self.running, lambda: self.queued,
-                      lambda: pod._in_flight_estimate())
+                      lambda: pod.bootstrap.state.unfinished if pod.bootstrap is not None else 0)
         Gauge("sglang:num_used_tokens", "The number of used tokens.", ["model_name"],
               registry=r).labels(*m).set_function(lambda: self.used_tokens)
         Gauge("sglang:token_usage", "The token usage.", ["model_name"],
