@@ -160,6 +160,8 @@ def test_ready_only_through_the_canary(engines: tuple[Pod, Pod, Path]) -> None:
     try:
         body = agent.wait_for("TransferPathVerified")
         assert body["ready"] is True and "canary as SGLang's router sends it: room" in body["reason"]
+        maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()  # no torch in the agent's process
+        assert "torch" not in maps and "mooncake" not in maps and "aiohttp" in maps, "agent's mapped libraries"
         assert 'pdfleet_agent_canaries_total{outcome="success"}' in _text(agent.url + "/metrics")
         moved = [ln for ln in _text(prefill.url + "/metrics").splitlines()
                  if ln.startswith("pdfleet_room_transfer_bytes_total ")]
