@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 
-from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.constants import LABEL_REVISION, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
+from pdfleet_operator.resources.names import LABEL_INDEX, group_pod_name, group_service_name
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import ADMIN_PORT
 from pdfleet_runtime.engine_rules import table_env
-from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT, PROTOCOLS
+from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, DIST_INIT_PORT, ENGINE_PORT, PROTOCOLS
 from pdfleet_runtime.transfer import Protocol
 
 __all__ = [
     "ANNOTATION_BOOTSTRAP_PORT",
     "ENGINE_CONTAINER",
     "HF_TOKEN_KEY",
+    "GroupMember",
     "agent_command",
     "engine_container",
+    "group_member",
+    "group_service",
     "launch_command",
     "with_sglang",
 ]
@@ -66,8 +71,58 @@ def _model_path(spec: PDDeploymentSpec) -> str:
     return src.path if src.path is not None else src.hugging_face.id  # type: ignore[union-attr]
 
 
-def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
-    """The engine's command line: owned flags from the spec, then spec.engine.args and the role's."""
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One pod of a multi-node replica group as its engine sees it: its node rank and the group's
+    first pod (``--dist-init-addr``)."""
+
+    node_rank: int
+    leader: str  # host:port
+
+    @property
+    def argv(self) -> list[str]:
+        return ["--node-rank", str(self.node_rank), "--dist-init-addr", self.leader]
+
+
+def group_member(deployment: str, namespace: str, role: Role, revision: str, index: int,
+                 member: int) -> GroupMember:
+    """Member ``member`` of replica ``index``: the first pod is reached through the group's headless
+    Service, which publishes not-ready addresses (the engines rendezvous before any is Ready)."""
+    leader = group_pod_name(deployment, role, revision, index, 0)
+    service = group_service_name(deployment, role)
+    return GroupMember(member, f"{leader}.{service}.{namespace}.svc:{DIST_INIT_PORT}")
+
+
+def group_service(deployment: str, namespace: str, role: Role, selector: dict[str, str]) -> dict:
+    """The headless Service of a role's replica groups (created by the group orchestration, not yet built):
+    no cluster IP, not-ready addresses published, the rendezvous port named."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": group_service_name(deployment, role), "namespace": namespace},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": dict(selector),
+                 "ports": [{"name": "dist-init", "port": DIST_INIT_PORT, "protocol": "TCP"}]},
+    }
+
+
+def _parallel_flags(rs, member: GroupMember | None) -> list[str]:
+    """Attention DP and EP inside TP (``--attn-dp-size``: the deprecated ``--enable-dp-attention`` is
+    never rendered), and a replica group's rendezvous when it spans nodes."""
+    p = rs.parallelism
+    out: list[str] = []
+    if p.data > 1:
+        out += ["--attn-dp-size", str(p.data)]
+    if p.expert > 1:
+        out += ["--ep-size", str(p.expert)]
+    if p.nodes_per_replica > 1:
+        if member is None:
+            raise ValueError("a replica spanning nodes needs its group member (node rank and first pod)")
+        out += ["--nnodes", str(p.nodes_per_replica), *member.argv]
+    return out
+
+
+def launch_command(name: str, spec: PDDeploymentSpec, role: Role, member: GroupMember | None = None) -> list[str]:
+    """The engine's command line: owned flags from the spec, then spec.engine.args and the role's.
+    ``member``: this pod's place in its replica group (needed when nodesPerReplica > 1)."""
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
     cmd = [
@@ -76,6 +131,7 @@ def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
         "--served-model-name", spec.model.served_name or name,
         "--tp-size", str(rs.parallelism.tensor),
         "--pp-size", str(rs.parallelism.pipeline),
+        *_parallel_flags(rs, member),
         "--disaggregation-mode", role.value,
         "--disaggregation-transfer-backend", settings.backend_flag,
         "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT),
@@ -87,6 +143,21 @@ def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
     if rs.pool.kv_tokens_per_replica != _DEFAULT_KV_TOKENS:  # the default leaves SGLang's own sizing
         cmd += ["--max-total-tokens", str(rs.pool.kv_tokens_per_replica)]
     return cmd + list(role_engine(spec, role).args)
+
+
+def _group_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
+    """NCCL and Gloo across a replica group's pods: the pod network's interface, and over rdma the HCAs
+    of rdmaDeviceMap (every GPU's devices) or rdmaDevices; none given leaves NCCL's own discovery."""
+    rs = spec.prefill if role is Role.PREFILL else spec.decode
+    if rs.parallelism.nodes_per_replica == 1:
+        return []
+    env = [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"}]
+    t = spec.transfer
+    if t.protocol is Protocol.RDMA:
+        devices = sorted({d for ds in (t.rdma_device_map or {}).values() for d in ds} | set(t.rdma_devices or ()))
+        if devices:
+            env.append({"name": "NCCL_IB_HCA", "value": ",".join(devices)})
+    return env
 
 
 def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
@@ -105,12 +176,14 @@ def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     hf = spec.model.source.hugging_face if spec.model.source else None
     if hf is not None and hf.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
+    env += _group_env(spec, role)
     # the protocol table and the staging buffer, then the user's env (shared, then the role's)
     env += [{"name": n, "value": v} for n, v, _ in table_env(inp)]
     return env + [dict(e) for e in role_engine(spec, role).env]
 
 
-def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: dict, security: dict) -> dict:
+def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: dict, security: dict,
+                     member: GroupMember | None = None) -> dict:
     def probe() -> dict:
         return {"httpGet": {"path": "/health", "port": ENGINE_PORT}}
 
@@ -125,7 +198,7 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
         "name": ENGINE_CONTAINER,
         "image": role_engine(spec, role).image,
         "imagePullPolicy": "IfNotPresent",
-        "command": launch_command(name, spec, role),
+        "command": launch_command(name, spec, role, member),
         "ports": ports,
         "env": _engine_env(spec, role),
         "resources": resources,
@@ -173,7 +246,7 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     agent["volumeMounts"].append({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True})
     pod_spec["automountServiceAccountToken"] = False  # the agent's projected token only
     pod_spec["volumes"].append(_token_volume())
-    gpus = rs.parallelism.tensor * rs.parallelism.pipeline
+    gpus = rs.parallelism.gpus_per_pod
     for v in pod_spec["volumes"]:
         if v["name"] == "dshm":
             v["emptyDir"]["sizeLimit"] = f"{max(SHM_MIN_GIB, SHM_GIB_PER_GPU * gpus)}Gi"
@@ -185,7 +258,12 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
     if settings.host_ipc or spec.transfer.protocol is Protocol.NVLINK:
         pod_spec["hostIPC"] = True
-    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security), agent]
+    member = None
+    if rs.parallelism.nodes_per_replica > 1:  # this pod is its group's first (member pods: orchestration)
+        meta = pod["metadata"]
+        member = group_member(name, meta["namespace"], role, meta["labels"][LABEL_REVISION],
+                              int(meta["labels"][LABEL_INDEX]), 0)
+    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security, member), agent]
     if role is Role.PREFILL:
         pod["metadata"]["annotations"][ANNOTATION_BOOTSTRAP_PORT] = str(BOOTSTRAP_PORT)
     return pod

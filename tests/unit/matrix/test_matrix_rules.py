@@ -53,15 +53,30 @@ def inp(
 CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
     "input-invalid": (inp(p=RoleShape(0)), inp(p=RoleShape(1)), "spec.prefill.parallelism.tensor"),
     "layout-unresolved": (inp(layout=None), inp(), "spec.model.layout"),
-    "reserved-data-parallel": (
+    "builtin-no-attention-dp": (
         inp(p=RoleShape(4, data=2)),
-        inp(p=RoleShape(4, data=1)),
+        replace(inp(p=RoleShape(4, data=2)), engine="sglang"),
         "spec.prefill.parallelism.data",
     ),
-    "reserved-expert-parallel": (
-        inp(d=RoleShape(2, expert=8)),
-        inp(d=RoleShape(2)),
+    "builtin-no-expert-parallel": (
+        inp(d=RoleShape(2, expert=2)),
+        replace(inp(d=RoleShape(2, expert=2)), engine="sglang"),
         "spec.decode.parallelism.expert",
+    ),
+    "attn-dp-divides-tp": (
+        inp(p=RoleShape(4, data=3)),
+        inp(p=RoleShape(4, data=4)),
+        "spec.prefill.parallelism.data",
+    ),
+    "ep-divides-tp": (
+        inp(d=RoleShape(2, expert=8)),
+        inp(d=RoleShape(2, expert=2)),
+        "spec.decode.parallelism.expert",
+    ),
+    "nodes-divide-gpus": (
+        inp(p=RoleShape(4, 1, nodes_per_replica=3)),
+        inp(p=RoleShape(4, 1, nodes_per_replica=2)),
+        "spec.prefill.parallelism.nodesPerReplica",
     ),
     "reserved-nodes-per-replica": (
         inp(d=RoleShape(2, nodes_per_replica=2)),
@@ -205,7 +220,7 @@ def test_all_violations_at_once() -> None:
     v = evaluate(inp(QWEN_FULL, "mori", "tcp", RoleShape(8, 2, data=2), RoleShape(3, 4, runtime_version="9")))
     rules = {x.rule for x in v.violations}
     assert {
-        "reserved-data-parallel",
+        "builtin-no-attention-dp",
         "tp-divisible",
         "pp-match",
         "kv-heads-tp",
