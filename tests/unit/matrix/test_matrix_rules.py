@@ -289,3 +289,17 @@ def test_inline_layout_facts_point_at_inline_fields() -> None:
     assert facts.path("kv_heads") == "spec.model.layout.inline.kvHeads"
     v = evaluate(inp(facts, p=RoleShape(3), d=RoleShape(3)))
     assert any("spec.model.layout.inline.kvHeads" in x.paths for x in v.violations)
+
+
+def test_parallel_cells_name_admission_rules_and_print() -> None:
+    from pdfleet_operator.commands.matrix import matrix_text
+    from pdfleet_runtime.engine_rules.parallel import PARALLEL_CELLS
+
+    text = matrix_text(MATRICES[LATEST_MATRIX_VERSION])
+    for cell in PARALLEL_CELLS:
+        assert cell.reason
+        if not cell.supported:
+            assert cell.rule in all_rules(), cell
+            assert f"no [{cell.rule}]" in text
+    assert {c.feature for c in PARALLEL_CELLS if c.engine == "pdfleet" and not c.supported} == {
+        "attention-dp", "expert-parallel", "multi-node"}
