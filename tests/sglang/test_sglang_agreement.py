@@ -1,6 +1,7 @@
 """pdfleet's SGLang rules against SGLang 0.5.23 itself: its parser and start-up hooks, on rendered pods.
 
-Every example and a few hundred generated SGLang PDDeployments are rendered; each role's engine
+Every example, a few hundred generated SGLang PDDeployments (some with attention DP and EP) and the
+multi-node specs of ``cases.MULTI_NODE`` (each group's first and last member) are rendered; each role's engine
 command and environment run through SGLang (tests/sglang/check_server_args.py, forked per case,
 ``/sys/class/infiniband`` faked in a private mount namespace). ``ROWS`` maps every SGLang start-up
 check a PDDeployment can reach to the pdfleet rule that denies it. The test fails on any
