@@ -17,6 +17,10 @@ request. Every other status is fenced when sent.
 
 A synthetic request (``TransferRequest.fill``) has no local scheduler: the ``synthetic`` callback
 allocates and fills this rank's items, then the request proceeds as if ``add_request`` was called.
+
+Staged path (``staged.py``): when the decode granted a lane to this source (``TransferRequest.lanes``)
+the leg goes through this rank's ``PrefillStaging`` (gather, one write per chunk, per-chunk signals),
+or, without staging here or with no block for that rank, the direct write with the lane marked direct.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdfleet_runtime.engines.base import PeerId, PeerInfo, TransferEngine
-from pdfleet_runtime.engines.errors import EngineError
+from pdfleet_runtime.engines.errors import EngineError, TransferFailed
 from pdfleet_runtime.layouts import StateType
 from pdfleet_runtime.planner import (
     STATE_ORDER,
@@ -61,10 +66,14 @@ from .messages import (
 )
 from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
 
+if TYPE_CHECKING:
+    from .staged import PrefillStaging
+
 __all__ = ["PrefillRank", "PrefillSettings", "SyntheticError"]
 
 log = logging.getLogger(__name__)
 Pair = tuple[int, int]
+_DIRECT = "direct"  # staged.Path.DIRECT (a StrEnum) without importing torch into this module
 LegKey = tuple[str, Pair]  # (decode instance, decode rank)
 
 
@@ -96,6 +105,8 @@ class _Decode:
     peer: PeerId | None = None
     plan: PairPlan | None = None
     error: str = ""
+    link: Any = None
+    """The staged path's chunk link to this decode rank (made on its first staged leg)."""
 
 
 @dataclass
@@ -129,6 +140,7 @@ class PrefillRank:
                  before_write: Callable[[str], Awaitable[None]] | None = None,
                  synthetic: Callable[[str, SyntheticFill], Awaitable[RequestIndices]] | None = None,
                  on_report: Callable[[StatusReport], None] | None = None,
+                 staging: PrefillStaging | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registration, self.engine, self.client = registration, engine, client
         self.settings = settings or PrefillSettings()
@@ -136,6 +148,7 @@ class PrefillRank:
         self._engine_info = engine_info
         self._release, self._before_write = release, before_write
         self._synthetic, self._on_report = synthetic, on_report
+        self.staging = staging
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._clock = clock
         self._siblings: dict[Pair, RankRegistration] = {}
@@ -294,6 +307,8 @@ class PrefillRank:
             return
         dec = _Decode(msg, msg.rank.registration())
         self._decodes[key] = dec
+        if old is not None and old.link is not None:
+            await asyncio.to_thread(self._locked, old.link.close)
         if old is not None and old.peer is not None:
             await asyncio.to_thread(self._locked, self.engine.forget, old.peer)
         try:
@@ -400,11 +415,15 @@ class PrefillRank:
             self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"planning for {key[1]}: {e}")
             return
         t1 = time.perf_counter()
-        if blocks.descriptors:
+        try:
+            lane = self._lane(key, dec, leg)
+        except ValueError as e:
+            self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"staging lane for {key[1]}: {e}")
+            return
+        if blocks.descriptors or lane is not None:
             leg.writing = True
             try:
-                await asyncio.to_thread(self._locked, self.engine.write, dec.peer, blocks,
-                                        timeout_s=self.settings.write_timeout_s)
+                await asyncio.to_thread(self._locked, self._write, dec, req.request_id, blocks, lane)
             except EngineError as e:
                 leg.writing = False
                 failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
@@ -416,6 +435,57 @@ class PrefillRank:
                 self._fence(leg)
         self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
                      write_s=time.perf_counter() - t1)
+
+    def _lane(self, key: LegKey, dec: _Decode, leg: _Leg) -> Any:
+        """The decode's staging lane granted to this source (addresses), or None (direct write)."""
+        lanes, announced = leg.request.lanes, dec.msg.staging
+        if not lanes:
+            return None
+        if announced is None or self.staging is None:
+            raise ValueError("lanes granted, but " + ("the decode announced no staging region" if announced is None
+                                                      else "this prefill rank has no staging region"))
+        order = sorted(source_ranks(self.registration.shape, dec.registration.shape, key[1][0], key[1][1]))
+        if len(lanes) != len(order):
+            raise ValueError(f"{len(lanes)} lanes granted for {len(order)} sources")
+        return self.staging.lane(announced, lanes[order.index(self.me)])
+
+    def _write(self, dec: _Decode, request_id: str, blocks: Blocks, lane: Any) -> None:
+        """One leg's bytes (worker thread, engine lock held): staged through ``lane``, else the direct write."""
+        assert dec.peer is not None
+        st = self.staging
+        if lane is None or st is None:
+            self.engine.write(dec.peer, blocks, timeout_s=self.settings.write_timeout_s)
+            if st is not None:
+                st.metrics.count(_DIRECT, blocks.bytes)
+            return
+        if dec.link is None:
+            from pdfleet_runtime.engines.chunks import chunk_link
+
+            link = chunk_link(self.engine, dec.peer)
+            a = dec.msg.staging
+            assert a is not None
+            link.check_remote(a.address, a.lanes * (a.slots * a.slot_bytes + a.table_bytes) + a.lanes * 64)
+            dec.link = link
+        if not st.enabled or not blocks.descriptors:
+            st.direct(dec.link, lane)
+            if blocks.descriptors:
+                self.engine.write(dec.peer, blocks, timeout_s=self.settings.write_timeout_s)
+                st.metrics.count(_DIRECT, blocks.bytes)
+            return
+        a = dec.msg.staging
+        assert a is not None
+        try:
+            st.send(dec.link, lane, blocks.src - self.registration.region.address,
+                    blocks.dst - dec.registration.region.address, blocks.length, slot_bytes=a.slot_bytes,
+                    min_chunks=a.min_chunks, abort=lambda: self._ended(request_id),
+                    timeout_s=self.settings.write_timeout_s)
+        except EngineError:
+            raise
+        except (RuntimeError, TimeoutError, ValueError) as e:  # staging.Aborted, StagingError, a stalled ring
+            raise TransferFailed(f"staged write: {e}") from e
+
+    def _ended(self, request_id: str) -> bool:
+        return request_id not in self.tracker or self.tracker.get(request_id).state.terminal
 
     def _targets_of(self, shape: ParallelShape) -> frozenset[Pair]:
         """The decode ranks of a shape that this rank is a source of (paired once per decode shape)."""

@@ -163,9 +163,10 @@ class StagedMetrics:
     landed_write_s: Histogram = field(default_factory=Histogram)
     freed_read_s: Histogram = field(default_factory=Histogram)
 
-    def count(self, path: Path, nbytes: int) -> None:
-        self.bytes[path.value] += nbytes
-        self.requests[path.value] += 1
+    def count(self, path: Path | str, nbytes: int) -> None:
+        key = Path(path).value
+        self.bytes[key] += nbytes
+        self.requests[key] += 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"bytes": dict(self.bytes), "requests": dict(self.requests), "chunk_seconds": self.chunk_s.to_dict(),
@@ -348,8 +349,9 @@ def _null() -> Any:
 class PrefillStaging:
     """A prefill rank's staging region: one ring, a table buffer, constant words, one read-back word."""
 
-    def __init__(self, region: StagingRegion, arena: torch.Tensor, *, metrics: StagedMetrics | None = None) -> None:
-        self.region, self.arena = region, arena
+    def __init__(self, region: StagingRegion, arena: torch.Tensor, *, enabled: bool = True,
+                 metrics: StagedMetrics | None = None) -> None:
+        self.region, self.arena, self.enabled = region, arena, enabled
         self.layout = region.layout
         self.metrics = metrics or StagedMetrics()
         base = self.layout.total

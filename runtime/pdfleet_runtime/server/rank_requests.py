@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engines.base import PeerInfo
 from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
@@ -24,7 +25,10 @@ from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTi
 from pdfleet_runtime.records import RequestIndices
 
 from .pipe import RankSpec, RankStats, TransferOp, TransferResult
-from .synthetic import corrupt_request, fill_request, mismatched_buffers
+from .synthetic import corrupt_request, fill_request, mismatched_buffers, request_bytes
+
+if TYPE_CHECKING:
+    from pdfleet_runtime.protocol.staged import DecodeStaging
 
 __all__ = ["DecodeRequests", "SyntheticSource"]
 
@@ -77,9 +81,10 @@ class SyntheticSource(_Items):
 class DecodeRequests(_Items):
     """A decode rank's synthetic requests: one ``DecodeRank`` per prefill pod, every byte checked."""
 
-    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo) -> None:
+    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo, *,
+                 staging: DecodeStaging | None = None) -> None:
         super().__init__(pools, alloc)
-        self.spec, self.info = spec, info
+        self.spec, self.info, self.staging = spec, info, staging
         self.coords: dict[Endpoint, DecodeRank] = {}
         self.in_flight = 0
 
@@ -93,8 +98,14 @@ class DecodeRequests(_Items):
                 self.pools.registration(), self.info, StaticResolver([ep]),
                 Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
                 settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
-                release=self.release, **wire)
+                release=self.release, staging=self.staging, **wire)
         return coord
+
+    def release(self, request_id: str) -> None:
+        """The request's items, and its staging lanes (both only once no source can still write them)."""
+        super().release(request_id)
+        if self.staging is not None:
+            self.staging.release(request_id)
 
     async def transfer(self, op: TransferOp) -> TransferResult:
         """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
@@ -111,7 +122,8 @@ class DecodeRequests(_Items):
         self.in_flight += 1
         try:
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
-                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens))
+                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens),
+                staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0)
         finally:
             self.in_flight -= 1
         moved = sum(r.bytes for r in out.reports)
