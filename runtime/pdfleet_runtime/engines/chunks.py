@@ -147,9 +147,11 @@ class _MooncakeLink(ChunkLink):
         return self._poster.submit(lambda: self._write(local, remote, nbytes))
 
     def write_word(self, local: int, remote: int) -> None:
+        self.engine._bind()  # type: ignore[attr-defined]  # nvlink_intra copies on the thread's current GPU
         _wait(self._write(local, remote, 8))
 
     def read_word(self, local: int, remote: int) -> None:
+        self.engine._bind()  # type: ignore[attr-defined]
         rc = self._raw.transfer_sync_read(self.peer, local, remote, 8)
         if rc != 0:
             raise TransferFailed(f"mooncake read of a word from {self.peer} returned {rc}")

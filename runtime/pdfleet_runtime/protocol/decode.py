@@ -107,6 +107,10 @@ class TransferOutcome:
     cause: FailureReason | None = None
     """What lies under ``failure``: the failed source's own kind (``SOURCE_FAILED``), or ``DRAINING`` when
     the prefill pod refused the request as draining (``REFUSED``); readiness decides on the pair."""
+    landed_at: float = 0.0
+    """``time.monotonic()`` when this rank knew every byte was in place (the last staged chunk scattered,
+    or the last source's status for direct writes); 0 for a failed request."""
+    staged: bool = False
 
 
 def _refusal_cause(code: RefusalCode) -> FailureReason | None:
@@ -277,8 +281,9 @@ class DecodeRank:
         sent = False
         cause: FailureReason | None = None
         lanes: tuple[int, ...] = ()
+        landed_at = 0.0
         abort = threading.Event()
-        receivers: list[asyncio.Future[int]] = []
+        receivers: list[asyncio.Future[float]] = []
         try:
             link = await self._ensure_link(deadline)
             self.tracker.advance(request_id, RequestState.WAITING_FOR_INPUT, deadline=deadline)
@@ -313,11 +318,13 @@ class DecodeRank:
             if lanes:
                 assert self.staging is not None
                 receivers = [asyncio.ensure_future(asyncio.to_thread(
-                    self.staging.receive, lane, abort=abort.is_set, timeout_s=max(0.001, deadline - self._clock())))
+                    _receive, self.staging, lane, abort.is_set, max(0.001, deadline - self._clock())))
                     for lane in lanes]
                 await self._collect_staged(link, request_id, reports, deadline, receivers)
+                landed_at = max(r.result() for r in receivers)
             else:
                 await self._collect(link, request_id, reports, deadline)
+                landed_at = time.monotonic()
             self.tracker.advance(request_id, RequestState.SUCCESS)
         except _Failed as e:
             self.tracker.fail(request_id, e.failure, e.reason)
@@ -334,7 +341,8 @@ class DecodeRank:
         if rec.state is RequestState.FAILED:
             await self._after_failure(link, request_id, rec.reason, sent, reports)
         return TransferOutcome(request_id, rec.state, rec.failure, rec.reason, tuple(reports.values()),
-                               self._clock() - t0, link.endpoint if link else None, cause)
+                               self._clock() - t0, link.endpoint if link else None, cause,
+                               landed_at if rec.state is RequestState.SUCCESS else 0.0, bool(lanes))
 
     async def _call(self, link: _Link, body: TransferRequest | StatusQuery, deadline: float,
                     grace_s: float | None = None) -> Reply:
@@ -390,7 +398,7 @@ class DecodeRank:
                 return
 
     async def _collect_staged(self, link: _Link, request_id: str, reports: dict[Pair, StatusReport],
-                              deadline: float, receivers: list[asyncio.Future[int]]) -> None:
+                              deadline: float, receivers: list[asyncio.Future[float]]) -> None:
         """``_collect`` while the lanes' receivers run: a receiver's failure fails the request at once."""
         collect = asyncio.ensure_future(self._collect(link, request_id, reports, deadline))
         pending: set[asyncio.Future[object]] = {collect, *receivers}  # type: ignore[arg-type]
@@ -451,6 +459,12 @@ class DecodeRank:
     def _do_release(self, request_id: str) -> None:
         if self._release is not None:
             self._release(request_id)
+
+
+def _receive(staging: DecodeStaging, lane: int, abort: Callable[[], bool], timeout_s: float) -> float:
+    """One lane's chunks (worker thread); the monotonic time its last scatter ended."""
+    staging.receive(lane, abort=abort, timeout_s=timeout_s)
+    return time.monotonic()
 
 
 def _fenced(report: StatusReport | None) -> bool:

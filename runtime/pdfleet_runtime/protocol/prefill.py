@@ -116,6 +116,9 @@ class _Leg:
     report: StatusReport | None = None
     writing: bool = False
     """The engine may still be writing to this destination (its status cannot be fenced yet)."""
+    prepare: asyncio.Task[Any] | None = None
+    """Staged: the task cutting this leg's plan and writing the decode's table (``PrefillRank.prepare``)."""
+    blocks: Blocks | None = None
 
 
 @dataclass
@@ -197,6 +200,61 @@ class PrefillRank:
         req.src = indices
         self._progress(req)
         return self.tracker.get(request_id).state
+
+    def prepare(self, request_id: str, indices: RequestIndices) -> None:
+        """The request's source items are known (its state is still being computed): cut the plans of its
+        staged legs and hand each decode its block table now, on worker threads, so that the transfer
+        starts with its first gather once the state is ready."""
+        req = self._requests.get(request_id)
+        if req is None or self.staging is None or not self.staging.enabled:
+            return
+        for key, leg in req.legs.items():
+            if leg.request.lanes and leg.prepare is None:
+                leg.prepare = asyncio.get_running_loop().create_task(self._prepare_leg(key, leg, indices))
+
+    async def _prepare_leg(self, key: LegKey, leg: _Leg, src: RequestIndices) -> Any:
+        """A leg's ``Prepared``, or None (the write path then plans, and reports any problem, itself)."""
+        dec = self._decodes.get(key)
+        if dec is None or dec.peer is None or self.staging is None:
+            return None
+        try:
+            if dec.plan is None:
+                dec.plan = self._compile(key, dec)
+            blocks = dec.plan.plan(src, leg.request.indices.indices())
+            lane = self._lane(key, dec, leg)
+        except (PlanError, ValueError):
+            return None
+        if not blocks.descriptors or lane is None:
+            return None
+        leg.writing = True  # the table and ready word go to the decode's lane
+        try:
+            prepared = await asyncio.to_thread(self._locked, self._prepare_staged, dec, blocks, lane)
+        except Exception as e:  # the write retries it and reports what fails
+            log.info("prefill rank %s: staged prepare for %s failed: %s", self.me, key[1], e)
+            return None
+        finally:
+            leg.writing = False
+            self._fence(leg)
+        leg.blocks = blocks
+        return prepared
+
+    def _prepare_staged(self, dec: _Decode, blocks: Blocks, lane: Any) -> Any:
+        st, a = self.staging, dec.msg.staging
+        assert st is not None and a is not None
+        return st.prepare(self._link(dec), lane, blocks.src - self.registration.region.address,
+                          blocks.dst - dec.registration.region.address, blocks.length, slot_bytes=a.slot_bytes,
+                          min_chunks=a.min_chunks)
+
+    def _link(self, dec: _Decode) -> Any:
+        if dec.link is None:
+            from pdfleet_runtime.engines.chunks import chunk_link
+
+            assert dec.peer is not None and dec.msg.staging is not None
+            link = chunk_link(self.engine, dec.peer)
+            a = dec.msg.staging
+            link.check_remote(a.address, a.lanes * (a.slots * a.slot_bytes + a.table_bytes) + a.lanes * 64)
+            dec.link = link
+        return dec.link
 
     def outcome(self, request_id: str) -> RequestState | None:
         return self.tracker.get(request_id).state if request_id in self.tracker else None
@@ -406,11 +464,13 @@ class PrefillRank:
             self._report(req, leg, RequestState.FAILED, FailureReason.PEER_UNREACHABLE, why)
             return
         t0 = time.perf_counter()
+        prepared = await leg.prepare if leg.prepare is not None else None
         try:
             if dec.plan is None:
                 dec.plan = self._compile(key, dec)
             assert req.src is not None
-            blocks = dec.plan.plan(req.src, leg.request.indices.indices())
+            blocks = leg.blocks if prepared is not None and leg.blocks is not None else \
+                dec.plan.plan(req.src, leg.request.indices.indices())
         except PlanError as e:
             self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"planning for {key[1]}: {e}")
             return
@@ -423,7 +483,7 @@ class PrefillRank:
         if blocks.descriptors or lane is not None:
             leg.writing = True
             try:
-                await asyncio.to_thread(self._locked, self._write, dec, req.request_id, blocks, lane)
+                await asyncio.to_thread(self._locked, self._write, dec, req.request_id, blocks, lane, prepared)
             except EngineError as e:
                 leg.writing = False
                 failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
@@ -449,7 +509,7 @@ class PrefillRank:
             raise ValueError(f"{len(lanes)} lanes granted for {len(order)} sources")
         return self.staging.lane(announced, lanes[order.index(self.me)])
 
-    def _write(self, dec: _Decode, request_id: str, blocks: Blocks, lane: Any) -> None:
+    def _write(self, dec: _Decode, request_id: str, blocks: Blocks, lane: Any, prepared: Any = None) -> None:
         """One leg's bytes (worker thread, engine lock held): staged through ``lane``, else the direct write."""
         assert dec.peer is not None
         st = self.staging
@@ -458,27 +518,18 @@ class PrefillRank:
             if st is not None:
                 st.metrics.count(_DIRECT, blocks.bytes)
             return
-        if dec.link is None:
-            from pdfleet_runtime.engines.chunks import chunk_link
-
-            link = chunk_link(self.engine, dec.peer)
-            a = dec.msg.staging
-            assert a is not None
-            link.check_remote(a.address, a.lanes * (a.slots * a.slot_bytes + a.table_bytes) + a.lanes * 64)
-            dec.link = link
+        link = self._link(dec)
         if not st.enabled or not blocks.descriptors:
-            st.direct(dec.link, lane)
+            st.direct(link, lane)
             if blocks.descriptors:
                 self.engine.write(dec.peer, blocks, timeout_s=self.settings.write_timeout_s)
                 st.metrics.count(_DIRECT, blocks.bytes)
             return
-        a = dec.msg.staging
-        assert a is not None
         try:
-            st.send(dec.link, lane, blocks.src - self.registration.region.address,
-                    blocks.dst - dec.registration.region.address, blocks.length, slot_bytes=a.slot_bytes,
-                    min_chunks=a.min_chunks, abort=lambda: self._ended(request_id),
-                    timeout_s=self.settings.write_timeout_s)
+            if prepared is None:
+                prepared = self._prepare_staged(dec, blocks, lane)
+            st.send_prepared(link, prepared, abort=lambda: self._ended(request_id),
+                             timeout_s=self.settings.write_timeout_s)
         except EngineError:
             raise
         except (RuntimeError, TimeoutError, ValueError) as e:  # staging.Aborted, StagingError, a stalled ring

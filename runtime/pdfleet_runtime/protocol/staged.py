@@ -44,7 +44,7 @@ from pdfleet_runtime import staging
 from pdfleet_runtime.engines.chunks import ChunkLink
 
 __all__ = ["HEADER_WORDS", "READY_DIRECT", "READY_STAGED", "DecodeStaging", "Histogram", "Lane", "Layout",
-           "Path", "PrefillStaging", "StagedMetrics", "StagingError", "StagingRegion", "choose_path"]
+           "Path", "PrefillStaging", "Prepared", "StagedMetrics", "StagingError", "StagingRegion", "choose_path"]
 
 READY_STAGED, READY_DIRECT = 1, 2
 HEADER_WORDS = 4
@@ -218,6 +218,14 @@ class _Poller:
         with torch.cuda.stream(self.stream):
             return int(word.item())
 
+    def on(self) -> Any:
+        """This stream as the current one (a no-op on the host)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else _null()
+
+    def sync(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
     def write(self, word: torch.Tensor, value: int) -> None:
         if self.stream is None:
             word.fill_(value)
@@ -304,7 +312,7 @@ class DecodeStaging:
         if not (0 < n <= lay.max_blocks) or chunk > lay.slot_bytes or chunk % 256 or unit not in (1, 2, 4, 8, 16):
             raise StagingError(f"lane {lane}: the source's table header (blocks {n}, chunk {chunk}, unit {unit}) "
                                f"does not fit this region (at most {lay.max_blocks} blocks, slots of {lay.slot_bytes})")
-        with torch.cuda.stream(self._poll.stream) if self._poll.stream is not None else _null():
+        with self._poll.on():
             blocks = region.words(t + HEADER_WORDS * _WORD, 2 * n).view(2, n)
             lo, hi, s = blocks[0].min(), (blocks[0] + blocks[1]).max(), blocks[1].sum()
             bad = torch.stack([lo < 0, hi > self.arena.numel(), s != total, blocks[1].min() <= 0]).tolist()
@@ -312,8 +320,7 @@ class DecodeStaging:
                 raise StagingError(f"lane {lane}: the source's block table leaves this rank's arena or does not "
                                    f"add up to {total} bytes")
             plan = staging.StagePlan.on_device(blocks.clone(), total, unit, chunk)
-        if self._poll.stream is not None:
-            self._poll.stream.synchronize()
+        self._poll.sync()
         return plan
 
 
@@ -384,31 +391,38 @@ class PrefillStaging:
         """Tell the decode this source writes directly (or has nothing for it) on this lane."""
         link.write_word(self._count(READY_DIRECT), lane.ready)
 
-    def send(self, link: ChunkLink, lane: Lane, src: np.ndarray, dst: np.ndarray, length: np.ndarray, *,
-             slot_bytes: int, min_chunks: int, abort: Callable[[], bool], timeout_s: float = 30.0,
-             trace: list[tuple[int, str, float]] | None = None) -> int:
-        """Stage ``length`` bytes from arena offsets ``src`` to the decode's arena offsets ``dst`` (blocks in
-        order) through ``lane``: table, ready, then the chunks with their landed counts. Returns the chunks."""
+    def prepare(self, link: ChunkLink, lane: Lane, src: np.ndarray, dst: np.ndarray, length: np.ndarray, *,
+                slot_bytes: int, min_chunks: int) -> Prepared:
+        """Cut this side's plan (on a side stream, never the model's) and write the decode's block table
+        and ``ready`` into ``lane``, so the decode cuts its plan too: done when the decode's indices arrive,
+        while the request's state is still being computed. Blocks in order: arena offsets ``src`` here,
+        ``dst`` in the decode's arena, ``length`` bytes each."""
         lay, region = self.layout, self.region
         n = int(length.size)
-        max_blocks = (lay.table_bytes - HEADER_WORDS * _WORD) // (2 * _WORD)
-        if n > max_blocks:
-            raise StagingError(f"{n} blocks do not fit the table area ({max_blocks}): raise staging.tableMib")
+        if n > lay.max_blocks:
+            raise StagingError(f"{n} blocks do not fit the table area ({lay.max_blocks}): raise staging.tableMib")
         total = int(length.sum())
         chunk = staging.chunk_size(total, min(slot_bytes, lay.slot_bytes), min_chunks)
-        plan = staging.StagePlan.build(src, length, chunk, device=self.arena.device)
+        with self._poll.on():
+            plan = staging.StagePlan.build(src, length, chunk, device=self.arena.device)
         if len(plan.chunks) >= COUNT_WORDS:
             raise StagingError(f"{len(plan.chunks)} chunks: more than the {COUNT_WORDS - 1} signal values")
         unit = staging._unit(np.asarray(dst, dtype=np.int64), np.asarray(length, dtype=np.int64))
         table = np.concatenate([np.array([n, total, unit, chunk], dtype=np.int64),
                                 np.asarray(dst, dtype=np.int64), np.asarray(length, dtype=np.int64)])
         t = lay.table(0)
-        region.words(t, table.size).copy_(torch.from_numpy(table))
-        if self.arena.is_cuda:
-            torch.cuda.synchronize(self.arena.device)
+        with self._poll.on():
+            region.words(t, table.size).copy_(torch.from_numpy(table))
+        self._poll.sync()
         _wait(link.post(region.address + t, lane.table, table.size * _WORD))
         link.write_word(self._count(READY_STAGED), lane.ready)
-        ring = region.ring(lay.ring(0))
+        return Prepared(plan, lane, total)
+
+    def send_prepared(self, link: ChunkLink, prepared: Prepared, *, abort: Callable[[], bool],
+                      timeout_s: float = 30.0, trace: list[tuple[int, str, float]] | None = None) -> int:
+        """The chunks of a prepared request, each with its landed count. Returns the chunks."""
+        lane, plan = prepared.lane, prepared.plan
+        ring = self.region.ring(self.layout.ring(0))
         if hasattr(link, "ring"):
             link.ring(ring.address(0), lane.ring, ring.slots, ring.slot_bytes)  # NIXL: prepared slot lists
         posted: dict[int, float] = {}
@@ -419,8 +433,24 @@ class PrefillStaging:
 
         signals = _SenderSignals(self, link, lane, posted)
         chunks = staging.send(plan, self.arena, ring, post, signals, timeout_s=timeout_s, abort=abort, trace=trace)
-        self.metrics.count(Path.STAGED, total)
+        self.metrics.count(Path.STAGED, prepared.total)
         return chunks
+
+    def send(self, link: ChunkLink, lane: Lane, src: np.ndarray, dst: np.ndarray, length: np.ndarray, *,
+             slot_bytes: int, min_chunks: int, abort: Callable[[], bool], timeout_s: float = 30.0,
+             trace: list[tuple[int, str, float]] | None = None) -> int:
+        """``prepare`` then ``send_prepared``."""
+        prepared = self.prepare(link, lane, src, dst, length, slot_bytes=slot_bytes, min_chunks=min_chunks)
+        return self.send_prepared(link, prepared, abort=abort, timeout_s=timeout_s, trace=trace)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's staged leg once its plan is cut and the decode has its table."""
+
+    plan: staging.StagePlan
+    lane: Lane
+    total: int
 
 
 class _SenderSignals:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engines.base import PeerInfo
@@ -61,6 +63,8 @@ class SyntheticSource(_Items):
     def __init__(self, pools: RankPools, alloc: RequestAllocator, *, corrupt: bool = False) -> None:
         super().__init__(pools, alloc)
         self.corrupt = corrupt
+        self.allocated: Callable[[str, RequestIndices], None] | None = None
+        """Called with a request's items before its state is made (the staged path cuts its plans then)."""
 
     async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
         try:
@@ -68,14 +72,26 @@ class SyntheticSource(_Items):
         except PoolExhausted as e:
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
         self.held[request_id] = idx
+        if self.allocated is not None:
+            self.allocated(request_id, idx)
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
         if self.corrupt:
             await asyncio.to_thread(corrupt_request, self.pools, idx)
-        log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
+        log.info("request %s: filled %d tokens of seeded state; state ready at %.6f", request_id, fill.tokens,
+                 await asyncio.to_thread(_ready_at, self.pools))
         return idx
 
     def stats(self, in_flight: int) -> RankStats:
         return RankStats(in_flight, len(self.held), self.free())
+
+
+def _ready_at(pools: RankPools) -> float:
+    """``time.monotonic()`` once the device has finished writing the state (the benchmark's start)."""
+    if pools.arena.is_cuda:
+        import torch
+
+        torch.cuda.synchronize(pools.arena.device)
+    return time.monotonic()
 
 
 class DecodeRequests(_Items):
@@ -135,9 +151,10 @@ class DecodeRequests(_Items):
             bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
             mismatched, bad_buffers = sum(bad.values()), tuple(sorted(bad))
             self.release(request_id)
-        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
+        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
-                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
+                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "",
+                 f"; {'staged' if out.staged else 'direct'}, landed at {out.landed_at:.6f}" if out.landed_at else "")
         # Released: no source can still write these items (the request was never accepted, or it ended), so
         # the pod may send the same request to another prefill pod.
         return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,

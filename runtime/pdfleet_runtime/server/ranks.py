@@ -181,6 +181,7 @@ class _Rank:
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
                                  release=source.release, synthetic=source.fill, on_report=self._on_report,
                                  staging=self.staging)
+        source.allocated = self.coord.prepare
         await self.coord.register()
         self._ready()
         try:
