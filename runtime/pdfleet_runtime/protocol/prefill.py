@@ -528,12 +528,16 @@ class PrefillRank:
         try:
             if prepared is None:
                 prepared = self._prepare_staged(dec, blocks, lane)
-            st.send_prepared(link, prepared, abort=lambda: self._ended(request_id),
-                             timeout_s=self.settings.write_timeout_s)
+            chunks = st.send_prepared(link, prepared, abort=lambda: self._ended(request_id),
+                                      timeout_s=self.settings.write_timeout_s)
         except EngineError:
             raise
         except (RuntimeError, TimeoutError, ValueError) as e:  # staging.Aborted, StagingError, a stalled ring
             raise TransferFailed(f"staged write: {e}") from e
+        m = st.metrics
+        log.info("staged leg %s -> %s: %d bytes in %d chunks; means so far: chunk %.1f us, landed write %.1f us, "
+                 "freed read %.1f us (%d reads)", request_id, dec.peer, prepared.total, chunks, m.chunk_s.mean * 1e6,
+                 m.landed_write_s.mean * 1e6, m.freed_read_s.mean * 1e6, m.freed_read_s.n)
 
     def _ended(self, request_id: str) -> bool:
         return request_id not in self.tracker or self.tracker.get(request_id).state.terminal
