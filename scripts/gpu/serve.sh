@@ -17,8 +17,8 @@ quiet() { tee -a "$OUT/serve.log" | grep -v '^[EWI][0-9]\{4\} \|^WARNING: Loggin
   python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))'
   python3 -c 'import aiohttp, prometheus_client, pydantic, yaml; print("serve deps ok")'
 } 2>&1 | quiet
-timeout 300 python3 scripts/gpu/serve_parity.py --engine "$engine" --out "$OUT" 2>&1 | quiet
+timeout 230 python3 scripts/gpu/serve_parity.py --engine "$engine" --out "$OUT" 2>&1 | quiet
 parity_rc=${PIPESTATUS[0]}
-timeout 420 python3 bench/gpu_serve.py --engine "$engine" --out "$OUT" "${@:2}" 2>&1 | quiet
+timeout 330 python3 bench/gpu_serve.py --engine "$engine" --out "$OUT" "${@:2}" 2>&1 | quiet
 bench_rc=${PIPESTATUS[0]}
 echo "serve parity rc=$parity_rc bench rc=$bench_rc" | quiet
