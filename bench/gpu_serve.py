@@ -120,10 +120,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError(f"{path} decode pod moved {ids} by {sorted(kinds)}")
                 size["bytes"] = nbytes
                 size["paths"][path] = {"seconds": took, "median_s": med, "gbps": nbytes / med / 1e9,
+                                       "engine_write_s": [float(b["writeSeconds"]) for b in bodies],
+                                       "request_s": [float(b["seconds"]) for b in bodies],
                                        "mismatched_bytes": sum(int(b["mismatchedBytes"]) for b in bodies),
                                        "paths_seen": sorted(kinds)}
                 print(f"  {tokens:>7} tokens {path:7s} {nbytes / med / 1e9:8.1f} GB/s  median {med * 1e3:8.3f} ms  "
-                      f"mismatched {size['paths'][path]['mismatched_bytes']}", flush=True)
+                      f"mismatched {size['paths'][path]['mismatched_bytes']}  (engine write s "
+                      f"{size['paths'][path]['engine_write_s']}, request s {size['paths'][path]['request_s']})",
+                      flush=True)
             size["peer_copy"] = _peer_copy(size["bytes"], "cpu" if args.device == "cpu" else f"cuda:{args.gpu}",
                                            args.reps)
             p = size["paths"]
@@ -136,6 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for p in pods:
             p.stop()
+            (args.out / f"serve-{args.engine}-{p.name}.log").write_text(p.log()[-(4 << 20):])
     return out
 
 
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'cpu' if args.device == 'cpu' else f'all ranks on cuda:{args.gpu}'}, median of {args.reps} (+1 warm-up)",
           flush=True)
     t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
     res = run(args)
     ok = all(p["mismatched_bytes"] == 0 for s in res["sizes"] for p in s["paths"].values())
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

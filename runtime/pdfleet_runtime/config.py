@@ -106,7 +106,7 @@ class StagingConfig(_Model):
 
     enabled: bool = Field(True, description="Allocate staging regions and stage large requests.")
     slot_mib: int = Field(256, ge=1, le=8192, description="MiB per ring slot (the largest chunk).")
-    slots: int = Field(3, ge=1, le=64, description="Slots per ring: chunks in flight per staged source.")
+    slots: int = Field(4, ge=1, le=64, description="Slots per ring: chunks in flight per staged source.")
     lanes: int = Field(2, ge=1, le=64, description="Decode: staged sources at a time (rings).")
     table_mib: int = Field(2, ge=1, le=256, description="Per lane: the block table (16 bytes per block).")
     min_chunks: int = Field(4, ge=1, le=64, description="A small request still splits into about this many chunks.")

@@ -514,7 +514,10 @@ class PrefillRank:
         assert dec.peer is not None
         st = self.staging
         if lane is None or st is None:
+            t0 = time.monotonic()
             self.engine.write(dec.peer, blocks, timeout_s=self.settings.write_timeout_s)
+            log.info("direct leg %s -> %s: %d bytes in %d blocks, written %.6f-%.6f", request_id, dec.peer,
+                     blocks.bytes, blocks.descriptors, t0, time.monotonic())
             if st is not None:
                 st.metrics.count(_DIRECT, blocks.bytes)
             return
@@ -528,6 +531,7 @@ class PrefillRank:
         try:
             if prepared is None:
                 prepared = self._prepare_staged(dec, blocks, lane)
+            t0 = time.monotonic()
             chunks = st.send_prepared(link, prepared, abort=lambda: self._ended(request_id),
                                       timeout_s=self.settings.write_timeout_s)
         except EngineError:
@@ -535,9 +539,10 @@ class PrefillRank:
         except (RuntimeError, TimeoutError, ValueError) as e:  # staging.Aborted, StagingError, a stalled ring
             raise TransferFailed(f"staged write: {e}") from e
         m = st.metrics
-        log.info("staged leg %s -> %s: %d bytes in %d chunks; means so far: chunk %.1f us, landed write %.1f us, "
-                 "freed read %.1f us (%d reads)", request_id, dec.peer, prepared.total, chunks, m.chunk_s.mean * 1e6,
-                 m.landed_write_s.mean * 1e6, m.freed_read_s.mean * 1e6, m.freed_read_s.n)
+        log.info("staged leg %s -> %s: %d bytes in %d chunks, sent %.6f-%.6f; means so far: chunk %.1f us, landed "
+                 "write %.1f us, freed read %.1f us (%d reads)", request_id, dec.peer, prepared.total, chunks, t0,
+                 time.monotonic(), m.chunk_s.mean * 1e6, m.landed_write_s.mean * 1e6, m.freed_read_s.mean * 1e6,
+                 m.freed_read_s.n)
 
     def _ended(self, request_id: str) -> bool:
         return request_id not in self.tracker or self.tracker.get(request_id).state.terminal
