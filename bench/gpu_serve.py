@@ -9,7 +9,9 @@ pod takes the staged path (``staging`` defaults: every request at or above the t
 has staging disabled (the direct write of the planner's scattered blocks). Requests are synthetic
 (``POST /v1/synthetic``): the decode sends its indices at admission, the prefill allocates its items
 (when both sides cut their staged plans and the decode receives its block table), fills seeded state
-(the "compute"), then transfers. Chunk signals go through the engine (an 8-byte landed write per
+(the "compute"), then transfers. Every pod draws its pages at random (``--fault-scatter-pages``), as a
+long-running pod's pools are: fresh pools hand out contiguous pages, which the planner would coalesce
+into a few large blocks (both paths then move near the copy's speed, and the comparison says nothing). Chunk signals go through the engine (an 8-byte landed write per
 chunk, a freed read when the ring is full), as between nodes; no shared memory.
 
 GB/s = request bytes / (the prefill's state ready -> the decode knowing every byte is in place: the
@@ -36,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = "qwen3.8-flash-next"
 SECRET = b"gpu-serve-benchmark-secret-0123456789"
-FAST = ("--retry-period", "0.5", "--canary-timeout", "60", "--canary-tokens", "64", "--floor-gbps", "0.001",
+FAST = ("--fault-scatter-pages", "6", "--retry-period", "0.5", "--canary-timeout", "60", "--canary-tokens", "64", "--floor-gbps", "0.001",
         "--canary-period", "3600")
 
 
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     staged_cfg = {"thresholdBytes": 0}
     if args.device == "cpu":
         staged_cfg |= {"onCpu": True, "slotMib": 16}
-    pre = LocalPod(work, "pre", _config("prefill", args, staged_cfg), SECRET)
+    pre = LocalPod(work, "pre", _config("prefill", args, staged_cfg), SECRET, args=("--fault-scatter-pages", "5"))
     env = {"PDFLEET_PREFILL_ADDRESSES": pre.bootstrap}
     dec = {"staged": LocalPod(work, "dec-staged", _config("decode", args, staged_cfg), SECRET, args=FAST, env=env),
            "direct": LocalPod(work, "dec-direct", _config("decode", args, {"enabled": False}), SECRET, args=FAST,

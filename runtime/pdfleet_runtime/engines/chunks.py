@@ -175,6 +175,7 @@ class _NixlLink(ChunkLink):
         self._rmem, self._rdev = state.handle.mem, _peer_device(state)
         self._lists: dict[tuple[int, int, int, int, int], tuple[Any, Any]] = {}
         self._rings: list[tuple[int, int, int, int]] = []
+        self._words: dict[tuple[str, int], Any] = {}
 
     def ring(self, local: int, remote: int, slots: int, slot_bytes: int) -> None:
         """Declare a ring pair (slot ``i`` at ``base + i * slot_bytes`` on both sides): full-slot-size
@@ -196,9 +197,24 @@ class _NixlLink(ChunkLink):
                 return self._agent.make_prepped_xfer("WRITE", lo_list, [i], ro_list, [i])
         return None
 
+    def _word_lists(self, local: int, remote: int) -> tuple[Any, Any]:
+        """Single-entry prepared lists for a signal word pair (made once each: a word's post is then
+        ``make_prepped_xfer``, no descriptors built per signal)."""
+        if (lo := self._words.get(("l", local))) is None:
+            lo = self._words[("l", local)] = self._agent.prep_xfer_dlist(
+                "NIXL_INIT_AGENT", [(local, 8, self._dev)], self._mem)
+        if (ro := self._words.get(("r", remote))) is None:
+            ro = self._words[("r", remote)] = self._agent.prep_xfer_dlist(self.peer, [(remote, 8, self._rdev)],
+                                                                         self._rmem)
+        return lo, ro
+
     def _start(self, op: str, local: int, remote: int, nbytes: int) -> Done:
         agent = self._agent
-        handle = self._prepared(local, remote, nbytes) if op == "WRITE" else None
+        if nbytes == 8 and len(self._words) < 4 * 8192:
+            lo, ro = self._word_lists(local, remote)
+            handle = agent.make_prepped_xfer(op, lo, [0], ro, [0])
+        else:
+            handle = self._prepared(local, remote, nbytes) if op == "WRITE" else None
         if handle is None:
             loc = np.array([[local, nbytes, self._dev]], dtype=np.uint64)
             rem = np.array([[remote, nbytes, self._rdev]], dtype=np.uint64)
@@ -234,11 +250,11 @@ class _NixlLink(ChunkLink):
         _wait(self._start("READ", local, remote, 8))
 
     def close(self) -> None:
-        for lists in self._lists.values():
-            for dl in lists:
-                with contextlib.suppress(Exception):
-                    dl.release()
+        for dl in [d for pair in self._lists.values() for d in pair] + list(self._words.values()):
+            with contextlib.suppress(Exception):
+                dl.release()
         self._lists.clear()
+        self._words.clear()
 
 
 def _peer_device(state: Any) -> int:

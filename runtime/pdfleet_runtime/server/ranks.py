@@ -104,7 +104,7 @@ class _Rank:
         layout = resolve_layout(cfg.layout)
         cap = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
         self.pools = RankPools(layout, self.shape, spec.tp, spec.pp, cap, device)
-        self.alloc = RequestAllocator(layout, cap)
+        self.alloc = RequestAllocator(layout, cap, seed=spec.faults.scatter_pages)
         self.staging = staging_of(cfg, self.pools)
         self.engine = create_engine(EngineConfig(cfg.backend.value, cfg.protocol, host=spec.host,
                                                  rdma_devices=cfg.rdma_devices,
