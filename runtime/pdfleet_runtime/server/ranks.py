@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -206,6 +207,5 @@ class _Rank:
             await self.work.close()
 
     def stats(self) -> RankStats:
-        if isinstance(self.work, SyntheticSource):
-            return self.work.stats(self.coord.in_flight)
-        return self.work.stats()
+        st = self.work.stats(self.coord.in_flight) if isinstance(self.work, SyntheticSource) else self.work.stats()
+        return dataclasses.replace(st, staged=self.staging.metrics.to_dict()) if self.staging is not None else st
