@@ -55,6 +55,7 @@ __all__ = [
     "Refusal",
     "RefusalCode",
     "Role",
+    "StagingModel",
     "StatusQuery",
     "StatusReply",
     "StatusReport",
@@ -272,6 +273,18 @@ class PrefillRegister(_Msg):
     _engine = field_validator("engine")(_check_engine_info)
 
 
+class StagingModel(_Msg):
+    """A decode rank's staging region (``protocol/staged.py``): ``lanes`` rings of ``slots`` x ``slot_bytes``,
+    each followed by a block table of ``table_bytes``, then three signal words per lane."""
+
+    address: Count
+    slots: int = Field(ge=1, le=64)
+    slot_bytes: int = Field(ge=256, lt=_U64, multiple_of=256)
+    lanes: int = Field(ge=1, le=64)
+    table_bytes: int = Field(ge=256, lt=_U64, multiple_of=256)
+    min_chunks: int = Field(4, ge=1, le=64)
+
+
 class DecodeRegister(_Msg):
     """A decode rank registers its destination buffers and engine info with one prefill pod."""
 
@@ -279,6 +292,8 @@ class DecodeRegister(_Msg):
     instance: Name
     rank: RankModel
     engine: dict[str, Any]
+    staging: StagingModel | None = None
+    """Its staging region, when it takes staged requests (inside a region of ``engine``)."""
 
     _engine = field_validator("engine")(_check_engine_info)
 
@@ -308,6 +323,8 @@ class TransferRequest(_Msg):
     timeout_s: float = Field(gt=0, le=3600)
     fill: SyntheticFill | None = None
     """Set for synthetic requests only: there is no local scheduler, the prefill rank makes the state."""
+    lanes: tuple[Annotated[int, Field(ge=0, lt=64)], ...] = Field((), max_length=1024)
+    """Staged path: the decode's staging lane of each of its sources, in their order; empty: direct writes."""
 
 
 class Cancel(_Msg):

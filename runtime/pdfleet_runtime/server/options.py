@@ -82,13 +82,16 @@ class FaultOptions:
     ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
     byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
     ``corrupt_sent``: a prefill pod flips a byte of every request's state after filling it, before the
-    engine write (the wire carries a wrong byte; the decode's byte check finds it).
+    engine write (the wire carries a wrong byte; the decode's byte check finds it);
+    ``scatter_pages``: a seed: each request's pages are drawn at random, as in a long-running pod's
+    fragmented pools (benchmarks: fresh pools hand out contiguous pages the planner coalesces).
     """
 
     write_delay_s: float = 0.0
     wire: str | None = None
     corrupt_received: bool = False
     corrupt_sent: bool = False
+    scatter_pages: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ with the result's type, and failures keep their ``FailureReason`` from the prefi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
@@ -157,6 +158,8 @@ class RankStats:
     fenced: dict[str, int] = field(default_factory=dict)
     fences_pending: int = 0
     handshakes: int = 0
+    staged: dict[str, Any] = field(default_factory=dict)
+    """``protocol.staged.StagedMetrics.to_dict()``: bytes and requests per path, chunk and signal times."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engines.base import PeerInfo
 from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
@@ -24,7 +27,10 @@ from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTi
 from pdfleet_runtime.records import RequestIndices
 
 from .pipe import RankSpec, RankStats, TransferOp, TransferResult
-from .synthetic import corrupt_request, fill_request, mismatched_buffers
+from .synthetic import corrupt_request, fill_request, mismatched_buffers, request_bytes
+
+if TYPE_CHECKING:
+    from pdfleet_runtime.protocol.staged import DecodeStaging
 
 __all__ = ["DecodeRequests", "SyntheticSource"]
 
@@ -57,6 +63,8 @@ class SyntheticSource(_Items):
     def __init__(self, pools: RankPools, alloc: RequestAllocator, *, corrupt: bool = False) -> None:
         super().__init__(pools, alloc)
         self.corrupt = corrupt
+        self.allocated: Callable[[str, RequestIndices], None] | None = None
+        """Called with a request's items before its state is made (the staged path cuts its plans then)."""
 
     async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
         try:
@@ -64,22 +72,35 @@ class SyntheticSource(_Items):
         except PoolExhausted as e:
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
         self.held[request_id] = idx
+        if self.allocated is not None:
+            self.allocated(request_id, idx)
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
         if self.corrupt:
             await asyncio.to_thread(corrupt_request, self.pools, idx)
-        log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
+        log.info("request %s: filled %d tokens of seeded state; state ready at %.6f", request_id, fill.tokens,
+                 await asyncio.to_thread(_ready_at, self.pools))
         return idx
 
     def stats(self, in_flight: int) -> RankStats:
         return RankStats(in_flight, len(self.held), self.free())
 
 
+def _ready_at(pools: RankPools) -> float:
+    """``time.monotonic()`` once the device has finished writing the state (the benchmark's start)."""
+    if pools.arena.is_cuda:
+        import torch
+
+        torch.cuda.synchronize(pools.arena.device)
+    return time.monotonic()
+
+
 class DecodeRequests(_Items):
     """A decode rank's synthetic requests: one ``DecodeRank`` per prefill pod, every byte checked."""
 
-    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo) -> None:
+    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo, *,
+                 staging: DecodeStaging | None = None) -> None:
         super().__init__(pools, alloc)
-        self.spec, self.info = spec, info
+        self.spec, self.info, self.staging = spec, info, staging
         self.coords: dict[Endpoint, DecodeRank] = {}
         self.in_flight = 0
 
@@ -93,8 +114,14 @@ class DecodeRequests(_Items):
                 self.pools.registration(), self.info, StaticResolver([ep]),
                 Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
                 settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
-                release=self.release, **wire)
+                release=self.release, staging=self.staging, **wire)
         return coord
+
+    def release(self, request_id: str) -> None:
+        """The request's items, and its staging lanes (both only once no source can still write them)."""
+        super().release(request_id)
+        if self.staging is not None:
+            self.staging.release(request_id)
 
     async def transfer(self, op: TransferOp) -> TransferResult:
         """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
@@ -111,7 +138,8 @@ class DecodeRequests(_Items):
         self.in_flight += 1
         try:
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
-                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens))
+                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens),
+                staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0)
         finally:
             self.in_flight -= 1
         moved = sum(r.bytes for r in out.reports)
@@ -123,9 +151,10 @@ class DecodeRequests(_Items):
             bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
             mismatched, bad_buffers = sum(bad.values()), tuple(sorted(bad))
             self.release(request_id)
-        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
+        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
-                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
+                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "",
+                 f"; {'staged' if out.staged else 'direct'}, landed at {out.landed_at:.6f}" if out.landed_at else "")
         # Released: no source can still write these items (the request was never accepted, or it ended), so
         # the pod may send the same request to another prefill pod.
         return TransferResult(request_id, out.state, out.failure, out.cause, out.reason, moved, write_s,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -49,6 +50,7 @@ from .pipe import (
     Transport,
 )
 from .rank_requests import DecodeRequests, SyntheticSource
+from .staging_setup import staging_of
 
 __all__ = ["rank_main"]
 
@@ -95,16 +97,23 @@ class _Rank:
     async def main(self) -> None:
         cfg, spec = self.spec.config, self.spec
         t0 = time.perf_counter()
-        device = "cpu" if cfg.device == "cpu" else f"cuda:{spec.index}"
+        device = cfg.device_of(spec.index)
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(device))  # this process's threads default to its GPU
         layout = resolve_layout(cfg.layout)
         cap = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
         self.pools = RankPools(layout, self.shape, spec.tp, spec.pp, cap, device)
-        self.alloc = RequestAllocator(layout, cap)
+        self.alloc = RequestAllocator(layout, cap, seed=spec.faults.scatter_pages)
+        self.staging = staging_of(cfg, self.pools)
         self.engine = create_engine(EngineConfig(cfg.backend.value, cfg.protocol, host=spec.host,
                                                  rdma_devices=cfg.rdma_devices,
                                                  name=f"{spec.instance}-{cfg.role.value}-{spec.tp}-{spec.pp}"))
         self.engine.start()
-        self.info = self.engine.register_rank(self.pools.registration())
+        reg = self.pools.registration()
+        extra = (self.staging.region.record(),) if self.staging is not None else ()
+        self.info = self.engine.register((reg.region, *extra), reg.buffers)
         loop = asyncio.get_running_loop()
         loop.add_reader(self.conn.fileno(), self._readable)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -171,7 +180,9 @@ class _Rank:
         timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
-                                 release=source.release, synthetic=source.fill, on_report=self._on_report)
+                                 release=source.release, synthetic=source.fill, on_report=self._on_report,
+                                 staging=self.staging)
+        source.allocated = self.coord.prepare
         await self.coord.register()
         self._ready()
         try:
@@ -188,7 +199,7 @@ class _Rank:
     # ------------------------------------------------------------------ decode
 
     async def _decode(self) -> None:
-        self.work = DecodeRequests(self.spec, self.pools, self.alloc, self.info)
+        self.work = DecodeRequests(self.spec, self.pools, self.alloc, self.info, staging=self.staging)
         self._ready()
         try:
             await self.stop.wait()
@@ -196,6 +207,5 @@ class _Rank:
             await self.work.close()
 
     def stats(self) -> RankStats:
-        if isinstance(self.work, SyntheticSource):
-            return self.work.stats(self.coord.in_flight)
-        return self.work.stats()
+        st = self.work.stats(self.coord.in_flight) if isinstance(self.work, SyntheticSource) else self.work.stats()
+        return dataclasses.replace(st, staged=self.staging.metrics.to_dict()) if self.staging is not None else st

@@ -1,0 +1,51 @@
+"""The staged path through ``pdfleet-runtime serve``: a prefill pod and a decode pod as real processes on
+loopback, Mooncake over TCP, host pools with ``staging.onCpu`` (the device machine runs the same on a GPU:
+bench/gpu_serve.py). Requests at or above the threshold go staged (plans cut when the decode's indices
+arrive, chunks signalled through the engine), smaller ones direct; every byte is checked by the decode.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pdfleet_runtime.config import StagingConfig
+from tests.server.harness import Pod, config
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--retry-period", "0.3", "--canary-timeout", "3", "--canary-tokens", "64", "--floor-gbps", "0.001")
+BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2  # llama-dense, tp 1
+
+
+@pytest.fixture
+def pods() -> Iterator[list[Pod]]:
+    started: list[Pod] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def test_large_requests_go_staged_small_ones_direct_every_byte_checked(tmp_path: Path, pods: list[Pod]) -> None:
+    staging = StagingConfig(on_cpu=True, slot_mib=1, slots=2, lanes=2, table_mib=1,
+                            threshold_bytes=200 * BYTES_PER_TOKEN)
+    pre_cfg = config("prefill", requests=4, tokens=2048).model_copy(update={"staging": staging})
+    dec_cfg = config("decode", requests=4, tokens=2048).model_copy(update={"staging": staging})
+    pre = Pod(tmp_path, "pre", pre_cfg)
+    pods.append(pre)
+    pre.start()
+    dec = Pod(tmp_path, "dec", dec_cfg, args=FAST, env={"PDFLEET_PREFILL_ADDRESSES": pre.bootstrap})
+    pods.append(dec)
+    dec.start()
+    dec.wait_ready(True, 90)
+    for i, tokens in enumerate((1024, 64, 1500)):  # 1024 x 128 KiB = 128 MiB: 128+ chunks of 1 MiB through 2 slots
+        code, body = dec.synthetic(tokens, 60, requestId=f"s{i}")
+        assert code == 200 and body["ok"] and body["mismatchedBytes"] == 0, body
+    log = dec.log()
+    assert re.search(r"request s0 <- \S+: success.*; staged, landed at", log), log[-3000:]
+    assert re.search(r"request s1 <- \S+: success.*; direct, landed at", log), log[-3000:]
+    assert re.search(r"request s2 <- \S+: success.*; staged, landed at", log), log[-3000:]
+    assert re.search(r"request s0: filled 1024 tokens of seeded state; state ready at", pre.log())
