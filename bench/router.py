@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import requests
 
 from pdfleet_runtime.config import RoleShape, RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
@@ -77,13 +78,19 @@ class Pair:
     def __init__(self, pre: LocalPod, dec: LocalPod, router_url: str) -> None:
         host, _, port = pre.bootstrap.rpartition(":")
         self.pre, self.dec, self.router, self.boot = pre.url, dec.url, router_url, (host, int(port))
-        self.http = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=64))
+        self._local = threading.local()  # one keep-alive session per client thread, in both modes
         self.side = ThreadPoolExecutor(32)
+
+    def _post(self, url: str, body: dict[str, Any]) -> requests.Response:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+        return s.post(url, json=body, timeout=120)
 
     def router_once(self, i: int) -> tuple[float, str | None]:
         body = chat_body(MODEL, i)
         t0 = time.perf_counter()
-        r = self.http.post(self.router + "/v1/chat/completions", json=body)
+        r = self._post(self.router + "/v1/chat/completions", body)
         dt = time.perf_counter() - t0
         return dt, (f"HTTP {r.status_code}: {r.text[:200]}" if r.status_code != 200 else verify_chat_answer(body, r.json()))
 
@@ -92,13 +99,20 @@ class Pair:
         full = {**body, "bootstrap_host": self.boot[0], "bootstrap_port": self.boot[1],
                 "bootstrap_room": random.getrandbits(63)}
         t0 = time.perf_counter()
-        pre = self.side.submit(self.http.post, self.pre + "/v1/chat/completions", json=full)
-        d = self.http.post(self.dec + "/v1/chat/completions", json=full)
+        pre = self.side.submit(self._post, self.pre + "/v1/chat/completions", full)
+        d = self._post(self.dec + "/v1/chat/completions", full)
         p = pre.result()
         dt = time.perf_counter() - t0
         if d.status_code != 200 or p.status_code != 200:
             return dt, f"HTTP decode {d.status_code} prefill {p.status_code}: {d.text[:200]} {p.text[:200]}"
         return dt, verify_chat_answer(body, d.json())
+
+
+def _answers(pair: Pair) -> str | None:
+    try:
+        return pair.router_once(0)[1]
+    except requests.ConnectionError as e:
+        return str(e)
 
 
 def _phase(fn: Any, n: int, concurrency: int, first: int) -> dict[str, Any]:
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             url = f"http://127.0.0.1:{port}"
             pair = Pair(pre, dec, url)
             deadline = time.monotonic() + 60
-            while pair.router_once(0)[1] is not None:  # its workers registered and answering
+            while _answers(pair) is not None:  # listening, its workers registered and answering
                 if time.monotonic() > deadline or router.poll() is not None:
                     raise RuntimeError(f"the router never answered:\n{(work / 'router.log').read_text()[-3000:]}")
                 time.sleep(0.5)
