@@ -118,6 +118,9 @@ def chat_curl(cluster: LocalCluster, namespace: str, name: str, message: str,
     namespace (the only place its Service addresses exist): the command and what it printed.
 
     The endpoint's DNS name resolves only in pods (CoreDNS), so the command names the Service's ClusterIP."""
+    pid = cluster.namespace_pid()
+    if pid is None:
+        raise ClusterError("the cluster is not running; start it with `pdfleet dev up`")
     pdd = json.loads(cluster.kubectl("-n", namespace, "get", "pdd", name, "-o", "json").stdout)
     endpoint = (pdd.get("status") or {}).get("endpoint")
     if not endpoint:
@@ -129,9 +132,6 @@ def chat_curl(cluster: LocalCluster, namespace: str, name: str, message: str,
             "messages": [{"role": "user", "content": message}], "max_tokens": max_tokens}
     cmd = ["curl", "-sS", "--max-time", "60", f"http://{ip}:{port.rstrip('/')}/v1/chat/completions",
            "-H", "Content-Type: application/json", "-d", json.dumps(body)]
-    pid = cluster.namespace_pid()
-    if pid is None:
-        raise ClusterError("the cluster is not running; start it with `pdfleet dev up`")
     out = subprocess.run(["nsenter", f"--target={pid}", "--net", "--", *cmd], capture_output=True, text=True,
                          timeout=90)
     return cmd, out
