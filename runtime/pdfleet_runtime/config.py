@@ -142,6 +142,11 @@ class RuntimeConfig(_Model):
     engine_port: int = Field(ENGINE_PORT, ge=1, le=65535)
     readiness_gate: str = Field(READINESS_GATE, description="Pod condition type the runtime sets.")
     drain_timeout_seconds: int = Field(600, ge=0, description="Budget for finishing in-flight transfers.")
+    router_drop_seconds: float = Field(
+        0.0, ge=0, le=60,
+        description="A drain answers /health 503 and keeps admitting this long before it refuses new work: the "
+        "bound for every router's health check to drop the pod (the operator sets it with spec.router; 0 without).",
+    )
     device: str = Field("cuda", pattern=r"^(cpu|cuda)$", description="Where the pools live.")
     placement: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = Field(
         None, description="GPU index of each local rank (rank i on cuda:placement[i]); several ranks may share a "

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.devcluster import podsandbox
 from pdfleet_operator.devcluster.podsandbox import PodSandbox
+from pdfleet_operator.devcluster.podspec import PodSpecError
 from pdfleet_operator.devcluster.sandbox import Ranges
 
 __all__ = ["IMAGE_ENV", "Kubelet", "StartedPod", "wait"]
@@ -103,7 +104,15 @@ class Kubelet(threading.Thread):
         sandbox = PodSandbox(d, self.workdir / d["metadata"]["name"], self.ranges, self.api_endpoint,
                              self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite)
         self.pods[uid] = sandbox
-        sandbox.start()
+        try:
+            sandbox.start()
+        except PodSpecError:
+            # A kubelet's CreateContainerConfigError: a Secret or ConfigMap the pod names may not exist yet
+            # (the router's keys Secret can come after its Deployment). Undone here, tried again next pass.
+            sandbox.terminate(0.0)
+            self.pods.pop(uid, None)
+            self.started.pop(uid, None)
+            raise
 
     def _terminate(self, uid: str, grace_s: float) -> None:
         sandbox = self.pods.pop(uid)
@@ -143,7 +152,8 @@ class Kubelet(threading.Thread):
             try:
                 self.step()
             except Exception as exc:  # a pod or config gone between list and read: next round
-                self.errors.append(repr(exc))
+                if not self.errors or self.errors[-1] != repr(exc):  # one entry while it repeats
+                    self.errors.append(repr(exc))
             self._stop_event.wait(0.2)
 
     def shutdown(self, grace_s: float = 30.0) -> None:

@@ -84,6 +84,7 @@ class PodServer:
                 resolver = DnsResolver(cfg.prefill_service, cfg.bootstrap_port)
         self.resolver = resolver
         self.drain = Drain(cfg.drain_timeout_seconds, self._in_flight_now, on_change=self._set_draining,
+                           on_admit=self._set_admitting, leave_s=cfg.router_drop_seconds,
                            on_done=lambda forced: self.metrics.drains.labels("forced" if forced else "drained").inc())
         self._recheck = asyncio.Event()
         self.router = RequestRouter(self.readiness, self.metrics, self._recheck)
@@ -222,7 +223,7 @@ class PodServer:
     async def _synthetic(self, request: web.Request) -> web.Response:
         if self.role is not Role.DECODE:
             return web.json_response({"error": "synthetic requests start at a decode pod"}, status=409)
-        if not self.drain.serving:
+        if not self.drain.admitting:
             return web.json_response({"error": f"the pod is draining ({self.drain.phase.value}): no new requests"},
                                      status=503)
         if self.launcher is None or self.launcher.up < self.opts.config.shape.ranks:
@@ -357,9 +358,12 @@ class PodServer:
     # ------------------------------------------------------------------ drain
 
     def start_drain(self) -> None:
-        """Stop admitting (synthetic requests refused; prefill: the bootstrap refuses new requests); idempotent."""
+        """Leave the routers (``/health`` 503), then stop admitting (synthetic and worker requests refused;
+        prefill: the bootstrap refuses new requests); idempotent."""
         if self.drain.start():
-            log.info("drain started: %d transfers in flight", self._in_flight_estimate())
+            leave = self.drain.leave_s
+            log.info("drain started: %d transfers in flight%s", self._in_flight_estimate(),
+                     f"; /health 503, admitting for {leave:g}s more (routers drop the pod)" if leave else "")
 
     def cancel_drain(self) -> None:
         """A drain no longer wanted: take requests again (the pod becomes routable after its next check)."""
@@ -368,11 +372,16 @@ class PodServer:
             log.info("drain cancelled")
 
     def _set_draining(self, draining: bool) -> None:
-        """Readiness, the metric and (prefill) the bootstrap's admission follow the drain together."""
+        """Readiness and the metric follow the drain at once (``/health`` reads the drain's phase)."""
         self.readiness.draining = draining
         self.metrics.draining.set(int(draining))
+
+    def _set_admitting(self, admitting: bool) -> None:
+        """The end of the routers' window: (prefill) the bootstrap refuses new requests, or takes them again."""
+        if not admitting:
+            log.info("admission stopped: %d transfers in flight", self._in_flight_estimate())
         if self.bootstrap is not None:
-            self.bootstrap.state.drain(draining)
+            self.bootstrap.state.drain(not admitting)
 
     def _in_flight_estimate(self) -> int:
         if self.bootstrap is not None:

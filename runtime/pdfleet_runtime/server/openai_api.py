@@ -135,8 +135,12 @@ class WorkerApi:
     # ------------------------------------------------------------------ info
 
     async def _health(self, _: web.Request) -> web.Response:
+        """200 while serving with every rank up; 503 from the drain's first moment, so every router's health
+        check drops the pod before it refuses new work (``Drain``'s window)."""
         launcher = self.pod.launcher
         up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.ranks
+        if not self.pod.drain.serving:
+            return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")
         return web.Response(status=200 if up else 503)
 
     async def _server_info(self, _: web.Request) -> web.Response:
@@ -198,7 +202,7 @@ class WorkerApi:
             raise ApiError(400, "bootstrap_room is required: this is a PD worker (send the request through the "
                            "router, or add bootstrap_host, bootstrap_port and bootstrap_room to the body)",
                            param="bootstrap_room", code="missing_bootstrap_room")
-        if not self.pod.drain.serving:
+        if not self.pod.drain.admitting:
             raise ApiError(503, f"the pod is draining ({self.pod.drain.phase.value}): send the request to another "
                            "worker", code="draining", retry_after=5)
         launcher = self.pod.launcher
@@ -298,7 +302,8 @@ class WorkerApi:
         self.room_bytes.inc(res.bytes)
         c = completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
         pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
-                   "layoutBytes": expected, "verified": True, "prefill": res.prefill, "seconds": res.seconds,
+                   "layoutBytes": expected, "verified": True, "prefill": res.prefill,
+                   "decode": o.instance, "seconds": res.seconds,
                    "ignored": list(req.ignored)}
         headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
         if rid := http.headers.get("X-Request-Id"):
