@@ -103,9 +103,12 @@ def test_decode_rollout_scaling_and_a_killed_pod_through_the_router(
             print(f"  request {a.i}: sent {a.started - kill_at:+.2f}s, ended {a.ended - kill_at:+.2f}s after the kill,"
                   f" status {a.status}: {a.problem}")
         # Before the kill nothing failed (assert_clean): every failed transfer is one the killed pod held,
-        # refused as unreachable, and none of those rooms answered (the router retried with new rooms).
+        # refused as unreachable, and none of those rooms answered (the router retried with new rooms). The
+        # rest of the failure count is rooms that expired: sent to the prefill for the killed decode, which
+        # died before it claimed them.
+        print(f"  rooms expired on the prefill: {counts.rooms_expired}")
         assert legs and {(to, why) for _, to, why in legs} == {(victim, "peer_unreachable")}, legs
-        assert len({room for room, _, _ in legs}) == counts.transfer_failures, (legs, counts)
+        assert len({room for room, _, _ in legs}) == counts.transfer_failures - counts.rooms_expired, (legs, counts)
         answered = {f"room-{a.pdfleet.get('room')}" for a in answers if a.ok}
         assert not answered & {room for room, _, _ in legs}
         assert counts.router_retries >= 1 and counts.router_retries >= len(failed)

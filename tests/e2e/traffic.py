@@ -222,6 +222,7 @@ class Counts:
     router_retries: int
     transfer_failures: int  # request transfers failed and rooms expired, summed over every pod seen
     per_pod: dict[str, int]
+    rooms_expired: int = 0  # of transfer_failures: rooms no decode claimed (its decode died before it asked)
 
     def __str__(self) -> str:
         bad = {k: v for k, v in self.per_pod.items() if v}
@@ -239,6 +240,7 @@ class Traffic:
         self.fleet, self.runner = fleet, fleet.runner
         self.chat = ChatTraffic(fleet.router_url(), NAME, concurrency=CONCURRENCY)
         self.pod_failures: dict[str, int] = {}
+        self.pod_expired: dict[str, int] = {}
         self._stop = threading.Event()
         self._scraper = threading.Thread(target=self._scrape_loop, daemon=True)
 
@@ -269,7 +271,9 @@ class Traffic:
                 continue  # stopping, or killed: its last figures stay
             failed = sum(v for k, v in m.items() if k.startswith("pdfleet_transfers_total{")
                          and 'kind="request"' in k and 'outcome="failed"' in k)
-            self.pod_failures[pod.name] = int(failed + m.get("pdfleet_rooms_expired_total{}", 0))
+            expired = int(m.get("pdfleet_rooms_expired_total{}", 0))
+            self.pod_failures[pod.name] = int(failed) + expired
+            self.pod_expired[pod.name] = expired
 
     def router_retries(self) -> int:
         total = 0
@@ -283,7 +287,7 @@ class Traffic:
         """The three counts, printed (they are in the test's output)."""
         self.scrape()
         c = Counts(len(self.chat.failures()), self.router_retries(), sum(self.pod_failures.values()),
-                   dict(self.pod_failures))
+                   dict(self.pod_failures), sum(self.pod_expired.values()))
         print(f"traffic through the router: {len(self.chat.answers)} requests, {c}", flush=True)
         return c
 
