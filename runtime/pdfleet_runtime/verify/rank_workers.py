@@ -193,7 +193,8 @@ class PrefillWorker(_Worker):
                 self.conn.send(("stalling", rid))
                 await asyncio.sleep(opts["stall_s"])
 
-        client = BootstrapClient(Endpoint(host, port), Codec(self.spec.secret, f"prefill-{self.tp}-{self.pp}"))
+        client = BootstrapClient(Endpoint(host, port), Codec(self.spec.secret, f"prefill-{self.tp}-{self.pp}",
+                                                                 rank_key=self.spec.rank_key))
         timeouts = StateTimeouts(waiting_for_input_s=self.spec.request_timeout_s,
                                  transferring_s=self.spec.request_timeout_s)
         coord = PrefillRank(c.pools.registration(), self.engine, self.info, client,

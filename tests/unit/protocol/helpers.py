@@ -20,6 +20,8 @@ from pdfleet_runtime.protocol.messages import (
 from pdfleet_runtime.records import ParallelShape, RequestIndices, virtual_registration
 
 SECRET = b"0123456789abcdef-test-secret"
+RANK_KEY = b"rank-key-of-the-test-prefill-pod"
+"""The test pod's rank key: its bootstrap's and its prefill ranks' codecs hold it (``protocol.keys``)."""
 LAYOUT = PRESETS["llama-dense"]
 
 
