@@ -423,8 +423,10 @@ class BootstrapServer:
 
     async def start(self) -> Endpoint:
         self._cond = asyncio.Condition()
+        # Handlers still running at stop (long polls) are cut after 2 s; a body left unread (a refusal
+        # before reading) is never drained ("lingering"): the connection is closed.
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
-                                     keepalive_timeout=self.http.idle_s)
+                                     keepalive_timeout=self.http.idle_s, shutdown_timeout=2.0, lingering_time=0)
         await self._runner.setup()
         # Bind here so that port 0 (tests) yields the chosen port; the fixed port in pods.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
