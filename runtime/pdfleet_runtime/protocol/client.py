@@ -66,7 +66,9 @@ class BootstrapClient:
 
     async def _send(self, body: Body, timeout_s: float) -> Opened:
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, force_close=False))
+            # Idle connections are dropped before the bootstrap's own idle deadline (10 s) would cut them.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, force_close=False,
+                                                                                  keepalive_timeout=5.0))
         raw, headers, nonce = self.codec.seal_http(body, to=self.recipient)
         try:
             async with self._session.post(self.endpoint.url(MESSAGES_PATH), data=raw, headers=headers,
