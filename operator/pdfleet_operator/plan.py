@@ -33,7 +33,7 @@ from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.router import router_children, router_secret, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
-from pdfleet_operator.resources.secret import auth_secret
+from pdfleet_operator.resources.secret import auth_secret, missing_key_in_use
 from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
 
@@ -259,6 +259,11 @@ def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedP
     return f"decode revision holds: no ready prefill shares its compatibility key {key} (protocol, layout, TP/PP)"
 
 
+def pods_running(snapshot: Snapshot) -> int:
+    """Pods that may hold the transfer key (every observed pod not being deleted)."""
+    return sum(not p.deleting for p in snapshot.pods)
+
+
 def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0,
          targets: Targets | None = None) -> list[Action]:
     """All actions of one reconcile pass: children, stored revisions, the secret, then pods."""
@@ -282,7 +287,7 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
             body = _owned(controller_revision(owner.name, owner.namespace, role, revision, spec, number), owner)
             actions.append(Action(ActionKind.CREATE, "apps/v1", "ControllerRevision", body["metadata"]["name"],
                                   body=body, reason=f"{role.value} revision {revision} stored"))
-    if not snapshot.secret_exists:
+    if not snapshot.secret_exists and missing_key_in_use(owner.name, False, pods_running(snapshot)) is None:
         body = _owned(auth_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", secret_name(owner.name), body=body,
                               reason="per-deployment transfer authentication key"))

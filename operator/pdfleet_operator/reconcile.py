@@ -27,14 +27,15 @@ from pdfleet_operator.apply import Outcome, Writer
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes
 from pdfleet_operator.placement import check_placement
-from pdfleet_operator.plan import ActionKind, Owner, plan
+from pdfleet_operator.plan import ActionKind, Owner, plan, pods_running
+from pdfleet_operator.resources.secret import AUTH_SECRET_MISSING, missing_key_in_use
 from pdfleet_operator.rollout_state import (
     decide_rollouts,
     rollout_status,
     rollout_targets,
     with_rollout_failures,
 )
-from pdfleet_operator.status import compute_status, with_placement
+from pdfleet_operator.status import compute_status, with_degraded, with_placement
 
 __all__ = ["PassResult", "Reconciler", "register"]
 
@@ -124,6 +125,8 @@ class Reconciler:
         snapshot = observe(self._api, owner)
         problems = check_placement(spec, observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
+        if (why := missing_key_in_use(name, snapshot.secret_exists, pods_running(snapshot))) is not None:
+            admission = with_degraded(admission, AUTH_SECRET_MISSING, why, meta.get("generation", 0))
         now = time.time()
         decisions = decide_rollouts(spec, snapshot, old_status.get("rollout") or {}, now)
         targets = rollout_targets(spec, snapshot, decisions)

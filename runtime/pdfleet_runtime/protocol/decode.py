@@ -14,8 +14,10 @@ Fencing (the late-write hazard): a source may still be writing into the request'
 when the decode gives up. The items are released only when it is safe: at once when no
 ``TransferRequest`` was ever sent or every source already sent a *fenced* terminal status; else
 after every source fenced its status in answer to the ``Cancel`` (its write returned), polled in
-the background; else after ``fence_timeout_s`` (a source or pod that cannot answer: longer than any
-write may run). ``transfer`` returns the failure without waiting; ``wait_fenced`` waits for the
+the background; else after the fence timeout (a source or pod that cannot answer: longer than any
+write may run): the longer of ``fence_timeout_s`` and the write timeout the prefill ranks announced
+at registration (``DecodeRegistered.write_timeout_s``) plus ``fence_margin_s``, so a decode whose
+flag is shorter than the prefill's writes still never reuses items a write may reach. ``transfer`` returns the failure without waiting; ``wait_fenced`` waits for the
 releases.
 
 Staged path (``staged.py``): with a ``DecodeStaging`` the registration announces its region, and a
@@ -91,7 +93,10 @@ class DecodeSettings:
     cancel_timeout_s: float = 1.0
     fence_timeout_s: float = 35.0
     """Longest a failed request's items stay held waiting for the sources' fence (the prefill's write
-    timeout, 30 s by default, plus a margin): after it no write can still be running."""
+    timeout, 30 s by default, plus a margin): after it no write can still be running. The prefill's
+    announced write timeout plus ``fence_margin_s`` is used instead when it is longer."""
+    fence_margin_s: float = 5.0
+    """Added to the prefill's announced write timeout: its engine's own cancellation and a status's trip."""
     fence_poll_s: float = 0.1
 
 
@@ -134,6 +139,8 @@ class _Link:
     boot: str
     sources: tuple[Pair, ...]
     welcome: Welcome
+    write_timeout_s: float = 0.0
+    """The longest write of this rank's sources (announced at registration)."""
 
 
 class DecodeRank:
@@ -246,7 +253,18 @@ class DecodeRank:
             await client.close()
             raise
         self.handshakes += 1
-        return _Link(endpoint, client, reply.boot, tuple(s.pair for s in reg.body.sources), welcome)
+        derived = reg.body.write_timeout_s + self.settings.fence_margin_s
+        if derived > self.settings.fence_timeout_s:
+            log.warning("decode rank %s: fence timeout %.1fs is shorter than prefill pod %s's write timeout %.1fs "
+                        "plus %.1fs: fencing waits %.1fs", self.me, self.settings.fence_timeout_s, endpoint,
+                        reg.body.write_timeout_s, self.settings.fence_margin_s, derived)
+        return _Link(endpoint, client, reply.boot, tuple(s.pair for s in reg.body.sources), welcome,
+                     reg.body.write_timeout_s)
+
+    def fence_timeout_s(self, link: _Link | None) -> float:
+        """How long a failed request's items may stay held: derived from both sides (module docstring)."""
+        theirs = link.write_timeout_s + self.settings.fence_margin_s if link is not None else 0.0
+        return max(self.settings.fence_timeout_s, theirs)
 
     async def _drop_link(self, link: _Link) -> None:
         async with self._link_lock:
@@ -367,7 +385,7 @@ class DecodeRank:
                 if e.code.retryable:
                     await asyncio.sleep(0.05)
                     continue
-                if e.code is RefusalCode.UNKNOWN_PEER:  # the pod lost our registration: it restarted
+                if e.code in (RefusalCode.UNKNOWN_PEER, RefusalCode.WRONG_RECIPIENT):  # the pod restarted
                     await self._drop_link(link)
                     raise _Failed(FailureReason.PEER_RESTARTED, f"prefill pod {link.endpoint} forgot this rank: "
                                   f"{e.reason}") from None
@@ -430,7 +448,7 @@ class DecodeRank:
             self._do_release(request_id)
             return
         task = asyncio.get_running_loop().create_task(
-            self._fence(link if cancelled else None, request_id, sources, self._clock() + self.settings.fence_timeout_s))
+            self._fence(link if cancelled else None, request_id, sources, self._clock() + self.fence_timeout_s(link)))
         self._fences.add(task)
         task.add_done_callback(self._fences.discard)
 
@@ -451,8 +469,8 @@ class DecodeRank:
                         self._do_release(request_id)
                         return
             await asyncio.sleep(min(self.settings.fence_poll_s, max(0.0, deadline - self._clock())))
-        log.info("decode rank %s: request %s: no fence from its sources; items reused after %.0fs",
-                 self.me, request_id, self.settings.fence_timeout_s)
+        log.info("decode rank %s: request %s: no fence from its sources; items reused at the fence deadline",
+                 self.me, request_id)
         self.fenced["deadline"] += 1
         self._do_release(request_id)
 

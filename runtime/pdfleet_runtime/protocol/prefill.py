@@ -171,7 +171,8 @@ class PrefillRank:
 
     async def register(self) -> None:
         """Register with the pod's bootstrap, retrying while it is not up (bounded)."""
-        msg = PrefillRegister(rank=RankModel.of(self.registration), engine=self._engine_info.to_wire())
+        msg = PrefillRegister(rank=RankModel.of(self.registration), engine=self._engine_info.to_wire(),
+                              write_timeout_s=self.settings.write_timeout_s)  # decodes fence at least this long
         deadline = self._clock() + self.settings.register_timeout_s
         delay = 0.05
         while True:

@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
-from pdfleet_runtime.protocol.auth import Codec, load_secret
+from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import (
     DnsResolver,
@@ -40,6 +40,7 @@ from pdfleet_runtime.protocol.discovery import (
     Resolver,
     StaticResolver,
 )
+from pdfleet_runtime.protocol.keys import load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 from pdfleet_runtime.records import ParallelShape
 
@@ -93,6 +94,8 @@ class PodServer:
         self._gate_written_at = 0.0
         self._drain_by_operator = False
         self.bootstrap: BootstrapServer | None = None
+        self._rank_key = new_rank_key()
+        """This incarnation's rank key: its bootstrap and its own rank processes (over the pipe) hold it."""
         self.launcher: RankLauncher | None = None
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
@@ -116,8 +119,8 @@ class PodServer:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
                 state = BootstrapState(ParallelShape(cfg.shape.tensor, cfg.shape.pipeline), wire=wire)
-                self.bootstrap = BootstrapServer(state, Codec(secret, opts.instance), host=opts.bind_host,
-                                                 port=opts.bootstrap_port)
+                codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)
+                self.bootstrap = BootstrapServer(state, codec, host=opts.bind_host, port=opts.bootstrap_port)
                 self.worker.attach()
                 await self.bootstrap.start()
             await self._start_http()
@@ -146,7 +149,8 @@ class PodServer:
         cfg, o = self.opts.config, self.opts
         boot = ("127.0.0.1", self.bootstrap.port if self.bootstrap else o.bootstrap_port)
         return [RankSpec(cfg, t, p, secret, o.instance, o.advertise_host, boot, o.request_timeout_s,
-                         o.write_timeout_s, o.fence_timeout_s, o.log_level, o.faults)
+                         o.write_timeout_s, o.fence_timeout_s, o.log_level, o.faults,
+                         rank_key=self._rank_key if cfg.role is Role.PREFILL else None)
                 for p in range(cfg.shape.pipeline) for t in range(cfg.shape.tensor)]
 
     def _on_signal(self, sig: signal.Signals, stop: asyncio.Event) -> None:

@@ -59,6 +59,8 @@ class RankSpec:
     fence_timeout_s: float = 35.0
     log_level: str = "INFO"
     faults: FaultOptions = field(default_factory=FaultOptions)
+    rank_key: bytes | None = field(default=None, repr=False)
+    """Prefill: the pod's rank key (``protocol.keys``), what only this pod's ranks sign with."""
 
     @property
     def name(self) -> str:

@@ -21,6 +21,7 @@ from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
+from pdfleet_runtime.protocol.keys import mounted_keys
 from pdfleet_runtime.protocol.messages import SyntheticFill
 from pdfleet_runtime.protocol.prefill import SyntheticError
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
@@ -112,7 +113,8 @@ class DecodeRequests(_Items):
             wire = {"wire": spec.faults.wire} if spec.faults.wire else {}
             coord = self.coords[ep] = DecodeRank(
                 self.pools.registration(), self.info, StaticResolver([ep]),
-                Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
+                Codec(mounted_keys(spec.config.secret_path, spec.secret), f"{spec.instance}-{spec.tp}-{spec.pp}"),
+                instance=spec.instance,
                 settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
                 release=self.release, staging=self.staging, **wire)
         return coord

@@ -28,6 +28,7 @@ from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.keys import mounted_keys
 from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import StateTimeouts
@@ -176,7 +177,9 @@ class _Rank:
         if spec.faults.write_delay_s > 0:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
         self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent)
-        client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"))
+        client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(mounted_keys(spec.config.secret_path, spec.secret),
+                                                                  f"{spec.instance}-{spec.tp}-{spec.pp}",
+                                                                  rank_key=spec.rank_key))
         timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),

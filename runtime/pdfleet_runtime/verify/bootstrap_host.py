@@ -22,7 +22,7 @@ def bootstrap_main(conn: Connection, spec: GroupSpec) -> None:
         async def handle(cmd: tuple[Any, ...]) -> None:
             if cmd[0] == "start":
                 state = BootstrapState(cmd[1], limits=BootstrapLimits(lease_s=spec.lease_s))
-                server = BootstrapServer(state, Codec(spec.secret, "prefill-pod"))
+                server = BootstrapServer(state, Codec(spec.secret, "prefill-pod", rank_key=spec.rank_key))
                 ep = await server.start()
                 servers[ep.port] = server
                 conn.send(("started", ep.host, ep.port))

@@ -193,7 +193,8 @@ class PrefillWorker(_Worker):
                 self.conn.send(("stalling", rid))
                 await asyncio.sleep(opts["stall_s"])
 
-        client = BootstrapClient(Endpoint(host, port), Codec(self.spec.secret, f"prefill-{self.tp}-{self.pp}"))
+        client = BootstrapClient(Endpoint(host, port), Codec(self.spec.secret, f"prefill-{self.tp}-{self.pp}",
+                                                                 rank_key=self.spec.rank_key))
         timeouts = StateTimeouts(waiting_for_input_s=self.spec.request_timeout_s,
                                  transferring_s=self.spec.request_timeout_s)
         coord = PrefillRank(c.pools.registration(), self.engine, self.info, client,
@@ -253,7 +254,8 @@ class DecodeWorker(_Worker):
                 c.pools.registration(), self.info, self.resolver, Codec(self.spec.secret, f"decode-{self.tp}-{self.pp}"),
                 instance=f"decode-{c.spec.name}", release=c.release,
                 # Held items of a failed request wait for the sources' fence, at most one write timeout.
-                settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=self.spec.write_timeout_s + 1.0))
+                settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=self.spec.write_timeout_s + 1.0,
+                                        fence_margin_s=1.0))
         return self.coords[case]
 
     async def _transfer(self, case: int, qs: list[int] | None, timeout_s: float, attempt: str) -> None:
