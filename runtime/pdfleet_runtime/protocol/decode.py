@@ -343,6 +343,8 @@ class DecodeRank:
             else:
                 await self._collect(link, request_id, reports, deadline)
                 landed_at = time.monotonic()
+                if self.staging is not None and staged_bytes:
+                    self.staging.metrics.count("direct", staged_bytes)  # staged.Path.DIRECT (no torch import here)
             self.tracker.advance(request_id, RequestState.SUCCESS)
         except _Failed as e:
             self.tracker.fail(request_id, e.failure, e.reason)

@@ -207,7 +207,18 @@ class PodServer:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         self._refresh_facts()
+        await self._scrape_staged()
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _scrape_staged(self) -> None:
+        """The ranks' staged-path counters (``RankStats.staged``) into the pod's metrics; kept as last seen
+        when a rank does not answer in time."""
+        if self.launcher is None or not self.launcher.up:
+            return
+        with contextlib.suppress(RankCallError):
+            stats = await self.launcher.call_all(StatsOp(), timeout_s=2.0)
+            if all(isinstance(s, RankStats) for s in stats):  # a partial sum would make the counters fall
+                self.metrics.staged.update(s.staged for s in stats if isinstance(s, RankStats))
 
     async def _drain(self, request: web.Request) -> web.Response:
         self.start_drain()

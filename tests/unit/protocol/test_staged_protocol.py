@@ -47,9 +47,10 @@ class Rig:
     dec_staging: list[DecodeStaging]
     released: list[str] = field(default_factory=list)
 
-    def verify(self) -> int:
+    def verify(self, first: int | None = None) -> int:
+        """Mismatched bytes of the decode arenas against the first ``first`` requests (all by default)."""
         expected = [b.copy() for b in self.backgrounds]
-        write_requests(self.dst_pools, SEED, self.dst_reqs, expected)
+        write_requests(self.dst_pools, SEED, self.dst_reqs[:first], expected)
         return sum(compare(p, e)[0] for p, e in zip(self.dst_pools, expected, strict=True))
 
 
@@ -200,5 +201,39 @@ def test_a_chunk_write_failing_mid_way_fails_the_request_and_fences_its_lanes(mo
         assert out.cause is FailureReason.ENGINE and "injected" in out.reason
         assert await r.decode[0].wait_fenced(10)
         assert r.released == ["q0"] and r.dec_staging[0].lanes_free == 2  # items and lanes back after the fence
+
+    run(S(1), S(1), body)
+
+
+def test_plans_are_cut_and_the_table_sent_before_the_state_is_ready() -> None:
+    """``PrefillRank.prepare`` (called when the request's items are allocated, before its state is made)
+    cuts the leg's plan and writes the decode's table and ready word; the write then uses that plan."""
+    from pdfleet_runtime.protocol.staged import READY_STAGED
+
+    async def body(r: Rig) -> None:
+        pre, dec_st = r.prefill[0], r.dec_staging[0]
+        task = asyncio.ensure_future(r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=20,
+                                                          staged_bytes=_bytes_into(r, 0)))
+        for _ in range(400):  # the request (with its lane) reached the prefill rank
+            req = pre._requests.get("q0")  # type: ignore[attr-defined]
+            if req is not None and any(leg.request.lanes for leg in req.legs.values()):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the transfer request never reached the prefill rank")
+        (lane,) = next(leg.request.lanes for leg in req.legs.values())
+        ready = dec_st.region.words(dec_st.layout.word(lane, 2))
+        assert int(ready.item()) == 0  # nothing written before the plan is cut
+        pre.prepare("q0", r.src_reqs[0])
+        (leg,) = req.legs.values()
+        prepared = await asyncio.wait_for(asyncio.shield(leg.prepare), 10)
+        assert prepared is not None and prepared.total == _bytes_into(r, 0)
+        assert int(ready.item()) == READY_STAGED and not task.done()  # the decode has its table; no state yet
+        assert pre.staging.metrics.landed_write_s.n == 0  # no chunk sent before the state is offered
+        pre.add_request("q0", r.src_reqs[0])
+        out = await task
+        assert out.state is RequestState.SUCCESS and out.staged, out.reason
+        assert r.verify(1) == 0
+        assert pre.staging.metrics.requests["staged"] == 1
 
     run(S(1), S(1), body)

@@ -110,11 +110,23 @@ def test_staged_request_lands_every_byte_with_bounded_slots(slots):
     pre, dec, link, src_arena, dst_arena = _pair(slots=slots)
     src, dst, length = _blocks()
     (lane,) = dec.grant("r", int(length.sum()), 1)
+    addr = pre.lane(_Announce(dec.announce()), lane)
+    lay = dec.layout
+    freed_word = dec.region.words(lay.word(lane, 1))
+    ahead: list[int] = []  # per chunk post: chunks posted minus chunks the decode had freed by then
+    posts = itertools.count()
+    real_post = link.post
+
+    def post(local: int, remote: int, nbytes: int):
+        if addr.ring <= remote < addr.ring + lay.ring_bytes:
+            ahead.append(next(posts) - int(freed_word.item()))
+        return real_post(local, remote, nbytes)
+
+    link.post = post  # type: ignore[method-assign]
     got: dict[str, object] = {}
     t = threading.Thread(target=lambda: got.update(n=dec.receive(lane, abort=lambda: False, timeout_s=20)))
     t.start()
-    chunks = pre.send(link, pre.lane(_Announce(dec.announce()), lane), src, dst, length, slot_bytes=SLOT,
-                      min_chunks=4, abort=lambda: False, timeout_s=20)
+    chunks = pre.send(link, addr, src, dst, length, slot_bytes=SLOT, min_chunks=4, abort=lambda: False, timeout_s=20)
     t.join(20)
     assert got["n"] == int(length.sum())
     assert chunks == -(-int(length.sum()) // SLOT) > slots  # more chunks than slots: the freed reads gated reuse
@@ -122,7 +134,10 @@ def test_staged_request_lands_every_byte_with_bounded_slots(slots):
     m = pre.metrics
     assert m.requests["staged"] == 1 and m.bytes["staged"] == int(length.sum())
     assert m.landed_write_s.n == chunks and m.chunk_s.n == chunks
-    assert m.freed_read_s.n >= chunks - slots  # read only when the ring was full
+    # Flow control: a chunk is posted only into a slot the decode freed, so never more than ``slots`` are
+    # ahead of its scatter; the freed count was read (through the engine) when the ring filled.
+    assert len(ahead) == chunks and max(ahead) < slots and max(ahead) >= 0, ahead
+    assert m.freed_read_s.n >= 1  # polled (repeatedly while the decode scatters) only when the ring was full
     assert dec.metrics.bytes["staged"] == int(length.sum())
 
 
@@ -191,8 +206,11 @@ def test_table_that_leaves_the_arena_is_refused():
     errors: list[BaseException] = []
     t = threading.Thread(target=lambda: _catch(errors, lambda: dec.receive(lane, abort=lambda: False, timeout_s=5)))
     t.start()
-    pre.send(link, pre.lane(_Announce(dec.announce()), lane), src, dst, length, slot_bytes=SLOT, min_chunks=4,
-             abort=lambda: bool(errors), timeout_s=5)  # fits the ring: lands, and is never scattered
+    try:  # fits the ring: lands, and is never scattered (or stops between chunks once the decode refused)
+        pre.send(link, pre.lane(_Announce(dec.announce()), lane), src, dst, length, slot_bytes=SLOT, min_chunks=4,
+                 abort=lambda: bool(errors), timeout_s=5)
+    except staging.Aborted:
+        assert errors  # aborted only because the decode refused the table
     t.join(10)
     assert not dec.arena.any()
     assert errors and isinstance(errors[0], StagingError) and "leaves this rank's arena" in str(errors[0])
