@@ -29,7 +29,7 @@ from pdfleet_runtime.protocol.states import FailureReason, RequestState
 from pdfleet_runtime.records import ParallelShape as S
 from pdfleet_runtime.seeded import request_lengths
 from pdfleet_runtime.verify.arena import compare, fill_background, write_requests
-from tests.unit.protocol.helpers import SECRET
+from tests.unit.protocol.helpers import RANK_KEY, SECRET
 
 LAYOUT, REQUESTS, TOKENS, SEED = "llama-dense", 2, 64, 9
 SLOT = 8192
@@ -58,7 +58,7 @@ def run(p: S, d: S, body: Callable[[Rig], Awaitable[None]], *, threshold: int = 
     async def main() -> None:
         lay = PRESETS[LAYOUT]
         cap = Capacity(REQUESTS, TOKENS)
-        server = BootstrapServer(BootstrapState(p), Codec(SECRET, "pod"))
+        server = BootstrapServer(BootstrapState(p), Codec(SECRET, "pod", rank_key=RANK_KEY))
         ep = await server.start()
         src = [RankPools(lay, p, t, k, cap) for t, k in p.coords()]
         dst = [RankPools(lay, d, t, k, cap) for t, k in d.coords()]
@@ -77,7 +77,7 @@ def run(p: S, d: S, body: Callable[[Rig], Awaitable[None]], *, threshold: int = 
             eng.start()
             reg = pools.registration()
             info = eng.register((reg.region, region.record()), reg.buffers)
-            coord = PrefillRank(reg, eng, info, BootstrapClient(ep, Codec(SECRET, "p")),
+            coord = PrefillRank(reg, eng, info, BootstrapClient(ep, Codec(SECRET, "p", rank_key=RANK_KEY)),
                                 settings=PrefillSettings(poll_wait_s=0.2, write_timeout_s=10), staging=st)
             await coord.register()
             r.prefill.append(coord)
