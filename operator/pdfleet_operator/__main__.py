@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # one access-log line per admission request is noise on the apiserver's hot path
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        # Likewise one line per child event ("Handler 'child-pods' succeeded."): the pass it wakes logs.
+        logging.getLogger("kopf.objects").addFilter(
+            lambda r: not (str(r.msg).startswith("Handler 'child-") and str(r.msg).endswith("succeeded.")))
     from pdfleet_operator import metrics
 
     metrics.count_watch_restarts(verbose=args.verbose)
