@@ -151,11 +151,13 @@ def run_size(cluster: LocalCluster, op: LocalOperator, core, n: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128])
     ap.add_argument("--drain-delay", type=float, default=0.0, help="seconds the stand-in takes to report drained")
+    ap.add_argument("--real", type=int, nargs="*", default=[],
+                    help="sizes to run with real runtime pods on both sides (bench/rollout_real.py), after the stand-in sizes")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    biggest = max(args.sizes)
+    biggest = max([*args.sizes, *args.real])
     nodes = math.ceil((2 * (biggest + SURGE) + 1) / 8) + 1
     state = Path(tempfile.mkdtemp(prefix="pdfleet-bench-rollout-"))
     cluster = LocalCluster(state / "cluster", ClusterOptions(nodes=nodes), die_with_parent=True,
@@ -187,6 +189,31 @@ def main() -> int:
                   flush=True)
             print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
         standin.stop()
+        if args.real:
+            from rollout_real import RUNTIME_ARGS, WRITE_DELAY_S, run_real
+
+            settings["real_runtime"] = {"args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
+                                        "drain": "pdfleet: the drain annotation, then delete; Deployment: the "
+                                                 "preStop hook on delete (the same rendered pod)",
+                                        "traffic": "synthetic, one worker per routable ready decode pod, direct "
+                                                   "(not through the router)"}
+            print(f"real runtime: {settings['real_runtime']}", flush=True)
+        for n in args.real:
+            cpu0 = _cpu_seconds(op.proc.pid) if op.proc else 0.0
+            calls0, passes0 = (_metric(op, "pdfleet_operator_api_calls_total"),
+                               _metric(op, "pdfleet_operator_reconcile_passes_total{"))
+            r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
+                         drain_timeout=DRAIN_TIMEOUT_S)
+            passes = _metric(op, "pdfleet_operator_reconcile_passes_total{") - passes0
+            r["operator_cpu_seconds_whole_run"] = round(_cpu_seconds(op.proc.pid) - cpu0, 2) if op.proc else None
+            r["api_calls_per_pass"] = round((_metric(op, "pdfleet_operator_api_calls_total") - calls0) / passes, 2) if passes else None
+            rows.append(r)
+            print(f"{n:4d} decode pods (REAL runtimes): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
+                  f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'}  "
+                  f"failed requests {r['pdfleet_traffic']['failed']}+{r['deployment_traffic']['failed']} of "
+                  f"{r['pdfleet_traffic']['admitted']}+{r['deployment_traffic']['admitted']}, failed transfers "
+                  f"{r['failed_transfers_in_pod_logs']}, forced drains {len(r['forced_drains'])}", flush=True)
+            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
     finally:
         op.stop()
         cluster.stop()

@@ -120,12 +120,14 @@ class PodWatch(threading.Thread):
         self.stop_event.set()
         self.join(timeout=10)
 
-    def breakdown(self, new_image: str, since: float) -> dict[str, float | None]:
-        """Median seconds of each step of the rollout that started at ``since`` (monotonic)."""
+    def breakdown(self, new_image: str | None, since: float) -> dict[str, float | None]:
+        """Median seconds of each step of the rollout that started at ``since`` (monotonic); new pods are
+        those of ``new_image``, or (None) those that appeared after ``since``."""
         def med(xs: list[float]) -> float | None:
             return round(median(xs), 3) if xs else None
-        new = [s for s in self.pods.values() if s.image == new_image and s.seen >= since]
-        old = [s for s in self.pods.values() if s.image != new_image and s.gone is not None and s.gone >= since]
+        new = [s for s in self.pods.values() if (new_image is None or s.image == new_image) and s.seen >= since]
+        old = [s for s in self.pods.values() if (s.image != new_image if new_image else s.seen < since)
+               and s.gone is not None and s.gone >= since]
         return {
             "new_pods": len(new), "old_pods_gone": len(old),
             "created_to_ready_s": med([s.ready - s.seen for s in new if s.ready]),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -76,10 +76,17 @@ class Writer:
         return self._resources[key]
 
     def run(self, owner: Owner, actions: list[Action],
-            observed: Mapping[tuple[str, str], Mapping] | None = None) -> list[Outcome]:
+            observed: Mapping[tuple[str, str], Mapping] | None = None,
+            done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
         """Perform ``actions`` in order. ``observed``: the watched children by (kind, name); with it, an
-        apply whose body and watched object are as this writer last left them is skipped."""
-        return [self.one(owner.namespace, a, observed) for a in actions]
+        apply whose body and watched object are as this writer last left them is skipped. ``done`` hears
+        each outcome as it happens, so writes made before a later one fails are known all the same."""
+        outcomes = []
+        for a in actions:
+            outcomes.append(self.one(owner.namespace, a, observed))
+            if done is not None:
+                done(outcomes[-1])
+        return outcomes
 
     def one(self, namespace: str, action: Action,
             observed: Mapping[tuple[str, str], Mapping] | None = None) -> Outcome:

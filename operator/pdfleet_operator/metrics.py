@@ -47,6 +47,7 @@ class Metrics:
                                        registry=self.registry)
         self.watch_restarts = Counter("pdfleet_operator_watch_restarts_total", "Watch streams restarted",
                                       ["resource"], registry=self.registry)
+        self.restart_count = 0  # the same, as a plain number: passes compare it (reconcile.Reconciler)
         self._last: dict[tuple[str, str], dict[str, str]] = {}
 
     def record_conditions(self, key: tuple[str, str], conditions: list[dict]) -> None:
@@ -76,7 +77,8 @@ def serve(host: str, port: int) -> None:
 
 
 _KOPF_WATCH_LOGGER = "kopf._cogs.clients.watching"
-_RESTARTS = ("Restarting the watch-stream for ", "Watch-stream for ")  # 410 Gone (re-list); inactive stream
+# 410 Gone (a re-list), an inactive stream (reconnected), a resume after a pause (a re-list)
+_RESTARTS = ("Restarting the watch-stream for ", "Watch-stream for ", "Resuming the watch-stream for ")
 
 
 class _WatchRestarts(logging.Filter):
@@ -92,6 +94,7 @@ class _WatchRestarts(logging.Filter):
         for prefix in _RESTARTS:
             if message.startswith(prefix):
                 METRICS.watch_restarts.labels(message[len(prefix):].split(" ", 1)[0]).inc()
+                METRICS.restart_count += 1
         return self.verbose or record.levelno >= logging.INFO
 
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -114,10 +114,12 @@ class Reconciler:
         # ``secret_recheck_s``, then read again, so a deleted one comes back within that time.
         self._secrets_seen: dict[tuple[str, str], float] = {}
         self._secret_recheck_s = secret_recheck_s
+        self._verified: dict[tuple[str, str], int] = {}  # METRICS.restart_count at each deployment's last check
 
     def forget(self, namespace: str, name: str) -> None:
         """A deleted PDDeployment: drop what is kept for it."""
         self._locks.pop((namespace, name), None)
+        self._verified.pop((namespace, name), None)
         self._writer.forget(namespace, name)
         if self._state is not None:
             self._state.forget(namespace, name)
@@ -132,7 +134,10 @@ class Reconciler:
                 async with self._slots:
                     METRICS.queue_waiting.dec()
                     waiting = False
-                    view = self._state.view(namespace, name) if self._state is not None and self._state.bound else None
+                    watched = self._state is not None and self._state.bound
+                    if watched and self._verified.get((namespace, name)) != METRICS.restart_count:
+                        await self._verify(namespace, name)
+                    view = self._state.view(namespace, name) if watched else None
                     started = time.monotonic()
                     try:
                         result = await asyncio.get_running_loop().run_in_executor(
@@ -168,6 +173,22 @@ class Reconciler:
         if result.skipped:
             logger.debug(f"reconcile skipped: {result.skipped}")
         return result
+
+    async def _verify(self, namespace: str, name: str) -> None:
+        """The first pass of a deployment, and the first after any watch restart: list its pods once, so
+        pods deleted while a watch was down leave the view, and re-apply every child once, so a child
+        deleted meanwhile comes back."""
+        assert self._state is not None
+        epoch = METRICS.restart_count
+        listing = await asyncio.get_running_loop().run_in_executor(self._pool, self._list_pods, namespace, name)
+        self._state.confirm(namespace, name, "Pod", listing)
+        self._writer.forget(namespace, name)
+        self._verified[(namespace, name)] = epoch
+
+    def _list_pods(self, namespace: str, name: str) -> dict:
+        listing = CoreV1Api(self._api).list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_DEPLOYMENT}={name}", _preload_content=False)
+        return json.loads(listing.data)
 
     def _counted_pass(self, namespace: str, name: str, view: View | None) -> PassResult:
         before = self._calls.calls
@@ -241,8 +262,7 @@ class Reconciler:
             actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]
         observed = None if view is None else {
             (kind, n): o for kind, objs in view.objects.items() for n, o in objs.items()}
-        outcomes = self._writer.run(owner, actions, observed)
-        self._remember(owner, outcomes)
+        outcomes = self._writer.run(owner, actions, observed, done=lambda o: self._remember(owner, o))
         if any(o.action.object_kind == "Pod" and o.changed for o in outcomes):
             snapshot = (observe(self._api, owner) if view is None
                         else replace(snapshot, pods=_pods_after(owner, view, outcomes)))
@@ -271,14 +291,13 @@ class Reconciler:
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"],
                           requeue_after=next_wake(spec, snapshot, decisions, now))
 
-    def _remember(self, owner: Owner, outcomes: list[Outcome]) -> None:
-        """Overlay the pass's writes on the watched state; note the secrets it created."""
-        for o in outcomes:
-            if o.action.object_kind == "Secret" and o.action.kind is ActionKind.CREATE:
-                self._secrets_seen[(owner.namespace, o.action.name)] = time.monotonic()
-            if self._state is not None and o.response is not None:
-                self._state.wrote(o.action.object_kind, owner.namespace, owner.name, o.response,
-                                  deleted=o.action.kind is ActionKind.DELETE)
+    def _remember(self, owner: Owner, o: Outcome) -> None:
+        """Overlay one write on the watched state; note a secret created."""
+        if o.action.object_kind == "Secret" and o.action.kind is ActionKind.CREATE:
+            self._secrets_seen[(owner.namespace, o.action.name)] = time.monotonic()
+        if self._state is not None and o.response is not None:
+            self._state.wrote(o.action.object_kind, owner.namespace, owner.name, o.response,
+                              deleted=o.action.kind is ActionKind.DELETE)
 
     def _write_status(self, owner: Owner, old: dict, status: dict) -> None:
         """Patch the status only when it changed (a pass with nothing new writes nothing)."""

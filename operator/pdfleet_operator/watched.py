@@ -89,6 +89,7 @@ class WatchedState:
     def __init__(self) -> None:
         self._indices: Mapping[str, Any] = {}
         self._overlay: dict[tuple[str, str, str], _Written] = {}  # (kind, namespace, name)
+        self._gone: set[str] = set()  # uids a fresh listing did not have (an index keeps what a re-list missed)
         self._lock = threading.Lock()
 
     def bind(self, indices: Mapping[str, Any]) -> None:
@@ -114,7 +115,21 @@ class WatchedState:
         idx = self._indices.get(index)
         if idx is None or key not in idx:
             return []
-        return list(idx[key])
+        if not self._gone or index == INDEX_NODES:
+            return list(idx[key])
+        return [o for o in idx[key] if (o.get("metadata") or {}).get("uid") not in self._gone]
+
+    def confirm(self, namespace: str, name: str, kind: str, listing: Mapping) -> None:
+        """A fresh listing of one deployment's ``kind``: what the index holds beyond it, and older than it,
+        was deleted while a watch was down (kopf re-lists after a restart but never drops such objects).
+        Event loop only."""
+        _, plural, _ = next(k for k in OWNED_KINDS if k[2] == kind)
+        have = {(o.get("metadata") or {}).get("uid") for o in listing.get("items") or ()}
+        as_of = _rv(listing)
+        for obj in self._store(index_id(plural), (namespace, name)):
+            uid = (obj.get("metadata") or {}).get("uid")
+            if uid and uid not in have and _rv(obj) <= as_of:
+                self._gone.add(uid)
 
     def view(self, namespace: str, name: str) -> View:
         """Copy one deployment's state out of the indexes, overlaid with newer writes (event loop only)."""

@@ -125,3 +125,12 @@ def test_next_wake_is_the_earliest_time_only_decision() -> None:
     quiet = Snapshot(pods=(pods[0],))
     wake = next_wake(SPEC, quiet, decide_rollouts(SPEC, quiet, {}, now), now)
     assert wake is not None and 599.9 < wake < 600.2
+
+
+def test_a_fresh_listing_drops_what_a_relist_left_behind_but_not_what_came_after_it() -> None:
+    ghost = pod("ghost", 5, uid="u-ghost")
+    newer_pod = pod("new", 12, uid="u-new")  # created after the listing was taken
+    kept = pod("kept", 6, uid="u-kept")
+    s, _ = state([ghost, newer_pod, kept])
+    s.confirm(NS, NAME, "Pod", {"metadata": {"resourceVersion": "10"}, "items": [kept]})
+    assert sorted(p["metadata"]["name"] for p in s.view(NS, NAME).of("Pod")) == ["kept", "new"]
