@@ -13,7 +13,10 @@ pods never below replicas - maxUnavailable once whole) and where the rollout's t
 seconds of each step); the operator's CPU seconds and its API calls per reconcile pass over the
 rollout (from /proc and its /metrics).
 
-    python bench/rollout.py [--sizes 8 32 128] [--drain-delay 0] [--out bench/results/rollout-<utc>.json]
+    python bench/rollout.py [--sizes 8 32 128] [--drain-delay 0] [--real 8] [--out bench/results/rollout-<utc>.json]
+
+``--real N``: N decode pods on real runtimes on both sides (bench/rollout_real.py), traffic flowing,
+failed requests and transfers counted; on 2 shared cores 8 fits (about 7 minutes in all).
 """
 
 from __future__ import annotations
@@ -168,7 +171,8 @@ def main() -> int:
                 "drain": f"the stand-in reports pdfleet's draining pods drained after {args.drain_delay}s; "
                          f"drainTimeoutSeconds {DRAIN_TIMEOUT_S}",
                 "max_surge": SURGE, "max_unavailable": UNAVAILABLE}
-    print("; ".join(f"{k}: {v}" for k, v in settings.items()), flush=True)
+    if args.sizes:
+        print("; ".join(f"{k}: {v}" for k, v in settings.items()), flush=True)
     rows = []
     try:
         cluster.start()

@@ -270,6 +270,6 @@ def run_real(cluster: LocalCluster, core: Any, n: int, workdir: Path, *, surge: 
             "max_pods": ours.max_pods, "min_routable_ready": ours.min_routable_ready,
             "deployment_max_pods_incl_terminating": watch.max_pods,
             "pdfleet_traffic": ours_traffic, "deployment_traffic": theirs_traffic,
-            "failed_transfers_in_pod_logs": failed_transfers, "forced_drains": forced,
+            "failed_transfers_on_pods": failed_transfers, "forced_drains": forced,
             "pdfleet_steps": ours.breakdown(None, ours.since), "deployment_steps": watch.breakdown(None, watch.since),
             "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill"}
