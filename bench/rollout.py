@@ -216,7 +216,7 @@ def main() -> int:
                   f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'}  "
                   f"failed requests {r['pdfleet_traffic']['failed']}+{r['deployment_traffic']['failed']} of "
                   f"{r['pdfleet_traffic']['admitted']}+{r['deployment_traffic']['admitted']}, failed transfers "
-                  f"{r['failed_transfers_in_pod_logs']}, forced drains {len(r['forced_drains'])}", flush=True)
+                  f"{r['failed_transfers_on_pods']}, forced drains {len(r['forced_drains'])}", flush=True)
             print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
     finally:
         op.stop()
