@@ -98,7 +98,8 @@ class PodWatch(threading.Thread):
             s.gone = now
             self.state.pop(name, None)
         else:
-            self.state[name] = {"ready": ready, "routable": routable, "deleting": bool(pod.metadata.deletion_timestamp)}
+            self.state[name] = {"ready": ready, "routable": routable, "deleting": bool(pod.metadata.deletion_timestamp),
+                                "image": pod.spec.containers[0].image}
         self._check()
 
     def _check(self) -> None:
@@ -115,6 +116,11 @@ class PodWatch(threading.Thread):
             self.violations.append(f"{count} pods > replicas {self.replicas} + maxSurge {self.surge}")
         if self.whole and rr < self.replicas - self.unavailable:
             self.violations.append(f"{rr} routable ready < replicas {self.replicas} - maxUnavailable {self.unavailable}")
+
+    def settled(self, n: int, image: str) -> bool:
+        """``n`` live pods, all Ready, all of ``image`` (what the watch last showed: no list, no kubectl)."""
+        live = [p for p in list(self.state.values()) if not p["deleting"]]
+        return len(live) == n and all(p["ready"] and p["image"] == image for p in live)
 
     def stop(self) -> None:
         self.stop_event.set()
