@@ -161,12 +161,28 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
             if pod.role is role and stored is not None:
                 configs.setdefault(pod.revision, stored)
         for revision, rev_spec in sorted(configs.items()):
-            objs.append(runtime_configmap(n, ns, rev_spec, role, revision))
+            objs.append(_runtime_configmap(n, ns, rev_spec, role, revision))
         objs.append(headless_service(n, ns, role, ranks))
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
     objs.append(network_policy(n, ns, worker_port(spec)))
     objs += router_children(n, ns, spec)
     return [_owned(o, owner) for o in objs]
+
+
+_CONFIGMAPS: dict[tuple[str, str, str, str, str], dict] = {}
+_CONFIGMAPS_MAX = 512
+
+
+def _runtime_configmap(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str) -> dict:
+    """``runtime_configmap``, remembered by its inputs: its YAML rendering is most of a pass's CPU, and
+    the same revision renders the same map on every pass. A copy down to the metadata, which callers own."""
+    key = (name, namespace, role.value, revision, spec.model_dump_json())
+    if key not in _CONFIGMAPS:
+        if len(_CONFIGMAPS) >= _CONFIGMAPS_MAX:
+            _CONFIGMAPS.clear()
+        _CONFIGMAPS[key] = runtime_configmap(name, namespace, spec, role, revision)
+    obj = _CONFIGMAPS[key]
+    return {**obj, "metadata": {**obj["metadata"]}}
 
 
 def _resolve(value: int | str, replicas: int, round_up: bool) -> int:
