@@ -18,12 +18,16 @@ from pathlib import Path
 
 from pdfleet_runtime.protocol.bootstrap import BootstrapLimits, BootstrapState
 from pdfleet_runtime.protocol.messages import PrefillPoll, RankKey
+from pdfleet_runtime.protocol.virtual import decode_register, prefill_register, transfer_request
 from pdfleet_runtime.records import ParallelShape
-from tests.unit.protocol.helpers import FakeClock, decode_register, prefill_register, transfer_request
 
 
 def per_poll_us(entries: int, polls: int) -> float:
-    clock, shape = FakeClock(), ParallelShape(1, 1)
+    shape = ParallelShape(1, 1)
+
+    def clock() -> float:  # time stands still: nothing expires, the cost measured is the walk (or not)
+        return 1_000_000.0
+
     st = BootstrapState(shape, clock=clock, limits=BootstrapLimits(max_requests=entries + 1,
                                                                    max_events=entries + 10))
     st.handle(prefill_register(shape, 0, 0))

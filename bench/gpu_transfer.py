@@ -230,6 +230,7 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
     from pdfleet_runtime import staging
     from pdfleet_runtime.engines import PeerInfo, create_engine
     from pdfleet_runtime.engines import cuda as cuda_facts
+    from pdfleet_runtime.engines.chunks import chunk_link
     from pdfleet_runtime.planner import Blocks
     from pdfleet_runtime.records import RegionRecord
 
@@ -285,7 +286,7 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
 
     cuts = [ring]
     threaded, prepped = [False], [False]
-    poster = _Poster(torch, staging, gpu) if args.engine == "mooncake" else None
+    link = chunk_link(engine, peer)  # the staged path's engine glue, as serving uses it (engines/chunks.py)
 
     traces: list[list[tuple[int, str, float]]] = [[]]  # the current staged request's trace
 
@@ -297,29 +298,15 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
             raise RuntimeError(f"mooncake chunk write returned {rc}")
         return staging.Marker(torch.cuda.default_stream() if gpu else None)  # after the queued copy
 
-    slot_lists: dict[tuple[int, int, int], Any] = {}
-
-    def slot_list(cut: Any, nbytes: int) -> Any:
-        """NIXL: one prepared list per (ring cut, chunk size), each slot an entry addressed by index,
-        on both sides, so a chunk's post is ``make_prepped_xfer`` (no descriptors built per chunk)."""
-        key = (cut.slots, cut.slot_bytes, nbytes)
-        if key not in slot_lists:
-            loc = [(cut.address(i), nbytes, ldev) for i in range(cut.slots)]
-            rem = [(remote_ring + i * cut.slot_bytes, nbytes, rdev) for i in range(cut.slots)]
-            slot_lists[key] = (raw.prep_xfer_dlist("NIXL_INIT_AGENT", loc, mem),
-                               raw.prep_xfer_dlist(peer, rem, mem))
-        return slot_lists[key]
-
     def post(k: int, address: int, nbytes: int) -> Any:
         dst = remote_ring + (k % cuts[0].slots) * cuts[0].slot_bytes
         if args.engine == "mooncake":
-            if threaded[0] and poster is not None:
-                return poster.submit(lambda: mooncake_write(k, address, dst, nbytes))
+            if threaded[0]:  # the runtime's chunk link: blocking writes in order on a GPU-bound thread
+                return link.post(address, dst, nbytes)
             return mooncake_write(k, address, dst, nbytes).done
-        if prepped[0]:
-            lo, re_ = slot_list(cuts[0], nbytes)
-            i = k % cuts[0].slots
-            h = raw.make_prepped_xfer("WRITE", lo, [i], re_, [i])
+        if prepped[0]:  # the runtime's chunk link: prepared slot lists on both sides
+            link.ring(cuts[0].address(0), remote_ring, cuts[0].slots, cuts[0].slot_bytes)
+            return link.post(address, dst, nbytes)
         else:
             loc = np.array([[address, nbytes, ldev]], dtype=np.uint64)
             rem = np.array([[dst, nbytes, rdev]], dtype=np.uint64)
@@ -390,52 +377,8 @@ def _prefill_body(conn: Connection, sig: Counters, args: argparse.Namespace, dev
         if mode in ("raw", "adapter"):
             sig.arr[_DONE] = seq
         conn.send({"t0": t0, "seq": seq, **info})
-    if poster is not None:
-        poster.close()
+    link.close()
     engine.close()
-
-
-class _Poster:
-    """Mooncake ``nvlink_intra``'s ``transfer_sync_write`` blocks for the copy (it releases the GIL): a
-    worker thread, bound to this GPU, runs the writes in order so that the sender keeps gathering and
-    building rows meanwhile, and the next chunk's copy starts as soon as the last one ended."""
-
-    def __init__(self, torch: Any, staging: Any, gpu: str | None) -> None:
-        import queue
-        import threading
-
-        sys.setswitchinterval(1e-4)  # the worker takes the GIL back soon after each write, not after 5 ms
-        self._q: Any = queue.SimpleQueue()
-        self._torch, self._gpu = torch, gpu
-        self._thread = threading.Thread(target=self._run, name="mooncake-poster", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        if self._gpu:
-            self._torch.cuda.set_device(self._torch.device(self._gpu))
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            fn, box = item
-            try:
-                box["marker"] = fn()
-            except BaseException as e:  # handed to the sender's done()
-                box["error"] = e
-
-    def submit(self, fn: Any) -> Any:
-        box: dict[str, Any] = {}
-        self._q.put((fn, box))
-
-        def done() -> bool:
-            if "error" in box:
-                raise box["error"]
-            return "marker" in box and bool(box["marker"].done())
-        return done
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(5)
 
 
 def _ring_bytes(args: argparse.Namespace) -> int:
@@ -587,8 +530,9 @@ def _expand(args: argparse.Namespace) -> list[str]:
 def _staged_configs(specs: list[str], engine: str, piece_kib: int) -> list[dict[str, Any]]:
     """``128x3`` = 3 slots of 128 MiB, chunks of the slot size, the engine posted after the host saw the
     gather end; ``o``: the engine's stream waits for the gather on the device and the chunk is posted at
-    once (Mooncake only); ``t``: Mooncake's blocking writes run on a worker thread (``_Poster``);
-    ``d``: NIXL posts chunks through prepared slot lists (``make_prepped_xfer``; NIXL only);
+    once (Mooncake only); ``t``: Mooncake's blocking writes run on a worker thread (the runtime's chunk link);
+    ``d``: NIXL posts chunks through prepared slot lists (``make_prepped_xfer``; NIXL only); ``t`` and ``d`` are
+    the runtime's own chunk links (``engines/chunks.py``, what serving uses);
     ``p``: the prefill's plan is built and on the GPU before the request starts, as when the decode's
     indices arrive during the prefill's forward pass (its cost is reported as ``prepare_ms``; without
     ``p`` the plan is built lazily inside the timed window); ``aN``: chunks of

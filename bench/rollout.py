@@ -1,12 +1,22 @@
-"""Rollout benchmark: a decode rollout of 8, 32 and 128 pods on kwok, against a plain Deployment
-rolling update of the same size and surge, in the same run on the same cluster.
+"""Rollout benchmark: a decode rollout of 8, 32 and 128 pods, against a plain Deployment rolling
+update of the same size, surge and readiness gate, in the same run on the same cluster.
 
-Both fleets' pods carry the ``pdfleet.io/transfer-path`` readiness gate, set by the same stand-in
-for the runtime (named as such); pdfleet's old pods are also drained (the stand-in reports them
-drained at once, so the difference is control-plane overhead, not drain time). maxSurge 2,
-maxUnavailable 0 for both.
+Pods here are kwok pods whose runtime is a STAND-IN (``devcluster.standin.RuntimeStandIn``, named
+in the output): it sets the ``pdfleet.io/transfer-path`` gate on every Running pod of either fleet
+and reports pdfleet's draining pods drained after ``--drain-delay``, so the ratio measures the
+control plane's own cost: the operator's passes and the drain/delete steps its safety rules add.
+maxSurge 2, maxUnavailable 0 for both.
 
-    python bench/rollout.py [--sizes 8 32 128] [--out bench/results/rollout-<utc>.json]
+What it reports per size (JSON rows, and a line each): both times and their ratio; from a watch of
+the pods, the budgets (pods, terminating ones included, at most replicas + maxSurge; routable ready
+pods never below replicas - maxUnavailable once whole) and where the rollout's time went (median
+seconds of each step); the operator's CPU seconds and its API calls per reconcile pass over the
+rollout (from /proc and its /metrics).
+
+    python bench/rollout.py [--sizes 8 32 128] [--drain-delay 0] [--real 8] [--out bench/results/rollout-<utc>.json]
+
+``--real N``: N decode pods on real runtimes on both sides (bench/rollout_real.py), traffic flowing,
+failed requests and transfers counted; on 2 shared cores 8 fits (about 7 minutes in all).
 """
 
 from __future__ import annotations
@@ -19,15 +29,19 @@ import platform
 import sys
 import tempfile
 import time
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+
+from rollout_watch import PodWatch
 
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_operator.devcluster.standin import RuntimeStandIn
 from pdfleet_runtime.config import READINESS_GATE
 
-SURGE, UNAVAILABLE = 2, 0
+SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S = 2, 0, 60
+V1, V2 = "example.invalid/rt:1", "example.invalid/rt:2"
 
 
 def pdd(ns: str, replicas: int, image: str) -> dict:
@@ -39,7 +53,7 @@ def pdd(ns: str, replicas: int, image: str) -> dict:
             "transfer": {"backend": "mooncake", "protocol": "tcp"},
             "prefill": {"replicas": 1, "parallelism": {"tensor": 1}, "image": "example.invalid/rt:1"},
             "decode": {"replicas": replicas, "parallelism": {"tensor": 1}, "image": image},
-            "rollout": {"maxSurge": SURGE, "maxUnavailable": UNAVAILABLE, "drainTimeoutSeconds": 60},
+            "rollout": {"maxSurge": SURGE, "maxUnavailable": UNAVAILABLE, "drainTimeoutSeconds": DRAIN_TIMEOUT_S},
         },
     }
 
@@ -85,53 +99,125 @@ def _settled(cluster: LocalCluster, ns: str, selector: str, n: int, image: str) 
     return len(pods) == n and len(ready) == n and {p["spec"]["containers"][0]["image"] for p in pods} == {image}
 
 
-def run_size(cluster: LocalCluster, n: int) -> dict:
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _metric(op: LocalOperator, prefix: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def _timed_rollout(cluster: LocalCluster, core, ns: str, selector: str, n: int, start_roll, check: bool) -> tuple[float, PodWatch]:
+    watch = PodWatch(core, ns, selector, n, SURGE, UNAVAILABLE, check=check)
+    watch.start()
+    watch.synced.wait(30)
+    start = time.monotonic()
+    start_roll()
+    _wait(lambda: watch.settled(n, V2))  # from the watch: polling lists would load the host during the rollout
+    took = time.monotonic() - start
+    time.sleep(0.5)  # the last deletions reach the watch
+    watch.stop()
+    watch.since = start
+    return took, watch
+
+
+def run_size(cluster: LocalCluster, op: LocalOperator, core, n: int) -> dict:
     ns = f"roll-{n}"
     cluster.kubectl("create", "namespace", ns)
     _wait(lambda: cluster.kubectl("-n", ns, "get", "sa", "default", check=False).returncode == 0, 60)
     decode = "pdfleet.io/role=decode"
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(pdd(ns, n, "example.invalid/rt:1")))
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment(ns, n, "example.invalid/rt:1")))
-    _wait(lambda: _settled(cluster, ns, decode, n, "example.invalid/rt:1")
-          and _settled(cluster, ns, "app=plain", n, "example.invalid/rt:1"))
-    start = time.monotonic()
-    cluster.kubectl("-n", ns, "patch", "pdd", "roll", "--type=merge",
-                    "-p", json.dumps({"spec": {"decode": {"image": "example.invalid/rt:2"}}}))
-    _wait(lambda: _settled(cluster, ns, decode, n, "example.invalid/rt:2"))
-    pdfleet_s = time.monotonic() - start
-    start = time.monotonic()
-    cluster.kubectl("-n", ns, "set", "image", "deployment/plain", "runtime=example.invalid/rt:2")
-    _wait(lambda: _settled(cluster, ns, "app=plain", n, "example.invalid/rt:2"))
-    deployment_s = time.monotonic() - start
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pdd(ns, n, V1)))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment(ns, n, V1)))
+    _wait(lambda: _settled(cluster, ns, decode, n, V1) and _settled(cluster, ns, "app=plain", n, V1))
+    assert op.proc is not None
+    cpu0, calls0, passes0 = (_cpu_seconds(op.proc.pid), _metric(op, "pdfleet_operator_api_calls_total"),
+                             _metric(op, "pdfleet_operator_reconcile_passes_total{"))
+    pdfleet_s, ours = _timed_rollout(cluster, core, ns, decode, n, lambda: cluster.kubectl(
+        "-n", ns, "patch", "pdd", "roll", "--type=merge", "-p", json.dumps({"spec": {"decode": {"image": V2}}})), True)
+    cpu, calls, passes = (_cpu_seconds(op.proc.pid) - cpu0, _metric(op, "pdfleet_operator_api_calls_total") - calls0,
+                          _metric(op, "pdfleet_operator_reconcile_passes_total{") - passes0)
+    deployment_s, theirs = _timed_rollout(cluster, core, ns, "app=plain", n, lambda: cluster.kubectl(
+        "-n", ns, "set", "image", "deployment/plain", f"runtime={V2}"), False)
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
     return {"pods": n, "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
-            "ratio": round(pdfleet_s / deployment_s, 3)}
+            "ratio": round(pdfleet_s / deployment_s, 3),
+            "budget_violations": ours.violations[:10], "budget_ok": not ours.violations,
+            "max_pods": ours.max_pods, "min_routable_ready": ours.min_routable_ready, "watch_restarts": ours.restarts,
+            "deployment_max_pods_incl_terminating": theirs.max_pods,
+            "operator_cpu_seconds": round(cpu, 2), "reconcile_passes": int(passes),
+            "api_calls_per_pass": round(calls / passes, 2) if passes else None,
+            "pdfleet_steps": ours.breakdown(V2, ours.since), "deployment_steps": theirs.breakdown(V2, theirs.since)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128])
+    ap.add_argument("--drain-delay", type=float, default=0.0, help="seconds the stand-in takes to report drained")
+    ap.add_argument("--real", type=int, nargs="*", default=[],
+                    help="sizes to run with real runtime pods on both sides (bench/rollout_real.py), after the stand-in sizes")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    biggest = max(args.sizes)
+    biggest = max([*args.sizes, *args.real])
     nodes = math.ceil((2 * (biggest + SURGE) + 1) / 8) + 1
     state = Path(tempfile.mkdtemp(prefix="pdfleet-bench-rollout-"))
     cluster = LocalCluster(state / "cluster", ClusterOptions(nodes=nodes), die_with_parent=True,
                            progress=lambda m: None)
     op = LocalOperator(cluster, state / "operator")
+    settings = {"runtime": "STAND-IN (devcluster.standin.RuntimeStandIn, watch-driven) on kwok pods, both fleets",
+                "gate": f"{READINESS_GATE} set True by the stand-in once a pod is Running",
+                "drain": f"the stand-in reports pdfleet's draining pods drained after {args.drain_delay}s; "
+                         f"drainTimeoutSeconds {DRAIN_TIMEOUT_S}",
+                "max_surge": SURGE, "max_unavailable": UNAVAILABLE}
+    if args.sizes:
+        print("; ".join(f"{k}: {v}" for k, v in settings.items()), flush=True)
     rows = []
     try:
         cluster.start()
         cluster.install_crd()
         op.start("--resync-seconds", "30")
-        standin = RuntimeStandIn(cluster.api_client(), drain_delay=0.0, reason="BenchStandIn")
+        from kubernetes.client import CoreV1Api
+
+        core = CoreV1Api(cluster.api_client())
+        standin = RuntimeStandIn(cluster.api_client(), drain_delay=args.drain_delay, reason="BenchStandIn", watch=True)
         standin.start()
         for n in args.sizes:
-            rows.append(run_size(cluster, n))
+            rows.append(run_size(cluster, op, core, n))
             r = rows[-1]
-            print(f"{n:4d} decode pods: pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment {r['deployment_seconds']:7.2f}s"
-                  f"  ratio {r['ratio']:.2f}", flush=True)
+            print(f"{n:4d} decode pods (stand-in): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
+                  f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'} "
+                  f"(max {r['max_pods']} pods, min {r['min_routable_ready']} routable ready)  operator CPU "
+                  f"{r['operator_cpu_seconds']}s, {r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes",
+                  flush=True)
+            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
         standin.stop()
+        if args.real:
+            from rollout_real import RUNTIME_ARGS, WRITE_DELAY_S, run_real
+
+            settings["real_runtime"] = {"args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
+                                        "drain": "pdfleet: the drain annotation, then delete; Deployment: the "
+                                                 "preStop hook on delete (the same rendered pod)",
+                                        "traffic": "synthetic, one worker per routable ready decode pod, direct "
+                                                   "(not through the router)"}
+            print(f"real runtime: {settings['real_runtime']}", flush=True)
+        for n in args.real:
+            cpu0 = _cpu_seconds(op.proc.pid) if op.proc else 0.0
+            calls0, passes0 = (_metric(op, "pdfleet_operator_api_calls_total"),
+                               _metric(op, "pdfleet_operator_reconcile_passes_total{"))
+            r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
+                         drain_timeout=DRAIN_TIMEOUT_S)
+            passes = _metric(op, "pdfleet_operator_reconcile_passes_total{") - passes0
+            r["operator_cpu_seconds_whole_run"] = round(_cpu_seconds(op.proc.pid) - cpu0, 2) if op.proc else None
+            r["api_calls_per_pass"] = round((_metric(op, "pdfleet_operator_api_calls_total") - calls0) / passes, 2) if passes else None
+            rows.append(r)
+            print(f"{n:4d} decode pods (REAL runtimes): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
+                  f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'}  "
+                  f"failed requests {r['pdfleet_traffic']['failed']}+{r['deployment_traffic']['failed']} of "
+                  f"{r['pdfleet_traffic']['admitted']}+{r['deployment_traffic']['admitted']}, failed transfers "
+                  f"{r['failed_transfers_on_pods']}, forced drains {len(r['forced_drains'])}", flush=True)
+            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
     finally:
         op.stop()
         cluster.stop()
@@ -140,7 +226,7 @@ def main() -> int:
         "date": datetime.now(UTC).isoformat(),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "baseline": "a Deployment rolling update of the same size, surge and readiness gate",
-        "max_surge": SURGE, "max_unavailable": UNAVAILABLE,
+        "settings": settings,
         "rows": rows,
     }
     out = args.out or Path("bench/results") / f"rollout-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"

@@ -85,3 +85,20 @@ def pytest_configure(config: pytest.Config) -> None:
         ensure_toolchain()
     if not controller:
         sandbox.enter(sandbox.Ranges(worker_index(config)))
+
+
+# -- the end-to-end tests' traffic counts in the run's summary ---------------------------------------
+# Each e2e test prints its client failures, router retries and failed transfers (tests/e2e/traffic.py);
+# under xdist a passing test's output is not shown, so the summary repeats those lines for every test.
+TRAFFIC_LINES = ("traffic through the router:", "killed ")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = [f"{rep.nodeid.rsplit('::', 1)[-1]}: {line}"
+             for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
+             if getattr(rep, "when", "") == "call"
+             for line in rep.capstdout.splitlines() if line.startswith(TRAFFIC_LINES)]
+    if lines:
+        terminalreporter.write_sep("-", "client traffic through the router (counts)")
+        for line in lines:
+            terminalreporter.write_line(line)

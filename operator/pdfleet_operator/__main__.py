@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peering priority (default: drawn at random at start, so replicas never tie)")
     p.add_argument("--resync-seconds", type=float, default=10.0,
                    help="reconcile every PDDeployment at least this often (default 10)")
+    p.add_argument("--max-parallel-reconciles", type=int, default=4, metavar="N",
+                   help="reconcile passes at once, across PDDeployments (default 4)")
     p.add_argument("--metrics-listen", default="0.0.0.0:8081", metavar="HOST:PORT",
                    help="Prometheus /metrics endpoint (default 0.0.0.0:8081; empty disables)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG (default INFO)")
@@ -59,9 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose)
     if not args.verbose:  # one access-log line per admission request is noise on the apiserver's hot path
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    if settings.metrics_listen:
-        from pdfleet_operator import metrics
+        # Likewise one line per child event ("Handler 'child-pods' succeeded."): the pass it wakes logs.
+        logging.getLogger("kopf.objects").addFilter(
+            lambda r: not (str(r.msg).startswith("Handler 'child-") and str(r.msg).endswith("succeeded.")))
+    from pdfleet_operator import metrics
 
+    metrics.count_watch_restarts(verbose=args.verbose)
+    if settings.metrics_listen:
         metrics.serve(*host_port(settings.metrics_listen))
     registry = kopf.OperatorRegistry()
     kopf_settings = settings.kopf_settings()

@@ -59,7 +59,7 @@ def _role_input(spec: PDDeploymentSpec, role: Role) -> EngineRoleInput:
     env = tuple((d["name"], d.get("value", "" if "valueFrom" not in d else None), p)
                 for d, p in zip(e.env, e.env_paths, strict=True))
     return EngineRoleInput(e.version, e.version_path, e.args, e.arg_paths, env,
-                           rs.parallelism.tensor, rs.parallelism.pipeline)
+                           rs.parallelism.tensor, rs.parallelism.pipeline, rs.parallelism.expert)
 
 
 def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:

@@ -18,6 +18,7 @@ import kopf
 from pdfleet_operator import reconcile
 from pdfleet_operator.admission import handlers as admission_handlers
 from pdfleet_operator.settings import OperatorSettings
+from pdfleet_operator.watched import WatchedState
 from pdfleet_runtime.kubeapi import in_cluster_or_kubeconfig
 
 __all__ = ["register"]
@@ -39,9 +40,14 @@ def register(
     verdicts = admission_handlers.register(registry, settings, kopf_settings, recheck_handlers=False)
 
     holder: dict[str, reconcile.Reconciler] = {}
+    state = WatchedState()
 
     @kopf.on.startup(registry=registry, id="reconciler")
-    async def start_reconciler(**_: Any) -> None:
-        holder["r"] = reconcile.Reconciler(_api_client(), admission_handlers.status_hook(verdicts))
+    async def start_reconciler(**kwargs: Any) -> None:
+        state.bind(kwargs)  # kopf hands its indices to startup handlers, still empty; it fills them later
+        holder["r"] = reconcile.Reconciler(_api_client(), admission_handlers.status_hook(verdicts), state,
+                                           workers=settings.max_parallel_reconciles,
+                                           secret_recheck_s=settings.resync_seconds)
 
-    reconcile.register(registry, lambda: holder["r"], resync_seconds=settings.resync_seconds)
+    reconcile.register(registry, lambda: holder["r"], resync_seconds=settings.resync_seconds,
+                       kopf_settings=kopf_settings)

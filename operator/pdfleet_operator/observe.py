@@ -8,6 +8,7 @@ recognised and its labels restored.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
@@ -30,7 +31,7 @@ from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 from pdfleet_operator.resources.revisions import parse_revisions
 from pdfleet_runtime.config import READINESS_GATE, drain_of
 
-__all__ = ["observe", "observe_nodes", "observed_pod"]
+__all__ = ["observe", "observe_nodes", "observed_pod", "secret_exists", "snapshot_of"]
 
 
 def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
@@ -101,27 +102,33 @@ def _epoch(value: object) -> float | None:
         return 0.0
 
 
-def observe(api: ApiClient, owner: Owner) -> Snapshot:
-    core = CoreV1Api(api)
-    listing = core.list_namespaced_pod(
-        owner.namespace, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}", _preload_content=False
-    )
-    items = json.loads(listing.data)["items"]
-    pods = tuple(p for p in (observed_pod(item, owner.uid) for item in items) if p is not None)
-    secret_exists = _secret_exists(core, secret_name(owner.name), owner.namespace)
-    router_secret_exists = _secret_exists(core, router_secret_name(owner.name), owner.namespace)
-    revisions = AppsV1Api(api).list_namespaced_controller_revision(
-        owner.namespace, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}", _preload_content=False
-    )
-    owned = [r for r in json.loads(revisions.data)["items"]
+def snapshot_of(owner: Owner, pods: Iterable[Mapping], revisions: Iterable[Mapping], *, secret_exists: bool,
+                router_secret_exists: bool) -> Snapshot:
+    """The planner's snapshot from pod and ControllerRevision bodies (listed, or from the watched state)."""
+    observed = (p for p in (observed_pod(item, owner.uid) for item in pods) if p is not None)
+    owned = [r for r in revisions
              if any(ref.get("uid") == owner.uid for ref in r["metadata"].get("ownerReferences") or ())]
-    return Snapshot(pods=tuple(sorted(pods, key=lambda p: p.name)), secret_exists=secret_exists,
+    return Snapshot(pods=tuple(sorted(observed, key=lambda p: p.name)), secret_exists=secret_exists,
                     revisions=parse_revisions(owned), router_secret_exists=router_secret_exists)
 
 
-def _secret_exists(core: CoreV1Api, name: str, namespace: str) -> bool:
+def observe(api: ApiClient, owner: Owner) -> Snapshot:
+    """The snapshot from fresh lists (a Reconciler without watched state: tests, tools)."""
+    core = CoreV1Api(api)
+    selector = f"{LABEL_DEPLOYMENT}={owner.name}"
+    pods = json.loads(core.list_namespaced_pod(owner.namespace, label_selector=selector,
+                                               _preload_content=False).data)["items"]
+    revisions = json.loads(AppsV1Api(api).list_namespaced_controller_revision(
+        owner.namespace, label_selector=selector, _preload_content=False).data)["items"]
+    return snapshot_of(owner, pods, revisions,
+                       secret_exists=secret_exists(api, secret_name(owner.name), owner.namespace),
+                       router_secret_exists=secret_exists(api, router_secret_name(owner.name), owner.namespace))
+
+
+def secret_exists(api: ApiClient, name: str, namespace: str) -> bool:
+    """One GET by name: the operator may read its own Secrets but not list or watch any (least privilege)."""
     try:
-        core.read_namespaced_secret(name, namespace, _preload_content=False)
+        CoreV1Api(api).read_namespaced_secret(name, namespace, _preload_content=False)
     except ApiException as exc:
         if exc.status != 404:
             raise

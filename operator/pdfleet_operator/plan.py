@@ -33,7 +33,7 @@ from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.router import router_children, router_secret, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
-from pdfleet_operator.resources.secret import auth_secret
+from pdfleet_operator.resources.secret import auth_secret, missing_key_in_use
 from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
 
@@ -161,12 +161,28 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
             if pod.role is role and stored is not None:
                 configs.setdefault(pod.revision, stored)
         for revision, rev_spec in sorted(configs.items()):
-            objs.append(runtime_configmap(n, ns, rev_spec, role, revision))
+            objs.append(_runtime_configmap(n, ns, rev_spec, role, revision))
         objs.append(headless_service(n, ns, role, ranks))
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
     objs.append(network_policy(n, ns, worker_port(spec)))
     objs += router_children(n, ns, spec)
     return [_owned(o, owner) for o in objs]
+
+
+_CONFIGMAPS: dict[tuple[str, str, str, str, str], dict] = {}
+_CONFIGMAPS_MAX = 512
+
+
+def _runtime_configmap(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str) -> dict:
+    """``runtime_configmap``, remembered by its inputs: its YAML rendering is most of a pass's CPU, and
+    the same revision renders the same map on every pass. A copy down to the metadata, which callers own."""
+    key = (name, namespace, role.value, revision, spec.model_dump_json())
+    if key not in _CONFIGMAPS:
+        if len(_CONFIGMAPS) >= _CONFIGMAPS_MAX:
+            _CONFIGMAPS.clear()
+        _CONFIGMAPS[key] = runtime_configmap(name, namespace, spec, role, revision)
+    obj = _CONFIGMAPS[key]
+    return {**obj, "metadata": {**obj["metadata"]}}
 
 
 def _resolve(value: int | str, replicas: int, round_up: bool) -> int:
@@ -259,6 +275,11 @@ def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedP
     return f"decode revision holds: no ready prefill shares its compatibility key {key} (protocol, layout, TP/PP)"
 
 
+def pods_running(snapshot: Snapshot) -> int:
+    """Pods that may hold the transfer key (every observed pod not being deleted)."""
+    return sum(not p.deleting for p in snapshot.pods)
+
+
 def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0,
          targets: Targets | None = None) -> list[Action]:
     """All actions of one reconcile pass: children, stored revisions, the secret, then pods."""
@@ -282,7 +303,7 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
             body = _owned(controller_revision(owner.name, owner.namespace, role, revision, spec, number), owner)
             actions.append(Action(ActionKind.CREATE, "apps/v1", "ControllerRevision", body["metadata"]["name"],
                                   body=body, reason=f"{role.value} revision {revision} stored"))
-    if not snapshot.secret_exists:
+    if not snapshot.secret_exists and missing_key_in_use(owner.name, False, pods_running(snapshot)) is None:
         body = _owned(auth_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", secret_name(owner.name), body=body,
                               reason="per-deployment transfer authentication key"))

@@ -1,23 +1,29 @@
 """Reconcile handlers: observe -> plan (pure) -> apply (the only writer) -> status.
 
-Every trigger (create, update, resume, a periodic resync, an event on any child) funnels into
-``Reconciler.reconcile(namespace, name)``, which re-reads everything from the API, so a pass
-never acts on a stale cache and an operator restart resumes without duplicates. Passes of one
-object are serialised by a per-object lock; the blocking kubernetes client runs in a thread.
+Every trigger (create, update, resume, an event on any child, a time-based decision coming due, a
+periodic resync) wakes the PDDeployment's daemon, which runs ``Reconciler.reconcile(namespace,
+name)``. A pass reads the watched state (``watched``: kopf's indexes, complete before any handler
+runs, plus the operator's own writes laid over them), so it lists nothing and its cost follows what
+its deployment owns; an operator restart re-lists and resumes without duplicates (pod names are
+deterministic, drains live on the pods). Passes of one object are serialised by a per-object lock,
+at most ``workers`` run at once, each in a thread (the kubernetes client blocks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kubernetes.client import ApiClient, CustomObjectsApi
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -25,16 +31,27 @@ from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERS
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.apply import Outcome, Writer
 from pdfleet_operator.metrics import METRICS
-from pdfleet_operator.observe import observe, observe_nodes
-from pdfleet_operator.placement import check_placement
-from pdfleet_operator.plan import ActionKind, Owner, plan
+from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of
+from pdfleet_operator.placement import check_placement, node_facts
+from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan, pods_running
+from pdfleet_operator.resources.names import router_secret_name, secret_name
+from pdfleet_operator.resources.secret import AUTH_SECRET_MISSING, missing_key_in_use
 from pdfleet_operator.rollout_state import (
     decide_rollouts,
+    next_wake,
     rollout_status,
     rollout_targets,
     with_rollout_failures,
 )
-from pdfleet_operator.status import compute_status, with_placement
+from pdfleet_operator.status import compute_status, with_degraded, with_placement
+from pdfleet_operator.watched import (
+    INDEX_NODES,
+    INDEX_PDDEPLOYMENTS,
+    OWNED_KINDS,
+    View,
+    WatchedState,
+    index_id,
+)
 
 __all__ = ["PassResult", "Reconciler", "register"]
 
@@ -51,6 +68,8 @@ class PassResult:
     body: dict | None = None
     skipped: str | None = None
     conditions: list[dict] | None = None
+    requeue_after: float | None = None  # the next time-based decision (a drain deadline, a gate timeout)
+    api_calls: int = 0
 
 
 def _admitted(conditions: list[dict]) -> bool:
@@ -59,24 +78,84 @@ def _admitted(conditions: list[dict]) -> bool:
     )
 
 
+class _CountedCalls(threading.local):
+    calls = 0
+
+
+def _count_calls(api: ApiClient) -> _CountedCalls:
+    """Count every API call made through ``api`` in the calling thread (a pass runs in one thread)."""
+    counter, call = _CountedCalls(), api.call_api
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counter.calls += 1
+        return call(*args, **kwargs)
+
+    api.call_api = counted  # type: ignore[method-assign]
+    return counter
+
+
 class Reconciler:
-    def __init__(self, api: ApiClient, admission_status: AdmissionStatus) -> None:
+    """One pass at a time per PDDeployment, at most ``workers`` passes at once (a thread each).
+
+    With ``state`` (the operator) a pass reads the watched state and overlays its own writes there;
+    without it (tests, tools) it lists from the API as the pass did before watched state existed."""
+
+    def __init__(self, api: ApiClient, admission_status: AdmissionStatus, state: WatchedState | None = None,
+                 *, workers: int = 4, secret_recheck_s: float = 60.0) -> None:
         self._api = api
+        self._calls = _count_calls(api)
         self._custom = CustomObjectsApi(api)
         self._writer = Writer(api)
         self._admission = admission_status
+        self._state = state
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._slots = asyncio.Semaphore(workers)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="reconcile")
+        # Secrets may be read by name only (no list/watch: least privilege): one found is trusted for
+        # ``secret_recheck_s``, then read again, so a deleted one comes back within that time.
+        self._secrets_seen: dict[tuple[str, str], float] = {}
+        self._secret_recheck_s = secret_recheck_s
+        self._verified: dict[tuple[str, str], int] = {}  # METRICS.restart_count at each deployment's last check
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted PDDeployment: drop what is kept for it."""
+        self._locks.pop((namespace, name), None)
+        self._verified.pop((namespace, name), None)
+        self._writer.forget(namespace, name)
+        if self._state is not None:
+            self._state.forget(namespace, name)
+        METRICS.forget((namespace, name))
 
     async def reconcile(self, namespace: str, name: str, logger: Any) -> PassResult:
         lock = self._locks.setdefault((namespace, name), asyncio.Lock())
         async with lock:
+            METRICS.queue_waiting.inc()
+            waiting = True
             try:
-                with METRICS.seconds.time():
-                    result = await asyncio.to_thread(self._pass, namespace, name)
-            except Exception:
-                METRICS.passes.labels("error").inc()
-                raise
+                async with self._slots:
+                    METRICS.queue_waiting.dec()
+                    waiting = False
+                    watched = self._state is not None and self._state.bound
+                    if watched and self._verified.get((namespace, name)) != METRICS.restart_count:
+                        await self._verify(namespace, name)
+                    view = self._state.view(namespace, name) if watched else None
+                    started = time.monotonic()
+                    try:
+                        result = await asyncio.get_running_loop().run_in_executor(
+                            self._pool, self._counted_pass, namespace, name, view)
+                    except Exception:
+                        METRICS.passes.labels("error").inc()
+                        raise
+                    finally:
+                        took = time.monotonic() - started
+                        METRICS.seconds.observe(took)
+                        METRICS.last_seconds.labels(namespace, name).set(took)
+            finally:
+                if waiting:
+                    METRICS.queue_waiting.dec()
         METRICS.passes.labels("skipped" if result.skipped else "ok").inc()
+        METRICS.api_calls.observe(result.api_calls)
+        METRICS.api_calls_total.inc(result.api_calls)
         for o in result.outcomes:
             if o.changed:
                 METRICS.actions.labels(o.action.kind.value, o.action.object_kind).inc()
@@ -96,16 +175,66 @@ class Reconciler:
             logger.debug(f"reconcile skipped: {result.skipped}")
         return result
 
-    def _pass(self, namespace: str, name: str) -> PassResult:
+    async def _verify(self, namespace: str, name: str) -> None:
+        """The first pass of a deployment, and the first after any watch restart: list its pods once, so
+        pods deleted while a watch was down leave the view, and re-apply every child once, so a child
+        deleted meanwhile comes back."""
+        assert self._state is not None
+        epoch = METRICS.restart_count
+        listing = await asyncio.get_running_loop().run_in_executor(self._pool, self._list_pods, namespace, name)
+        self._state.confirm(namespace, name, "Pod", listing)
+        self._writer.forget(namespace, name)
+        self._verified[(namespace, name)] = epoch
+
+    def _list_pods(self, namespace: str, name: str) -> dict:
+        listing = CoreV1Api(self._api).list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_DEPLOYMENT}={name}", _preload_content=False)
+        return json.loads(listing.data)
+
+    def _counted_pass(self, namespace: str, name: str, view: View | None) -> PassResult:
+        before = self._calls.calls
+        try:
+            result = self._pass(namespace, name, view)
+        finally:
+            calls = self._calls.calls - before
+        result.api_calls = calls
+        return result
+
+    def _secret_exists(self, namespace: str, name: str) -> bool:
+        seen = self._secrets_seen.get((namespace, name))
+        if seen is not None and time.monotonic() - seen < self._secret_recheck_s:
+            return True
+        if secret_exists(self._api, name, namespace):
+            self._secrets_seen[(namespace, name)] = time.monotonic()
+            return True
+        self._secrets_seen.pop((namespace, name), None)
+        return False
+
+    def _read(self, namespace: str, name: str, view: View | None) -> dict | None:
+        if view is not None:
+            return view.body
         try:
             body = self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
             )
         except ApiException as exc:
             if exc.status == 404:
-                return PassResult(skipped="gone")
+                return None
             raise
-        obj = json.loads(body.data)
+        return json.loads(body.data)
+
+    def _observe(self, owner: Owner, view: View | None) -> Snapshot:
+        if view is None:
+            return observe(self._api, owner)
+        return snapshot_of(
+            owner, view.of("Pod"), view.of("ControllerRevision"),
+            secret_exists=self._secret_exists(owner.namespace, secret_name(owner.name)),
+            router_secret_exists=self._secret_exists(owner.namespace, router_secret_name(owner.name)))
+
+    def _pass(self, namespace: str, name: str, view: View | None) -> PassResult:
+        obj = self._read(namespace, name, view)
+        if obj is None:
+            return PassResult(skipped="gone")
         meta = obj["metadata"]
         if meta.get("deletionTimestamp"):
             return PassResult(skipped="being deleted; children go by garbage collection")
@@ -119,11 +248,13 @@ class Reconciler:
             admission = [*admission, {"type": ConditionType.DEGRADED.value, "status": "True",
                                       "reason": "SpecUnreadable", "message": msg,
                                       "observedGeneration": meta.get("generation", 0)}]
-            self._writer.patch_status(namespace, name, {"conditions": admission})
+            self._write_status(owner, old_status, {"conditions": admission})
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
-        snapshot = observe(self._api, owner)
-        problems = check_placement(spec, observe_nodes(self._api))
+        snapshot = self._observe(owner, view)
+        problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
+        if (why := missing_key_in_use(name, snapshot.secret_exists, pods_running(snapshot))) is not None:
+            admission = with_degraded(admission, AUTH_SECRET_MISSING, why, meta.get("generation", 0))
         now = time.time()
         decisions = decide_rollouts(spec, snapshot, old_status.get("rollout") or {}, now)
         targets = rollout_targets(spec, snapshot, decisions)
@@ -132,9 +263,12 @@ class Reconciler:
         if not _admitted(admission):
             # A stored spec the running matrix rejects: keep what runs, start nothing new.
             actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]
-        outcomes = self._writer.run(owner, actions)
+        observed = None if view is None else {
+            (kind, n): o for kind, objs in view.objects.items() for n, o in objs.items()}
+        outcomes = self._writer.run(owner, actions, observed, done=lambda o: self._remember(owner, o))
         if any(o.action.object_kind == "Pod" and o.changed for o in outcomes):
-            snapshot = observe(self._api, owner)
+            snapshot = (observe(self._api, owner) if view is None
+                        else replace(snapshot, pods=_pods_after(owner, view, outcomes)))
         status = compute_status(
             spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC),
             namespace=owner.namespace,
@@ -156,8 +290,34 @@ class Reconciler:
         for role, d in decisions.items():
             if d.failure:
                 transitions.append((ConditionType.DEGRADED.value, "True", "RolloutFailed", f"{role.value}: {d.message}"))
-        self._writer.patch_status(namespace, name, {**status, **extra_status})
-        return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"])
+        self._write_status(owner, old_status, {**status, **extra_status})
+        return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"],
+                          requeue_after=next_wake(spec, snapshot, decisions, now))
+
+    def _remember(self, owner: Owner, o: Outcome) -> None:
+        """Overlay one write on the watched state; note a secret created."""
+        if o.action.object_kind == "Secret" and o.action.kind is ActionKind.CREATE:
+            self._secrets_seen[(owner.namespace, o.action.name)] = time.monotonic()
+        if self._state is not None and o.response is not None:
+            self._state.wrote(o.action.object_kind, owner.namespace, owner.name, o.response,
+                              deleted=o.action.kind is ActionKind.DELETE)
+
+    def _write_status(self, owner: Owner, old: dict, status: dict) -> None:
+        """Patch the status only when it changed (a pass with nothing new writes nothing)."""
+        if all(old.get(k) == v for k, v in status.items()):
+            return
+        answer = self._writer.patch_status(owner.namespace, owner.name, status)
+        if self._state is not None:
+            self._state.wrote("PDDeployment", owner.namespace, owner.name, answer)
+
+
+def _pods_after(owner: Owner, view: View, outcomes: list[Outcome]) -> tuple:
+    """The pods as the pass left them: the watched ones with the pass's own answers laid over."""
+    pods = {p["metadata"]["name"]: p for p in view.of("Pod")}
+    for o in outcomes:
+        if o.action.object_kind == "Pod" and o.response is not None:
+            pods[o.action.name] = o.response
+    return snapshot_of(owner, pods.values(), (), secret_exists=True, router_secret_exists=True).pods
 
 
 def _owner_of(body: dict) -> str | None:
@@ -167,38 +327,107 @@ def _owner_of(body: dict) -> str | None:
     return None
 
 
-CHILD_KINDS = (
-    ("v1", "pods"),
-    ("v1", "services"),
-    ("v1", "configmaps"),
-    ("v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "rolebindings"),
-    ("networking.k8s.io/v1", "networkpolicies"),
-    ("policy/v1", "poddisruptionbudgets"),
-)
+# Every child kind the operator watches (the chart grants get/list/watch on each).
+CHILD_KINDS = tuple((api_version, plural) for api_version, plural, _ in OWNED_KINDS)
+ERROR_BACKOFF_MAX_S = 30.0
+
+
+class Wakeups:
+    """One event per PDDeployment, set by every event that concerns it, and the count of wake-ups
+    since its last pass started (``queue_depth``): many events during a pass cost one more pass."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+
+    def event(self, key: tuple[str, str]) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
+
+    def wake(self, key: tuple[str, str]) -> None:
+        self.event(key).set()
+        self._pending[key] = self._pending.get(key, 0) + 1
+        METRICS.queue_depth.labels(*key).set(self._pending[key])
+
+    def taken(self, key: tuple[str, str]) -> None:
+        self.event(key).clear()
+        self._pending[key] = 0
+        METRICS.queue_depth.labels(*key).set(0)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._events.pop(key, None)
+        self._pending.pop(key, None)
+
+
+def _index_child(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict:
+    return {(namespace, labels.get(LABEL_DEPLOYMENT)): dict(body)}
+
+
+def _index_deployment(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
+    return {(namespace, name): dict(body)}
+
+
+def _index_node(body: kopf.Body, **_: Any) -> dict:
+    return {"nodes": node_facts(body)}
 
 
 def register(registry: kopf.OperatorRegistry, reconciler_ref: Callable[[], Reconciler],
-             resync_seconds: float = 10.0) -> None:
-    """Register the reconcile handlers on ``registry``; ``reconciler_ref`` is set at startup."""
+             resync_seconds: float = 10.0, kopf_settings: kopf.OperatorSettings | None = None) -> None:
+    """Register the reconcile handlers on ``registry``; ``reconciler_ref`` is set at startup.
 
-    async def on_spec(namespace: str, name: str, logger: Any, **_: Any) -> None:
-        await reconciler_ref().reconcile(namespace, name, logger)
+    Indexes hold the watched state (``watched``); each PDDeployment gets a daemon that runs its
+    passes: at once when an event wakes it, at the next time-based decision the last pass named (a
+    drain deadline, a gate timeout), else every ``resync_seconds`` (drift a watch missed). Daemons run
+    only while this replica is the active peer (kopf stops them when it pauses), and one deployment's
+    pass never waits for another's except for a free slot (``Reconciler``'s bound)."""
+    wakeups = Wakeups()
+
+    for api_version, plural, _ in OWNED_KINDS:
+        group, _, version = api_version.rpartition("/")
+        kopf.index(group, version, plural, registry=registry, id=index_id(plural),
+                   labels={LABEL_DEPLOYMENT: kopf.PRESENT})(_index_child)
+        if kopf_settings is not None:  # the same filter on the server: the watch carries only ours
+            kopf_settings.watching.label_selectors[f"{group}/{version}" if group else version, plural] = LABEL_DEPLOYMENT
+    kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=INDEX_PDDEPLOYMENTS)(_index_deployment)
+    kopf.index("", "v1", "nodes", registry=registry, id=INDEX_NODES)(_index_node)
+
+    async def on_spec(namespace: str, name: str, **_: Any) -> None:
+        wakeups.wake((namespace, name))
 
     for cause in ("resume", "create", "update"):
         getattr(kopf.on, cause)(GROUP, VERSION, PLURAL, registry=registry, id=f"reconcile-{cause}")(on_spec)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, registry=registry, interval=resync_seconds, id="resync")
-    async def resync(namespace: str, name: str, logger: Any, **_: Any) -> None:
-        await reconciler_ref().reconcile(namespace, name, logger)
-
-    async def on_child(body: dict, namespace: str, logger: Any, type: str | None, **_: Any) -> None:
+    async def on_child(body: dict, namespace: str, **_: Any) -> None:
         owner = _owner_of(body)
-        if owner is not None and type is not None:  # type None: the initial listing, resume covers it
-            await reconciler_ref().reconcile(namespace, owner, logger)
+        if owner is not None:
+            wakeups.wake((namespace, owner))
 
-    for api_version, plural in CHILD_KINDS:
+    for api_version, plural, _ in OWNED_KINDS:
         group, _, version = api_version.rpartition("/")
         kopf.on.event(group=group, version=version, plural=plural, registry=registry, id=f"child-{plural}",
                       labels={LABEL_DEPLOYMENT: kopf.PRESENT})(on_child)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, id="reconcile", cancellation_timeout=2.0)
+    async def passes(namespace: str, name: str, logger: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        key, delay, failures = (namespace, name), 0.0, 0
+        event = wakeups.event(key)
+        try:
+            while not stopped:
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), timeout=delay)
+                if stopped:
+                    break
+                wakeups.taken(key)
+                try:
+                    result = await reconciler_ref().reconcile(namespace, name, logger)
+                except Exception as exc:  # the pass's typed failure or an API error: log, back off, retry
+                    failures += 1
+                    delay = min(ERROR_BACKOFF_MAX_S, 0.25 * 2 ** failures)
+                    logger.warning(f"reconcile pass failed ({type(exc).__name__}: {exc}); retrying in {delay:.1f}s")
+                    continue
+                failures = 0
+                delay = min(resync_seconds, result.requeue_after if result.requeue_after is not None else resync_seconds)
+        finally:
+            if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+                wakeups.forget(key)
+                reconciler_ref().forget(namespace, name)

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from pdfleet_operator.api.constants import ConditionType, Role, RolloutPhase
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.plan import ObservedPod, Snapshot
+from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S, ObservedPod, Snapshot
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_runtime.config import GATE_FAILURE_REASONS
@@ -36,6 +36,7 @@ __all__ = [
     "RoleDecision",
     "decide",
     "decide_rollouts",
+    "next_wake",
     "rollout_status",
     "rollout_targets",
     "with_rollout_failures",
@@ -184,6 +185,27 @@ def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: Mappin
             can_roll_back_to={rev for (r, rev) in snapshot.revisions if r is role},
         )
     return out
+
+
+def next_wake(spec: PDDeploymentSpec, snapshot: Snapshot, decisions: Mapping[Role, RoleDecision],
+              now: float) -> float | None:
+    """Seconds until the earliest decision that only time can bring (no event will wake it): a drain
+    deadline, a cancelled drain's settle window, a gate timeout, the progress deadline. None: none."""
+    deadline = float(spec.rollout.progress_deadline_seconds)
+    gate_timeout = min(GATE_TIMEOUT_CAP, deadline)
+    due: list[float] = []
+    for p in snapshot.pods:
+        if p.deleting:
+            continue
+        if p.drain_started is not None:
+            due.append(p.drain_started + spec.rollout.drain_timeout_seconds)
+        if p.drain_cancelled is not None:
+            due.append(p.drain_cancelled + DRAIN_CANCEL_SETTLE_S)
+        if p.gate != "True" and p.running_since is not None:
+            due.append(p.running_since + gate_timeout)
+    due += [d.last_progress + deadline for d in decisions.values() if not d.complete and not d.failed]
+    ahead = [t - now for t in due if t > now]
+    return max(0.05, min(ahead) + 0.05) if ahead else None
 
 
 def rollout_targets(spec: PDDeploymentSpec, snapshot: Snapshot,

@@ -167,6 +167,11 @@ class OperatorSettings(_Frozen):
         10.0, gt=0, description="Every PDDeployment is reconciled at least this often (drift correction); "
         "child events reconcile at once."
     )
+    max_parallel_reconciles: int = Field(
+        4, ge=1, le=64, description="Reconcile passes that run at once, across PDDeployments (each in a "
+        "thread; a deployment's passes never overlap). A slow pass holds one slot, never another "
+        "deployment's turn."
+    )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     recheck: RecheckSettings = Field(default_factory=RecheckSettings)
 
@@ -199,6 +204,7 @@ class OperatorSettings(_Frozen):
             peering=args.peering,
             priority=args.priority,
             resync_seconds=args.resync_seconds,
+            max_parallel_reconciles=args.max_parallel_reconciles,
             metrics_listen=args.metrics_listen or None,
             admission=AdmissionSettings.model_validate(admission),
             recheck=RecheckSettings.model_validate(recheck),

@@ -20,7 +20,7 @@ from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.router import endpoint_url
 
-__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "with_placement"]
+__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "with_degraded", "with_placement"]
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,22 @@ def with_placement(admission: Sequence[dict], problems: Sequence[PlacementProble
     if not problems:
         return list(admission)
     text = "; ".join(f"{p.role.value}: {p.message}" for p in problems)
+    return with_degraded(admission, problems[0].problem.value, text, generation)
+
+
+def with_degraded(admission: Sequence[dict], reason: str, message: str, generation: int) -> list[dict]:
+    """``Degraded`` True with ``reason``; an earlier Degraded reason is kept and gains the message."""
     out, found = [], False
     for cond in admission:
         if cond.get("type") == ConditionType.DEGRADED.value:
             found = True
             if cond.get("status") == ConditionStatus.TRUE.value:
-                cond = {**cond, "message": f"{cond.get('message', '')}\n{text}"}
+                cond = {**cond, "message": f"{cond.get('message', '')}\n{message}"}
             else:
-                cond = {**cond, "status": ConditionStatus.TRUE.value, "reason": problems[0].problem.value,
-                        "message": text}
+                cond = {**cond, "status": ConditionStatus.TRUE.value, "reason": reason, "message": message}
         out.append(cond)
     if not found:
-        out.append(_condition(ConditionType.DEGRADED, True, problems[0].problem.value, text, generation))
+        out.append(_condition(ConditionType.DEGRADED, True, reason, message, generation))
     return out
 
 

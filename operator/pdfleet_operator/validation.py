@@ -267,8 +267,9 @@ def _role_shape(role: Any) -> RoleInput:
 
 def matrix_input(spec: PDDeploymentSpec) -> MatrixInput:
     """The matrix's view of a spec; an unresolvable layout becomes ``layout=None``."""
+    engine = spec.engine.kind if spec.engine is not None else "pdfleet"
     return build_matrix_input(spec.model.layout, spec.transfer.backend, spec.transfer.protocol,
-                              _role_shape(spec.prefill), _role_shape(spec.decode))
+                              _role_shape(spec.prefill), _role_shape(spec.decode), str(engine))
 
 
 def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:
@@ -295,7 +296,7 @@ def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:
         return None
     inp = matrix_input(model)
     if layout_error is not None:
-        inp = MatrixInput(None, inp.backend, inp.protocol, inp.prefill, inp.decode)
+        inp = MatrixInput(None, inp.backend, inp.protocol, inp.prefill, inp.decode, inp.engine)
     verdict = _with_engine(evaluate(inp), model)
     if layout_error is None:
         return verdict

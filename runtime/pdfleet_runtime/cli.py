@@ -5,6 +5,9 @@ Sub-commands:
            /v1/synthetic on the HTTP port, /drain on the loopback-only admin port, the bootstrap
            endpoint on prefill pods; SIGTERM drains then exits. Exit 0 after a clean stop, 1 when
            the ranks cannot start, 2 on a bad config.
+  agent    the container beside an SGLang engine: checks the engine against the deployment, runs the
+           decode canary as SGLang's router sends a request, writes the readiness gate, drains as
+           the preStop hook (docs/agent.md). Exit 0 after a clean stop, 2 on a bad config.
   drain    the pod's exec preStop hook: drain this pod (or --cancel) through its admin port on
            127.0.0.1. Exit 0 once drained (or cancelled), 1 when the pod refused or is unreachable.
   synthetic  send synthetic requests to a decode pod's /v1/synthetic and print the results
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="spec.transfer.protocol of mooncake/nixl (default tcp on cpu, nvlink on cuda)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
     _serve_parser(sub)
+    _agent_parser(sub)
     drn = sub.add_parser("drain", help="drain this pod through its loopback admin port (the preStop hook)")
     drn.add_argument("--config", required=True, type=Path, help="the runtime config (for adminPort)")
     drn.add_argument("--wait", action="store_true", help="return once drained (or the drain budget passed)")
@@ -105,10 +109,58 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--room-ttl", dest="room_ttl_s", type=float, default=None,
                      help="prefill: seconds a bootstrap_room is held for its decode (default 30)")
     srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    srv.add_argument("--stand-in-for", default=None, help=argparse.SUPPRESS)
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     srv.add_argument("--fault-wire", default=None, help=argparse.SUPPRESS)
     srv.add_argument("--fault-corrupt-received", action="store_true", help=argparse.SUPPRESS)
     srv.add_argument("--fault-corrupt-sent", action="store_true", help=argparse.SUPPRESS)
+    srv.add_argument("--fault-scatter-pages", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _agent_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    agt = sub.add_parser("agent", help="run the agent beside an SGLang engine (docs/agent.md)")
+    agt.add_argument("--config", required=True, type=Path, help="the runtime config (the operator's ConfigMap)")
+    agt.add_argument("--engine-version", required=True, help="the SGLang version the deployment declares")
+    agt.add_argument("--model-path", type=Path, default=None, help="the model directory shared with the engine")
+    agt.add_argument("--engine-url", default=None, help="this pod's engine (default http://127.0.0.1:30000)")
+    agt.add_argument("--router-drop-seconds", dest="router_drop_s", type=float, default=None,
+                     help="how long a drain waits for routers to drop the pod (default 4, docs/router.md)")
+    agt.add_argument("--prefill-engines", default=None,
+                     help="local runs: prefill engines host:httpPort:bootstrapPort,... instead of the headless Service")
+    agt.add_argument("--check-period", dest="check_period_s", type=float, default=None,
+                     help="engine re-check period, seconds (default 5)")
+    agt.add_argument("--canary-period", dest="canary_period_s", type=float, default=None,
+                     help="canary period while ready, seconds (default 10)")
+    agt.add_argument("--retry-period", dest="retry_period_s", type=float, default=None,
+                     help="canary period while not ready, seconds (default 1)")
+    agt.add_argument("--canary-timeout", dest="canary_timeout_s", type=float, default=None,
+                     help="one canary's budget, seconds (default 30)")
+    agt.add_argument("--bind", dest="bind_host", default=None, help="listen address (default 0.0.0.0)")
+    agt.add_argument("--kubeconfig", type=Path, default=None,
+                     help="write the readiness gate through this kubeconfig (default: in-cluster token if mounted)")
+    agt.add_argument("--no-gate", dest="gate", action="store_false", default=None,
+                     help="never write the readiness-gate condition")
+    agt.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def _agent(args: argparse.Namespace) -> int:
+    import os
+
+    from pdfleet_runtime.agent.main import agent
+    from pdfleet_runtime.agent.options import AgentOptions
+    from pdfleet_runtime.config import ConfigError, load_config
+    from pdfleet_runtime.server.options import OptionsError
+
+    try:
+        cfg = load_config(args.config)
+        flags = {k: getattr(args, k) for k in (
+            "engine_version", "model_path", "engine_url", "router_drop_s", "prefill_engines", "check_period_s",
+            "canary_period_s", "retry_period_s", "canary_timeout_s", "bind_host", "kubeconfig", "gate", "log_level")}
+        opts = AgentOptions.build(cfg, os.environ, **flags)
+    except (ConfigError, OptionsError) as e:
+        print(f"pdfleet-runtime agent: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    return agent(opts, in_cluster=bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -124,9 +176,9 @@ def _serve(args: argparse.Namespace) -> int:
         flags = {k: getattr(args, k) for k in (
             "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
-            "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level")}
+            "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level", "stand_in_for")}
         flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received,
-                                       args.fault_corrupt_sent)
+                                       args.fault_corrupt_sent, args.fault_scatter_pages)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
     except (ConfigError, OptionsError) as e:
@@ -254,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _parity(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "agent":
+        return _agent(args)
     if args.command == "synthetic":
         return _synthetic(args)
     if args.command == "drain":

@@ -36,6 +36,7 @@ __all__ = [
     "ConfigError",
     "Role",
     "RuntimeConfig",
+    "StagingConfig",
     "drain_of",
     "drained_message",
     "load_config",
@@ -85,6 +86,23 @@ class _Model(BaseModel):
     )
 
 
+class StagingConfig(_Model):
+    """The staged GPU path (protocol/staged.py, docs/gpu.md): one staging region per GPU rank, registered
+    with its engine at start. A prefill rank's holds one ring of ``slots`` x ``slotMib``; a decode rank's
+    ``lanes`` rings (one staged source each at a time: a TP 2 -> 1 request takes two), each with a block
+    table area of ``tableMib``. Requests of at least ``thresholdBytes`` into a decode rank take it;
+    smaller ones, and every request on host pools, take the direct write."""
+
+    enabled: bool = Field(True, description="Allocate staging regions and stage large requests.")
+    slot_mib: int = Field(256, ge=1, le=8192, description="MiB per ring slot (the largest chunk).")
+    slots: int = Field(4, ge=1, le=64, description="Slots per ring: chunks in flight per staged source.")
+    lanes: int = Field(2, ge=1, le=64, description="Decode: staged sources at a time (rings).")
+    table_mib: int = Field(2, ge=1, le=256, description="Per lane: the block table (16 bytes per block).")
+    min_chunks: int = Field(4, ge=1, le=64, description="A small request still splits into about this many chunks.")
+    threshold_bytes: int = Field(32 << 20, ge=0, description="Requests below this many bytes take the direct write.")
+    on_cpu: bool = Field(False, description="Stage on host pools too (tests; CPU pools keep the direct write).")
+
+
 class RuntimeConfig(_Model):
     """Everything one pod's runtime needs to start; written by the operator per role."""
 
@@ -114,7 +132,16 @@ class RuntimeConfig(_Model):
     engine_port: int = Field(ENGINE_PORT, ge=1, le=65535)
     readiness_gate: str = Field(READINESS_GATE, description="Pod condition type the runtime sets.")
     drain_timeout_seconds: int = Field(600, ge=0, description="Budget for finishing in-flight transfers.")
+    router_drop_seconds: float = Field(
+        0.0, ge=0, le=60,
+        description="A drain answers /health 503 and keeps admitting this long before it refuses new work: the "
+        "bound for every router's health check to drop the pod (the operator sets it with spec.router; 0 without).",
+    )
     device: str = Field("cuda", pattern=r"^(cpu|cuda)$", description="Where the pools live.")
+    placement: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = Field(
+        None, description="GPU index of each local rank (rank i on cuda:placement[i]); several ranks may share a "
+        "device. Unset: rank i on cuda:i.")
+    staging: StagingConfig = Field(default_factory=StagingConfig, description="The staged GPU path.")
     served_model_name: str | None = Field(
         None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN,
         description="The model name the worker API answers as (OpenAI ``model``, /v1/models); the deployment's "
@@ -130,7 +157,16 @@ class RuntimeConfig(_Model):
                 raise ValueError(f"{name} {port} overlaps the engine ports {self.engine_port}-{last_engine}")
         if len({self.http_port, self.admin_port, self.bootstrap_port}) < 3:
             raise ValueError("httpPort, adminPort and bootstrapPort must differ")
+        if self.placement is not None and len(self.placement) != self.shape.world:
+            raise ValueError(f"placement lists {len(self.placement)} GPUs for {self.shape.world} local ranks: give one "
+                             "GPU index per rank (tensor x pipeline), or leave it unset for rank i on cuda:i")
         return self
+
+    def device_of(self, rank: int) -> str:
+        """The device local rank ``rank`` places its pools and staging region on."""
+        if self.device == "cpu":
+            return "cpu"
+        return f"cuda:{self.placement[rank] if self.placement is not None else rank}"
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)

@@ -212,6 +212,7 @@ class MatrixInput:
     protocol: LinkProtocol | str
     prefill: RoleInput
     decode: RoleInput
+    engine: str = "pdfleet"  # spec.engine.kind: the built-in runtime has no attention DP or EP
 
 
 @dataclass(frozen=True)
@@ -251,15 +252,30 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
     _r("layout-unresolved", "the model layout does not resolve",
        "the layout names an unknown preset or an inline layout that is not consistent",
        "use a preset listed by `kubectl explain pdd.spec.model.layout.preset` or fix the inline layout"),
-    _r("reserved-data-parallel", "data parallelism is reserved",
-       "attention data parallelism is not built yet; the field exists so the API will not change",
-       "set parallelism.data to 1 (or omit it)"),
-    _r("reserved-expert-parallel", "expert parallelism is reserved",
-       "expert parallelism is not built yet; the field exists so the API will not change",
-       "set parallelism.expert to 1 (or omit it)"),
-    _r("reserved-nodes-per-replica", "multi-node replicas are reserved",
-       "a replica spanning several nodes is not built yet; the field exists so the API will not change",
+    _r("attn-dp-divides-tp", "attention data parallelism must divide TP",
+       "SGLang splits a replica's TP ranks into parallelism.data attention groups of tensor/data ranks "
+       "(server_args: tp_size % attn_dp_size == 0, checked at start)",
+       "set parallelism.data to a divisor of parallelism.tensor (e.g. data = tensor for DeepSeek MLA)"),
+    _r("ep-divides-tp", "expert parallelism must divide TP",
+       "SGLang runs the MoE layers on ep_size x moe_tp_size = tp_size ranks; an EP size that does not divide "
+       "TP leaves a fractional MoE TP size and the model fails to load",
+       "set parallelism.expert to a divisor of parallelism.tensor (usually equal to it)"),
+    _r("nodes-divide-gpus", "nodesPerReplica must divide the replica's GPUs",
+       "every pod of a replica group holds tensor x pipeline / nodesPerReplica GPUs (SGLang: "
+       "(tp_size x pp_size) % nnodes == 0, checked at start)",
+       "set nodesPerReplica to a divisor of tensor x pipeline (8 GPUs per node: tensor x pipeline / 8)"),
+    _r("reserved-nodes-per-replica", "multi-node replicas are not run yet",
+       "a replica spanning several nodes needs the operator's replica groups (pods of a group, a headless "
+       "Service for --dist-init-addr, group rollouts); they are not built yet, though the fields and the "
+       "SGLang rendering are",
        "set parallelism.nodesPerReplica to 1 (or omit it); use a TP x PP that fits one node"),
+    _r("builtin-no-attention-dp", "the built-in runtime has no attention data parallelism",
+       "the pdfleet runtime's planner and wire protocol address ranks by (TP, PP) only: there is no DP rank, so "
+       "no mapping of a decode DP rank to the prefill DP rank that holds a request's state",
+       "set parallelism.data to 1, or run SGLang (spec.engine.kind: sglang)"),
+    _r("builtin-no-expert-parallel", "the built-in runtime has no expert parallelism",
+       "the pdfleet runtime moves attention and linear state only; it has no MoE layers to place experts of",
+       "set parallelism.expert to 1, or run SGLang (spec.engine.kind: sglang)"),
     _r("tp-divisible", "prefill and decode TP sizes must divide one another",
        "state is sliced (scatter) or aggregated with one elected writer per group; both need one TP "
        "size to be a multiple of the other",
@@ -438,21 +454,38 @@ def _check_layout(c: _Ctx) -> Iterator[Violation]:
                           "spec.model.layout")
 
 
-_RESERVED = (
-    ("data", "data", "reserved-data-parallel"),
-    ("expert", "expert", "reserved-expert-parallel"),
-    ("nodes_per_replica", "nodesPerReplica", "reserved-nodes-per-replica"),
-)
-
-
-def _check_reserved(c: _Ctx) -> Iterator[Violation]:
+def _check_nested(c: _Ctx) -> Iterator[Violation]:
+    """Attention DP and EP nest inside TP; a replica's GPUs split evenly over its nodes; the built-in
+    runtime has neither DP nor EP; multi-node groups are not run yet."""
     for role, prefix in _ROLES:
         shape = getattr(c.inp, role, None)
-        for attr, field_name, rule in _RESERVED:
-            value = _pos_int(getattr(shape, attr, None))
-            if value is not None and value != 1:
-                yield c.violation(rule, f"{role} {field_name}={value} is reserved; only 1 is built",
-                                  f"{prefix}.parallelism.{field_name}")
+        tp_pp = c.shapes[role]
+        par = f"{prefix}.parallelism"
+        data, expert = _pos_int(getattr(shape, "data", None)), _pos_int(getattr(shape, "expert", None))
+        nodes = _pos_int(getattr(shape, "nodes_per_replica", None))
+        if tp_pp is not None:
+            tp, pp = tp_pp
+            if data and tp % data:
+                yield c.violation("attn-dp-divides-tp", f"{role} data {data} does not divide TP {tp}",
+                                  f"{par}.data", f"{par}.tensor")
+            if expert and tp % expert:
+                yield c.violation("ep-divides-tp", f"{role} expert {expert} does not divide TP {tp}",
+                                  f"{par}.expert", f"{par}.tensor")
+            if nodes and (tp * pp) % nodes:
+                yield c.violation("nodes-divide-gpus",
+                                  f"{role} nodesPerReplica {nodes} does not divide TP x PP = {tp * pp}",
+                                  f"{par}.nodesPerReplica", f"{par}.tensor")
+        if nodes and nodes > 1:
+            yield c.violation("reserved-nodes-per-replica",
+                              f"{role} nodesPerReplica={nodes}: multi-node replica groups are not built yet",
+                              f"{par}.nodesPerReplica")
+        if c.inp.engine == "pdfleet":
+            if data and data > 1:
+                yield c.violation("builtin-no-attention-dp", f"{role} data={data} on the built-in runtime",
+                                  f"{par}.data", "spec.engine.kind")
+            if expert and expert > 1:
+                yield c.violation("builtin-no-expert-parallel", f"{role} expert={expert} on the built-in runtime",
+                                  f"{par}.expert", "spec.engine.kind")
 
 
 def _check_tp_pp(c: _Ctx) -> Iterator[Violation]:
@@ -609,8 +642,8 @@ def _check_warnings(c: _Ctx) -> Iterator[Violation]:
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"input-invalid"}), _check_inputs),
     (frozenset({"layout-unresolved"}), _check_layout),
-    (frozenset({"reserved-data-parallel", "reserved-expert-parallel", "reserved-nodes-per-replica"}),
-     _check_reserved),
+    (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus", "reserved-nodes-per-replica",
+                "builtin-no-attention-dp", "builtin-no-expert-parallel"}), _check_nested),
     (frozenset({"tp-divisible", "pp-match"}), _check_tp_pp),
     (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "warn-kv-heads-replicated"}),
      _check_layout_shapes),
@@ -742,11 +775,11 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
 
 
 def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: LinkProtocol | str,
-                 prefill: RoleInput, decode: RoleInput) -> MatrixInput:
+                 prefill: RoleInput, decode: RoleInput, engine: str = "pdfleet") -> MatrixInput:
     """The one builder of an evaluation's input (the operator's admission and the parity harness):
     the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``)."""
     try:
         facts: LayoutFacts | None = layout_facts(layout)
     except (LayoutError, ValueError):
         facts = None
-    return MatrixInput(facts, backend, protocol, prefill, decode)
+    return MatrixInput(facts, backend, protocol, prefill, decode, engine)

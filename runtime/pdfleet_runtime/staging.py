@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-__all__ = ["MAX_UNIT", "PIECE_BYTES", "SUB_BYTES", "Chunk", "Marker", "Signals", "StagePlan", "StagingRing",
+__all__ = ["MAX_UNIT", "PIECE_BYTES", "SUB_BYTES", "Aborted", "Chunk", "Marker", "Signals", "StagePlan", "StagingRing",
            "chunk_size", "gather_chunk", "receive", "scatter_chunk", "send"]
 
 MAX_UNIT = 16
@@ -55,6 +55,10 @@ SUB_BYTES = 16 << 10
 WARPS = 4
 _ALIGN = 256
 _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+class Aborted(RuntimeError):
+    """A staged send or receive stopped by its ``abort`` hook (the request failed elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,31 @@ class StagePlan:
         order both sides use (the receiver passes its own offsets with the same lengths); ``device``:
         where the table lives (the arena's device)."""
         return cls(offsets, length, chunk_bytes, piece_bytes, device)
+
+    @classmethod
+    def on_device(cls, blocks: torch.Tensor, total: int, unit: int, chunk_bytes: int,
+                  piece_bytes: int = PIECE_BYTES) -> StagePlan:
+        """The same cut from blocks already on the arena's device (``[2, n]`` int64 offsets and lengths,
+        every length > 0), with their byte total and ``unit`` given (the sender computed both): the
+        receiver cuts its plan from the table the sender wrote into its staging region, without a copy
+        to the host."""
+        if chunk_bytes % _ALIGN or chunk_bytes < _ALIGN or piece_bytes % _ALIGN or piece_bytes < _ALIGN:
+            raise ValueError(f"chunk and piece bytes must be positive multiples of {_ALIGN}")
+        if unit not in (1, 2, 4, 8, 16):
+            raise ValueError(f"unit must be a power of two up to {MAX_UNIT}, got {unit}")
+        self = cls.__new__(cls)
+        self.device, self.bytes, self.unit = blocks.device, total, unit
+        self.elem = min(unit, 8)
+        self.chunk_bytes, self.piece_bytes = chunk_bytes, piece_bytes
+        n = -(-total // chunk_bytes)
+        if not n:
+            self.table, self.chunks = torch.empty((0, 3), dtype=torch.int64, device=self.device), []
+            return self
+        self.table, bounds = _cut(blocks, chunk_bytes, piece_bytes, n)
+        if self.elem > 1:
+            self.table //= self.elem
+        self.chunks = [Chunk(min(chunk_bytes, total - k * chunk_bytes), bounds[k], bounds[k + 1]) for k in range(n)]
+        return self
 
     @property
     def max_chunk(self) -> int:
@@ -323,7 +352,7 @@ Writer = Callable[[int, int, int], Callable[[], bool]]
 """``post(k, local_address, nbytes)`` -> ``done()``: write a slot's first bytes to the peer's slot ``k``."""
 def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, signals: Signals,
          base: int = 0, *, timeout_s: float = 30.0, engine_stream: Any = None, lookahead: int = 2,
-         trace: list[tuple[int, str, float]] | None = None) -> int:
+         trace: list[tuple[int, str, float]] | None = None, abort: Callable[[], bool] | None = None) -> int:
     """Sender side: gather, write and publish every chunk of ``plan`` (chunks ``base + k`` on the counters).
 
     A slot is refilled only when the receiver freed it (``freed() > base + k - slots``); ``landed`` is
@@ -333,7 +362,9 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
     the gather end. At most ``lookahead`` chunks are gathered and not yet posted, and one chunk is
     posted per turn of the loop: chunk k+1's gather is queued before chunk k's post, which may block
     for the copy (Mooncake), so the GPU gathers while the link copies. ``trace`` collects
-    ``(chunk, step, perf_counter)``. Returns the number of chunks.
+    ``(chunk, step, perf_counter)``. ``freed()`` is read only when the ring looks full (across nodes it
+    is a remote read). ``abort()`` true stops the send (``Aborted``) between chunks: what landed
+    stays landed, nothing more is posted. Returns the number of chunks.
     """
     device = arena.device
     stream = _stream(device)
@@ -341,11 +372,18 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
     gathered: deque[tuple[int, Marker]] = deque()
     inflight: deque[tuple[int, Callable[[], bool]]] = deque()
     k_gather = k_landed = 0
+    freed = base  # the receiver's count as last read
     deadline = time.monotonic() + timeout_s
     while k_landed < n:
+        if abort is not None and abort():
+            while inflight and time.monotonic() < deadline:  # posted writes end before the caller fences
+                if inflight[0][1]():
+                    inflight.popleft()
+            raise Aborted(f"staged send: aborted after {k_landed} of {n} chunks landed"
+                          + (f", {len(inflight)} still posted at the deadline" if inflight else ""))
         progressed = False
         while (k_gather < n and len(gathered) < lookahead and len(gathered) + len(inflight) < slots
-               and k_gather - (signals.freed() - base) < slots):
+               and (k_gather - (freed - base) < slots or k_gather - ((freed := signals.freed()) - base) < slots)):
             with _on(stream):
                 if trace is not None:
                     trace.append((k_gather, "gather", time.perf_counter()))
@@ -377,8 +415,12 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
 
 
 def receive(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, signals: Signals, base: int = 0, *,
-            timeout_s: float = 30.0, trace: list[tuple[int, str, float]] | None = None) -> None:
-    """Receiver side: scatter each chunk once it landed; free its slot when the scatter ended; return when all did."""
+            timeout_s: float = 30.0, trace: list[tuple[int, str, float]] | None = None,
+            abort: Callable[[], bool] | None = None) -> None:
+    """Receiver side: scatter each chunk once it landed; free its slot when the scatter ended; return when all did.
+
+    Only whole chunks are scattered (a chunk is scattered once its landed count arrived, never before),
+    so a request that fails mid-way (``abort()`` true: ``Aborted``) leaves no chunk half-applied."""
     device = arena.device
     stream = _stream(device)
     n = len(plan.chunks)
@@ -386,6 +428,10 @@ def receive(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, signals: Si
     k_next = freed = 0
     deadline = time.monotonic() + timeout_s
     while freed < n:
+        if abort is not None and abort():
+            if stream is not None:
+                stream.synchronize()  # the chunks queued so far end whole
+            raise Aborted(f"staged receive: aborted after {freed} of {n} chunks scattered")
         progressed = False
         landed = signals.landed() - base
         while k_next < n and k_next < landed:

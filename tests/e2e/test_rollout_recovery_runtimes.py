@@ -1,5 +1,7 @@
 """Issue 12's acceptance with real runtimes: rollouts of a fleet whose pods run the real ``pdfleet-runtime
-serve`` (kwok pods run by the harness's kubelet, devcluster.kubelet), with synthetic traffic flowing throughout.
+serve`` (kwok pods run by the harness's kubelet, devcluster.kubelet) behind the deployment's router, with an
+``openai`` client's chat completions flowing through the router's Service throughout (``traffic.Traffic``):
+each test prints the client failures, router retries and failed transfers, and checks all three are zero.
 
 - a canary holds at its count with traffic on both revisions; raised, paused mid-rollout (committed
   drains finish, nothing new starts), resumed, it completes;
@@ -113,7 +115,7 @@ def test_canary_holds_with_traffic_then_pause_and_resume(cluster: LocalCluster, 
         traffic.wait_served(4, new)
         traffic.stop()
         timeline.stop()
-        assert not traffic.failures(), traffic.failures()[:5]
+        traffic.assert_clean()  # zero client failures, router retries and failed transfers, every answer verified
         assert timeline.max_pods() <= 4, timeline.max_pods()
         assert timeline.min_routable_ready() >= 3, timeline.lowest()
         assert not fleet.forced_deletes()
@@ -153,7 +155,7 @@ def test_an_image_failing_its_canary_transfer_is_rolled_back(cluster: LocalClust
         results = traffic.stop()
         timeline.stop()
         # Zero failed transfers on the old revision during the whole episode; the bad pods served nothing.
-        assert not traffic.failures(), traffic.failures()[:5]
+        traffic.assert_clean()
         assert {r.revision for r in results} == {stable}
         assert not any(s.routable_ready for n, s in timeline.ever().items() if s.revision == bad)
         assert timeline.max_pods() <= 3, timeline.max_pods()
@@ -191,7 +193,7 @@ def test_pods_stuck_pending_hit_the_deadline_and_roll_back(cluster: LocalCluster
         traffic.wait_served(4, stable)
         traffic.stop()
         timeline.stop()
-        assert not traffic.failures(), traffic.failures()[:5]
+        traffic.assert_clean()
         assert timeline.max_pods() <= 3, timeline.max_pods()
         assert timeline.min_routable_ready() >= 2, timeline.lowest()
         # A pod that was never scheduled has nothing in flight: it goes at once, not forced after the drain
@@ -231,7 +233,7 @@ def test_spec_changes_and_a_revert_mid_rollout_end_on_the_right_revision(
         results = traffic.stop()
         timeline.stop()
 
-        assert not traffic.failures(), traffic.failures()[:5]
+        traffic.assert_clean()
         assert {b, d} <= {r.revision for r in results}  # both intermediate revisions served before they went
         assert timeline.max_pods() <= 3, timeline.max_pods()
         assert timeline.min_routable_ready() >= 2, timeline.lowest()
@@ -260,8 +262,8 @@ def test_a_prefill_rollout_loses_no_transfer(cluster: LocalCluster, operator: Op
         results = traffic.stop()
         timeline.stop()
 
-        assert not traffic.failures(), traffic.failures()[:5]
-        via = Counter(r.body.get("prefill") for r in results if r.ok)
+        traffic.assert_clean()
+        via = Counter(r.answer.prefill for r in results if r.ok)
         assert via[old_pod.bootstrap] >= 1 and via[new_pod.bootstrap] >= 1, via
         in_flight, finished = fleet.drain_log(old_pod.name)
         assert in_flight >= 1, "the old prefill pod had no transfer in flight when its drain started"

@@ -1,6 +1,8 @@
 """What the end-to-end rollout tests share: a fleet of real runtimes on kwok pods (``running_fleet``, each
-in its pod sandbox, run by the harness's kubelet, ``devcluster.kubelet``), synthetic traffic through it (``Traffic``), and a record of every pod
-state the API showed during a rollout (``PodTimeline``), from which the tests read the budgets.
+in its pod sandbox, run by the harness's kubelet, ``devcluster.kubelet``) behind the deployment's router
+(sglang-router, run from its rendered command), client traffic through the router's Service
+(``Traffic``: chat completions from an ``openai`` client, ``chat.ChatTraffic``), and a record of every
+pod state the API showed during a rollout (``PodTimeline``), from which the tests read the budgets.
 
 Every prefill pod runs with a write delay, so each transfer takes a while and a pod whose drain starts
 has transfers in flight; the decode pods' canary floor is lowered to match.
@@ -12,7 +14,8 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +23,15 @@ from typing import Any
 
 from kubernetes import watch
 from kubernetes.client import CoreV1Api
+from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_operator.devcluster.kubelet import Kubelet, wait
 from pdfleet_runtime.config import READINESS_GATE
-from pdfleet_runtime.server.local import http
+from tests.e2e.chat import Answer, ChatTraffic
 
-__all__ = ["NAME", "WRITE_DELAY_S", "Fleet", "PodTimeline", "Result", "Traffic", "manifest", "running_fleet"]
+__all__ = ["NAME", "WRITE_DELAY_S", "Counts", "Fleet", "PodTimeline", "Result", "Traffic", "manifest", "running_fleet",
+           "scrape"]
 
 NAME = "live"
 WRITE_DELAY_S = 0.4
@@ -38,8 +43,10 @@ RUNTIME_ARGS = {
     # here (the unit and server tests cover them), so they leave room for that.
     "decode": ("--canary-period", "2", "--retry-period", "0.5", "--floor-gbps", "0.0002", "--canary-timeout", "30"),
 }
-# The one local-run difference: kwok nodes have no GPU, so the pools live on the CPU.
+# The one local-run difference: kwok nodes have no GPU, so the pools live on the CPU (runtime pods only).
 LOCAL_ARGS = ("--device", "cpu")
+CONCURRENCY = 4  # client requests in flight at once: every decode pod has transfers in flight
+ROUTER_PORT, ROUTER_METRICS_PORT = 30000, 29000  # spec.router's defaults
 
 
 def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, **rollout: Any) -> dict:
@@ -58,6 +65,7 @@ def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, **
             "decode": {"replicas": decode, **role, "pool": pool, "env": [{"name": "ROLLOUT_MARK", "value": mark}]},
             "rollout": {"maxSurge": 1, "maxUnavailable": 0, "drainTimeoutSeconds": 60,
                         "progressDeadlineSeconds": 300, **rollout},
+            "router": {"image": IMAGE, "prefillPolicy": "round_robin", "decodePolicy": "round_robin"},
         },
     }
 
@@ -69,13 +77,18 @@ class Fleet:
     core: CoreV1Api
     runner: Kubelet
     _threads: list[Any] = field(default_factory=list)  # Traffic and PodTimeline, stopped at the end
+    last_problem: str | None = None  # of the last request ``router_ready`` sent
 
     def traffic(self) -> Traffic:
-        """Synthetic traffic, started; stopped at the end of the fleet if the test did not."""
+        """Client traffic through the router, started; stopped at the end of the fleet if the test did not."""
         t = Traffic(self)
         self._threads.append(t)
-        t.start()
-        return t
+        return t.start()
+
+    def router_url(self) -> str:
+        """The router's Service (its ClusterIP: this process is in the cluster's network namespace)."""
+        svc = self.core.read_namespaced_service(f"{NAME}-router", self.ns)
+        return f"http://{svc.spec.cluster_ip}:{ROUTER_PORT}"
 
     def timeline(self, synced: int) -> PodTimeline:
         """A watch of every pod of the namespace, started once it saw ``synced`` pods."""
@@ -118,6 +131,16 @@ class Fleet:
     def settled_on(self, revision: str, n: int, role: str = "decode") -> bool:
         return self.revisions(role) == [revision] * n and self.available()
 
+    def router_ready(self) -> bool:
+        """One chat completion through the router answered and verified (its workers registered)."""
+        try:
+            answer = ChatTraffic(self.router_url(), NAME, timeout_s=10).once(0)
+        except Exception as e:
+            self.last_problem = repr(e)
+            return False
+        self.last_problem = answer.problem
+        return answer.ok
+
     def events(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.ns, "get", "events", "-o", "json").stdout)["items"]
 
@@ -141,7 +164,7 @@ class Fleet:
         logs = "\n".join(f"--- {n}\n" + "\n".join([ln for ln in t.splitlines() if any(k in ln for k in keep)][-15:])
                          for n, t in self.runner.all_logs().items())
         pods = self.cluster.kubectl("-n", self.ns, "get", "pods", "-o", "wide", "-L", "pdfleet.io/revision").stdout
-        return f"runner errors {self.runner.errors[-3:]}\n{pods}\nstatus {json.dumps(self.status())}\n{logs}"
+        return f"runner errors {self.runner.errors[-3:]}; last answer: {self.last_problem}\n{pods}\nstatus {json.dumps(self.status())}\n{logs}"
 
 
 @contextmanager
@@ -153,6 +176,8 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
 
     def args(pod: dict) -> tuple[str, ...]:
         role = pod["metadata"]["labels"].get("pdfleet.io/role", "")
+        if not role:  # a router pod: its rendered command, verbatim
+            return ()
         return (*LOCAL_ARGS, *RUNTIME_ARGS.get(role, ()), *more.get(pod["spec"]["containers"][0]["image"], ()))
 
     runner = cluster.kubelet(ns, workdir, selector="app.kubernetes.io/managed-by=pdfleet-operator",
@@ -162,6 +187,7 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns, **manifest_kw)))
         fleet.wait(fleet.available, 180, "Available through real runtimes' gates")
+        fleet.wait(fleet.router_ready, 60, "the router serving requests")
         yield fleet
     finally:
         for t in fleet._threads:
@@ -171,98 +197,144 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
 
 @dataclass(frozen=True)
 class Result:
-    pod: str
-    revision: str
-    code: int
-    body: dict
+    """One chat completion through the router: the decode pod that answered it and that pod's revision."""
 
-    @property
-    def admitted(self) -> bool:
-        """The decode pod took the request (it refuses new ones once its own drain started: the router's
-        view of routable pods lags by a moment, and a router sends such a request elsewhere)."""
-        return not (self.code == 503 and "the pod is draining" in str(self.body.get("error", "")))
+    answer: Answer
+    revision: str
 
     @property
     def ok(self) -> bool:
-        return self.code == 200 and bool(self.body.get("ok")) and self.body.get("mismatchedBytes") == 0
+        return self.answer.ok
+
+    @property
+    def pod(self) -> str | None:
+        return self.answer.pod
+
+    @property
+    def body(self) -> dict:
+        """What the runtime says of it (``pdfleet``: room, bytes, verified, prefill, decode)."""
+        return self.answer.pdfleet
 
 
-class Traffic(threading.Thread):
-    """Synthetic requests, back to back, two workers per routable ready decode pod, until stopped.
+@dataclass(frozen=True)
+class Counts:
+    client_failures: int
+    router_retries: int
+    transfer_failures: int  # request transfers failed and rooms expired, summed over every pod seen
+    per_pod: dict[str, int]
+    rooms_expired: int = 0  # of transfer_failures: rooms no decode claimed (its decode died before it asked)
 
-    A worker sends its next request as soon as the last one answers, so with each transfer taking
-    ``WRITE_DELAY_S`` a pod always has transfers in flight; workers of a pod that turned unroutable
-    (its drain started) stop sending, and their last requests finish during the drain."""
+    def __str__(self) -> str:
+        bad = {k: v for k, v in self.per_pod.items() if v}
+        return (f"client failures {self.client_failures}, router retries {self.router_retries}, transfer failures "
+                f"{self.transfer_failures}{f' {bad}' if bad else ''}")
+
+
+class Traffic:
+    """Client traffic through the router's Service (``chat.ChatTraffic``, ``CONCURRENCY`` requests at once),
+    and the counters the tests check: the router's retries (its ``smg_worker_retries_total``) and the pods'
+    failed request transfers and expired rooms (their ``/metrics``, scraped every second while they run, so
+    a pod's last figures stay after it went)."""
 
     def __init__(self, fleet: Fleet) -> None:
-        super().__init__(daemon=True)
         self.fleet, self.runner = fleet, fleet.runner
-        self.stop_event = threading.Event()
-        self.results: list[Result] = []
-        self.lock = threading.Lock()
-        self.routable: set[str] = set()
-        self.workers: dict[str, list[threading.Thread]] = {}
-        self.sent = 0
+        self.chat = ChatTraffic(fleet.router_url(), NAME, concurrency=CONCURRENCY)
+        self.pod_failures: dict[str, int] = {}
+        self.pod_expired: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._scraper = threading.Thread(target=self._scrape_loop, daemon=True)
 
-    def _targets(self) -> set[str]:
-        pods = self.fleet.core.list_namespaced_pod(self.fleet.ns,
-                                                   label_selector="pdfleet.io/role=decode,pdfleet.io/routable=true")
-        return {p.metadata.name for p in pods.items if p.metadata.deletion_timestamp is None
-                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())}
+    def start(self) -> Traffic:
+        self.chat.start()
+        self._scraper.start()
+        return self
 
-    def _worker(self, name: str) -> None:
-        while not self.stop_event.is_set() and name in self.routable:
-            local = self.runner.decode_pods().get(name)
-            if local is None:
-                return
-            with self.lock:
-                self.sent += 1
-                n = self.sent
-            code, body = http("POST", local.url + "/v1/synthetic", {"tokens": 64, "timeoutS": 30,
-                                                                   "requestId": f"e2e-{name[-12:]}-{n}", "seed": n}, 60)
-            with self.lock:
-                self.results.append(Result(name, self.runner.revision_of(name), code,
-                                           body if isinstance(body, dict) else {"raw": body}))
+    @property
+    def results(self) -> list[Result]:
+        return [Result(a, self._revision(a.pod)) for a in list(self.chat.answers)]
 
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                self.routable = self._targets()
-            except Exception:  # the API answered slowly once: the next round asks again
+    def _revision(self, pod: str | None) -> str:
+        return next((s.revision for s in list(self.runner.started.values()) if s.name == pod), "")
+
+    def _scrape_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.scrape()
+
+    def scrape(self) -> None:
+        for pod in list(self.runner.pods.values()):
+            role = (pod.pod["metadata"].get("labels") or {}).get("pdfleet.io/role")
+            if role not in ("prefill", "decode") or not pod.started:
                 continue
-            for name in self.routable - set(self.workers):
-                self.workers[name] = [threading.Thread(target=self._worker, args=(name,), daemon=True)
-                                      for _ in range(2)]
-                for w in self.workers[name]:
-                    w.start()
-            self.stop_event.wait(0.1)
+            try:
+                m = scrape(pod.url + "/metrics")
+            except OSError:
+                continue  # stopping, or killed: its last figures stay
+            failed = sum(v for k, v in m.items() if k.startswith("pdfleet_transfers_total{")
+                         and 'kind="request"' in k and 'outcome="failed"' in k)
+            expired = int(m.get("pdfleet_rooms_expired_total{}", 0))
+            self.pod_failures[pod.name] = int(failed) + expired
+            self.pod_expired[pod.name] = expired
+
+    def router_retries(self) -> int:
+        total = 0
+        for pod in list(self.runner.pods.values()):
+            if pod.name.startswith(f"{NAME}-router-") and pod.started:
+                m = scrape(f"http://{pod.ip}:{ROUTER_METRICS_PORT}/metrics")
+                total += int(sum(v for k, v in m.items() if k.startswith("smg_worker_retries_total")))
+        return total
+
+    def counts(self) -> Counts:
+        """The three counts, printed (they are in the test's output)."""
+        self.scrape()
+        c = Counts(len(self.chat.failures()), self.router_retries(), sum(self.pod_failures.values()),
+                   dict(self.pod_failures), sum(self.pod_expired.values()))
+        print(f"traffic through the router: {len(self.chat.answers)} requests, {c}", flush=True)
+        return c
 
     def halt(self) -> None:
-        self.stop_event.set()
+        self._stop.set()
+        self.chat.halt()
 
     def stop(self) -> list[Result]:
-        self.stop_event.set()
-        self.join(timeout=30)
-        for ws in self.workers.values():
-            for w in ws:
-                w.join(timeout=60)
-        return list(self.results)
+        self.chat.stop()
+        out = self.results
+        self.scrape()
+        self._stop.set()
+        return out
+
+    def assert_clean(self, pods: Callable[[str], bool] = lambda name: True) -> Counts:
+        """Zero client failures, zero router retries, zero transfer failures (on the pods ``pods`` keeps)."""
+        c = self.counts()
+        fails = self.chat.failures()
+        assert not fails, [(a.status, a.problem) for a in fails[:5]]
+        assert c.router_retries == 0, c
+        assert not any(v for k, v in c.per_pod.items() if pods(k)), c
+        return c
 
     # ---- reading the results -------------------------------------------------
     def served(self, revision: str | None = None) -> int:
-        """Requests that succeeded, verified, on pods of ``revision`` (any revision: None)."""
-        with self.lock:
-            return sum(r.ok and (revision is None or r.revision == revision) for r in self.results)
+        """Requests answered and verified by decode pods of ``revision`` (any revision: None)."""
+        return sum(r.ok and (revision is None or r.revision == revision) for r in self.results)
 
     def wait_served(self, n: int, revision: str | None = None, timeout: float = 60) -> None:
         start = self.served(revision)
         self.fleet.wait(lambda: self.served(revision) >= start + n, timeout,
-             f"{n} more requests served on {revision or 'any revision'}")
+                        f"{n} more requests served on {revision or 'any revision'}")
 
     def failures(self) -> list[Result]:
-        """Admitted requests that failed or whose state arrived different (lost transfers)."""
-        with self.lock:
-            return [r for r in self.results if r.admitted and not r.ok]
+        return [r for r in self.results if not r.ok]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of a Prometheus endpoint as ``name{label="value",...}`` (labels sorted) -> value."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = out.get(f"{s.name}{{{labels}}}", 0.0) + s.value
+    return out
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,8 @@ def test_chat_completions_and_streaming_through_a_pd_pair(tmp_path: Path, pairs:
         _, want = expected(Endpoint.COMPLETIONS, b, comp.model_extra["pdfleet"]["transferBytes"])
         assert comp.choices[0].text == want.text
     m = pair.decode.metrics()
-    assert metric(m, "sglang:num_running_reqs", model_name=MODEL) == 0
+    assert f"sglang:num_running_reqs{{engine_type=decode,model_name={MODEL}}}" in m  # the key the next line reads
+    assert metric(m, "sglang:num_running_reqs", model_name=MODEL, engine_type="decode") == 0
     assert metric(m, "pdfleet_room_transfer_bytes_total") > 0
 
     # The CLI as a router and a checking client.
@@ -259,7 +260,7 @@ def test_unclaimed_rooms_expire_and_free(tmp_path: Path, pairs: list[Pair]) -> N
     m = pair.prefill.metrics()
     assert metric(m, "pdfleet_rooms_expired_total") == 1
     assert metric(m, "pdfleet_rooms_held") == 0
-    assert metric(m, "sglang:num_queue_reqs", model_name=MODEL) == 0
+    assert metric(m, "sglang:num_queue_reqs", model_name=MODEL, engine_type="prefill") == 0
     assert pools(pair.prefill)["held"] == 0
     # Its room is gone: a decode asking now gets a clean error, and the pair still serves.
     client = pair.client()
@@ -293,7 +294,7 @@ def test_a_corrupted_byte_is_a_500_naming_the_buffer(tmp_path: Path, pairs: list
 
 
 def test_a_prefill_killed_after_accepting_a_room(tmp_path: Path, pairs: list[Pair]) -> None:
-    pair = Pair(tmp_path, "mooncake", prefill_args=("--fault-write-delay", "3"),
+    pair = Pair(tmp_path, "mooncake", prefill_args=("--fault-write-delay", "3", "--write-timeout", "5"),
                 decode_args=("--retry-period", "30", "--fence-timeout", "5"))
     pairs.append(pair)
     # A 3 s write: the canary times out (or is below the floor); the ranks are up, which is all this needs.
@@ -315,9 +316,9 @@ def test_a_prefill_killed_after_accepting_a_room(tmp_path: Path, pairs: list[Pai
     killer.join()
     assert e.value.status_code in (502, 503) and e.value.body["code"] in ("prefill_unreachable", "transfer_failed")
     assert time.monotonic() - t0 < 60
-    # Pools freed on the decode: every item back once the late-write fence lets them go (--fence-timeout 5:
-    # a dead prefill never confirms that its write ended).
-    assert metric(pair.decode.metrics(), "sglang:num_running_reqs", model_name=MODEL) == 0
+    # Pools freed on the decode: every item back once the late-write fence lets them go (the prefill's
+    # announced --write-timeout 5 plus 5 s: a dead prefill never confirms that its write ended).
+    assert metric(pair.decode.metrics(), "sglang:num_running_reqs", model_name=MODEL, engine_type="decode") == 0
     deadline = time.monotonic() + 60
     while pools(pair.decode) != before and time.monotonic() < deadline:  # the late-write fence may hold them
         time.sleep(0.5)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.resources.engine import group_member, launch_command
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.validation import validate_object
 from tests.sglang.harness import CHECK_ONLY
@@ -22,11 +23,15 @@ from tests.unit.engine_rules.builders import sglang_obj
 PRESETS = ("qwen3.8-flash-next", "deepseek-mla", "llama-dense", "qwen3-next-hybrid")
 
 
-def role_case(obj: dict, role: Role, model_dirs: dict[str, Path], home: Path) -> dict[str, Any]:
+def role_case(obj: dict, role: Role, model_dirs: dict[str, Path], home: Path, node_rank: int = 0) -> dict[str, Any]:
+    """One role's engine check; ``node_rank`` picks the member of a multi-node replica group."""
     spec = PDDeploymentSpec.model_validate(validate_object(obj).spec)
-    pod = runtime_pod(obj["metadata"]["name"], "default", spec, role, "check", 0)
+    name = obj["metadata"]["name"]
+    pod = runtime_pod(name, "default", spec, role, "check", 0)
     (engine,) = [c for c in pod["spec"]["containers"] if c["name"] == "engine"]
     argv = list(engine["command"][3:])
+    if node_rank:
+        argv = launch_command(name, spec, role, group_member(name, "default", role, "check", 0, node_rank))[3:]
     argv[argv.index("--model-path") + 1] = str(model_dirs[spec.model.layout.preset or ""])
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
     for e in engine["env"]:
@@ -55,6 +60,40 @@ FEATURES: tuple[tuple[str, ...], ...] = (
 )
 
 
+def _nested(rng: random.Random, tp: int) -> dict[str, int]:
+    """Attention DP and EP sizes inside ``tp`` (divisors of it), each set on about a quarter of roles."""
+    out = {}
+    for key in ("data", "expert"):
+        if tp > 1 and rng.random() < 0.25:
+            out[key] = rng.choice([d for d in (2, 4) if tp % d == 0])
+    return out
+
+
+# Replica groups across nodes (admission refuses nodesPerReplica > 1 until groups are built: the
+# check shows every member's command would start) and shapes SGLang refuses at start, which the CRD's
+# rules deny: (name, prefill parallelism, decode parallelism, layout preset).
+MULTI_NODE: tuple[tuple[str, dict, dict, str], ...] = (
+    ("mn-deepseek-16x2", {"tensor": 16, "data": 16, "expert": 16, "nodesPerReplica": 2},
+     {"tensor": 16, "data": 16, "expert": 16, "nodesPerReplica": 2}, "deepseek-mla"),
+    ("mn-deepseek-32x4", {"tensor": 16, "data": 16, "expert": 16, "nodesPerReplica": 2},
+     {"tensor": 32, "data": 32, "expert": 32, "nodesPerReplica": 4}, "deepseek-mla"),
+    ("mn-llama-tp8-pp2", {"tensor": 8, "pipeline": 2, "nodesPerReplica": 2}, {"tensor": 8}, "llama-dense"),
+    ("bad-nodes-3", {"tensor": 16, "data": 16, "nodesPerReplica": 3}, {"tensor": 16}, "deepseek-mla"),
+    ("bad-dp-3", {"tensor": 8, "data": 3}, {"tensor": 8, "data": 8}, "deepseek-mla"),
+    ("bad-dp-6-of-4", {"tensor": 4}, {"tensor": 4, "data": 6}, "qwen3-next-hybrid"),
+)
+
+
+def multi_node_specs() -> list[dict]:
+    out = []
+    for name, prefill, decode, preset in MULTI_NODE:
+        obj = sglang_obj(spec__model__layout={"preset": preset}, spec__prefill__parallelism=prefill,
+                         spec__decode__parallelism=decode)
+        obj["metadata"]["name"] = name
+        out.append(obj)
+    return out
+
+
 def generated_specs(n: int, seed: int = 21) -> list[dict]:
     """``n`` seeded SGLang PDDeployments over presets, backends, protocols, shapes, flags and env."""
     rng = random.Random(seed)
@@ -69,6 +108,7 @@ def generated_specs(n: int, seed: int = 21) -> list[dict]:
             else:
                 transfer["rdmaDevices"] = ["mlx5_0", "mlx5_1"]
         pp = rng.choice([1, 1, 2])
+        tps = {"prefill": rng.choice([1, 2, 4]), "decode": rng.choice([1, 2, 4])}
         shared: list[str] = []
         roles: dict[str, list[str]] = {"prefill": [], "decode": []}
         for feature in FEATURES:
@@ -76,9 +116,10 @@ def generated_specs(n: int, seed: int = 21) -> list[dict]:
                 target = rng.choice(["shared", "prefill", "decode"])
                 (shared if target == "shared" else roles[target]).extend(feature)
         obj = sglang_obj(spec__model__layout={"preset": rng.choice(PRESETS)}, spec__transfer=transfer,
-                         spec__prefill__parallelism={"tensor": rng.choice([1, 2, 4]), "pipeline": pp},
-                         spec__decode__parallelism={"tensor": rng.choice([1, 2, 4]),
-                                                    "pipeline": rng.choice([1, pp])},
+                         spec__prefill__parallelism={"tensor": tps["prefill"], "pipeline": pp,
+                                                     **_nested(rng, tps["prefill"])},
+                         spec__decode__parallelism={"tensor": tps["decode"], "pipeline": rng.choice([1, pp]),
+                                                    **_nested(rng, tps["decode"])},
                          spec__engine__stagingBuffer=rng.random() < 0.15)
         obj["metadata"]["name"] = f"gen-{i}"
         if shared:

@@ -1,6 +1,7 @@
 """pdfleet's SGLang rules against SGLang 0.5.23 itself: its parser and start-up hooks, on rendered pods.
 
-Every example and a few hundred generated SGLang PDDeployments are rendered; each role's engine
+Every example, a few hundred generated SGLang PDDeployments (some with attention DP and EP) and the
+multi-node specs of ``cases.MULTI_NODE`` (each group's first and last member) are rendered; each role's engine
 command and environment run through SGLang (tests/sglang/check_server_args.py, forked per case,
 ``/sys/class/infiniband`` faked in a private mount namespace). ``ROWS`` maps every SGLang start-up
 check a PDDeployment can reach to the pdfleet rule that denies it. The test fails on any
@@ -26,7 +27,7 @@ from pdfleet_operator.engine import engine_input
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.engine_rules import evaluate_engine
 from pdfleet_runtime.engine_rules.sglang import MODEL_FAMILIES, PROTOCOLS, RULES
-from tests.sglang.cases import generated_specs, role_case
+from tests.sglang.cases import MULTI_NODE, generated_specs, multi_node_specs, role_case
 from tests.sglang.harness import REPO, run_cases, sglang_python
 from tests.sglang.model_configs import write_model_dirs
 from tests.unit.engine_rules.builders import sglang_obj
@@ -54,22 +55,31 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("kv_cache_hook.py", r"host_pool is only supported on a PD decode server", "sglang.host-pool-on-prefill"),
     ("kv_cache_hook.py", r"disaggregation-decode-enable-offload-kvcache (is only supported|and)",
      "sglang.decode-offload-kvcache"),
+    # the bare `assert tp_size % attn_dp_size == 0` of handle_data_parallelism: no message, only its place
+    ("parallel_hook.py", r"^ @ sglang/srt/arg_groups/parallel_hook\.py:\d+$", "attn-dp-divides-tp"),
+    ("validation_hook.py (check_server_args)", r"tp_size must be divisible by number of nodes", "nodes-divide-gpus"),
 )
+# CRD rules (the apiserver's) that deny shapes SGLang refuses at start; they count with the engine rules
+SHAPE_RULES = {"attn-dp-divides-tp", "nodes-divide-gpus"}
 STRUCTURAL = {r.id for r in CEL_RULES} | {"schema", "document", "yaml"}
 STARTUP = {r.id for r in RULES["0.5.23"] if r.when == "start-up"} | {"engine-flag-unknown"}
 
 
 def pdfleet_denials(obj: dict, role: Role) -> set[str]:
-    spec = PDDeploymentSpec.model_validate(validate_object(obj).spec)
+    verdict = validate_object(obj)
+    spec = PDDeploymentSpec.model_validate(verdict.spec)
     inp = engine_input(spec)
     assert inp is not None
     errors, _ = evaluate_engine(dataclasses.replace(inp, roles=(role.value,)))
-    return {v.rule for v in errors} & STARTUP
+    shape = {v.rule for v in verdict.violations
+             if v.rule in SHAPE_RULES and any(p.startswith(f"spec.{role.value}.") for p in v.paths)}
+    return {v.rule for v in errors} & STARTUP | shape
 
 
 def row_of(result: dict) -> str | None:
+    text = f"{result['message']} @ {result.get('where', '')}"
     for _, pattern, rule in ROWS:
-        if re.search(pattern, result["message"]):
+        if re.search(pattern, text):
             return rule
     return None
 
@@ -132,15 +142,18 @@ def checked(tmp_path_factory) -> dict:
     specs = [(name, obj) for name, obj in CONTROLS.items()]
     specs += example_specs()
     specs += [(o["metadata"]["name"], o) for o in generated_specs(GENERATED)]
+    specs += [(o["metadata"]["name"], o) for o in multi_node_specs()]
     cases, index, seen = [], [], {}
     for name, obj in specs:
         for role in Role:
-            case = role_case(obj, role, dirs, home)
-            key = json.dumps(case, sort_keys=True)
-            if key not in seen:
-                seen[key] = f"{name}/{role.value}"
-                cases.append({"id": seen[key], **case})
-            index.append((name, obj, role, seen[key]))
+            nodes = obj["spec"][role.value]["parallelism"].get("nodesPerReplica", 1)
+            for rank in sorted({0, nodes - 1}):  # the group's first pod and its last
+                case = role_case(obj, role, dirs, home, rank)
+                key = json.dumps(case, sort_keys=True)
+                if key not in seen:
+                    seen[key] = f"{name}/{role.value}" + (f"/rank{rank}" if nodes > 1 else "")
+                    cases.append({"id": seen[key], **case})
+                index.append((name, obj, role, seen[key]))
     t0 = time.monotonic()
     out = run_cases(cases)
     out["wall_s"] = round(time.monotonic() - t0, 1)
@@ -187,7 +200,8 @@ def test_pdfleet_and_sglang_agree(checked) -> None:
     table = "\n".join(f"  {src:<40} {rule:<38} sglang={sglang_hits[rule]:<4} pdfleet={pdfleet_hits[rule]}"
                       for src, _, rule in ROWS)
     summary = (f"{len(checked['index'])} role checks ({len(res)} distinct) from {checked['examples']} examples, "
-               f"{GENERATED} generated specs and {len(CONTROLS)} controls; SGLang import+warm-up "
+               f"{GENERATED} generated specs, {len(MULTI_NODE)} multi-node/shape specs and {len(CONTROLS)} "
+               f"controls; SGLang import+warm-up "
                f"{checked['import_s']} s, cases {checked['cases_s']} s, wall {checked['wall_s']} s\n{table}")
     print(summary)
     assert not disagreements, "\n".join(disagreements[:40]) + "\n" + summary
@@ -203,3 +217,16 @@ def test_committed_flag_set_is_the_parsers() -> None:
     committed = REPO / "runtime" / "pdfleet_runtime" / "engine_rules" / "sglang-0.5.23.flags.json"
     assert json.loads(proc.stdout) == json.loads(committed.read_text()), (
         "the committed flag set differs from SGLang's parser: regenerate it with scripts/sglang/flagset.py")
+
+
+def test_multi_node_groups_would_start_and_are_refused_only_as_not_built(checked) -> None:
+    """Every member command of a multi-node spec starts in SGLang; admission refuses such a spec only
+    because replica groups are not built yet (reserved-nodes-per-replica), never for its shape."""
+    multi = [(name, obj, case) for name, obj, _, case in checked["index"] if name.startswith("mn-")]
+    assert len({case for _, _, case in multi}) >= 8
+    for name, obj, case in multi:
+        assert checked["results"][case] == {"ok": True}, (case, checked["results"][case])
+        assert {v.rule for v in validate_object(obj).violations} == {"reserved-nodes-per-replica"}, name
+    for name, obj, _, case in checked["index"]:
+        if name.startswith("bad-") and not checked["results"][case]["ok"]:
+            assert {v.rule for v in validate_object(obj).violations} & SHAPE_RULES, name

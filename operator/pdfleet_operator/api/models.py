@@ -206,7 +206,8 @@ class TransferSpec(ApiModel):
 
 
 class Parallelism(ApiModel):
-    """How one replica of a role is split across GPUs. data, expert and nodesPerReplica are reserved."""
+    """How one replica of a role is split across GPUs: tensor x pipeline GPUs, with attention data and
+    expert parallelism nested inside TP as SGLang 0.5.23 defines them (docs/parallelism.md)."""
 
     tensor: int = Field(
         ge=1,
@@ -224,20 +225,33 @@ class Parallelism(ApiModel):
         1,
         ge=1,
         le=64,
-        description="Reserved for attention data parallelism: only 1 is accepted until it is built.",
+        description="Attention data parallelism (SGLang --attn-dp-size): the TP ranks split into `data` groups "
+        "that each run attention on their own requests with tensor/data ranks (1 per group at data = tensor, "
+        "as DeepSeek MLA deployments do); the MoE and dense layers still span all TP ranks. Must divide "
+        "tensor. Default 1. Needs spec.engine.kind sglang (the built-in runtime has none).",
     )
     expert: int = Field(
         1,
         ge=1,
         le=64,
-        description="Reserved for expert parallelism: only 1 is accepted until it is built.",
+        description="Expert parallelism (SGLang --ep-size): MoE experts are spread over `expert` ranks, each "
+        "expert split over tensor/expert ranks (expert = tensor: whole experts per rank). Must divide tensor. "
+        "Default 1. Needs spec.engine.kind sglang (the built-in runtime has none).",
     )
     nodes_per_replica: int = Field(
         1,
         ge=1,
         le=64,
-        description="Reserved for replicas spanning several nodes: only 1 is accepted until it is built.",
+        description="Nodes one replica spans: a group of nodesPerReplica pods, one per node, each with "
+        "tensor x pipeline / nodesPerReplica GPUs (SGLang --nnodes/--node-rank/--dist-init-addr). Must divide "
+        "tensor x pipeline. Default 1; values above 1 are refused for now (multi-node groups are not built).",
     )
+
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs of one pod of a replica: tensor x pipeline over nodesPerReplica (admission checks it divides)."""
+        return max(1, self.tensor * self.pipeline // self.nodes_per_replica)
 
 
 class PoolSpec(ApiModel):

@@ -91,6 +91,11 @@ def _role_override_ok(o: Obj) -> bool:
     return _engine_kind(o) != "pdfleet" or not any((o.get(r) or {}).get("engine") for r in ("prefill", "decode"))
 
 
+def _builtin_ok(o: Obj, field: str) -> bool:
+    """The built-in runtime has no attention DP or EP: ``field`` > 1 only with another engine."""
+    return _engine_kind(o) != "pdfleet" or all(o[r]["parallelism"][field] == 1 for r in ("prefill", "decode"))
+
+
 def _device_map_ok(o: Obj) -> bool:
     m = o.get("rdmaDeviceMap")
     return m is None or all(re.fullmatch(_GPU_KEY, k) and v for k, v in m.items())
@@ -121,28 +126,58 @@ CEL_RULES: tuple[CelRule, ...] = (
         ".decode.parallelism.pipeline",
     ),
     CelRule(
-        "reserved-data-parallel",
+        "attn-dp-divides-tp",
         _ROLES,
-        "self.data == 1",
-        "data parallelism is reserved: only 1 is accepted until it is built",
-        lambda o: o["data"] == 1,
+        "self.tensor % self.data == 0",
+        "parallelism.data (attention data parallelism) must divide parallelism.tensor: SGLang splits the "
+        "TP ranks into data groups of tensor/data ranks each",
+        lambda o: o["tensor"] % o["data"] == 0,
         ".data",
     ),
     CelRule(
-        "reserved-expert-parallel",
+        "ep-divides-tp",
         _ROLES,
-        "self.expert == 1",
-        "expert parallelism is reserved: only 1 is accepted until it is built",
-        lambda o: o["expert"] == 1,
+        "self.tensor % self.expert == 0",
+        "parallelism.expert must divide parallelism.tensor: the MoE layers run expert x (tensor/expert) "
+        "ranks inside the TP group",
+        lambda o: o["tensor"] % o["expert"] == 0,
         ".expert",
+    ),
+    CelRule(
+        "nodes-divide-gpus",
+        _ROLES,
+        "(self.tensor * self.pipeline) % self.nodesPerReplica == 0",
+        "nodesPerReplica must divide tensor x pipeline: every node of a replica holds the same number of GPUs",
+        lambda o: (o["tensor"] * o["pipeline"]) % o["nodesPerReplica"] == 0,
+        ".nodesPerReplica",
     ),
     CelRule(
         "reserved-nodes-per-replica",
         _ROLES,
         "self.nodesPerReplica == 1",
-        "nodesPerReplica is reserved: only 1 is accepted until multi-node replicas are built",
+        "nodesPerReplica > 1 is not run yet: multi-node replica groups (pods of a group, their Service and "
+        "rollouts) are not built; use a tensor x pipeline that fits one node",
         lambda o: o["nodesPerReplica"] == 1,
         ".nodesPerReplica",
+    ),
+    CelRule(
+        "builtin-no-attention-dp",
+        ("spec",),
+        "(has(self.engine) && self.engine.kind != 'pdfleet') || "
+        "(self.prefill.parallelism.data == 1 && self.decode.parallelism.data == 1)",
+        "parallelism.data > 1 needs spec.engine.kind sglang: the built-in runtime has no attention data "
+        "parallelism",
+        lambda o: _builtin_ok(o, "data"),
+        ".prefill.parallelism.data",
+    ),
+    CelRule(
+        "builtin-no-expert-parallel",
+        ("spec",),
+        "(has(self.engine) && self.engine.kind != 'pdfleet') || "
+        "(self.prefill.parallelism.expert == 1 && self.decode.parallelism.expert == 1)",
+        "parallelism.expert > 1 needs spec.engine.kind sglang: the built-in runtime has no expert parallelism",
+        lambda o: _builtin_ok(o, "expert"),
+        ".prefill.parallelism.expert",
     ),
     CelRule(
         "rollout-surge-range",

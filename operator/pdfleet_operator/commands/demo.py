@@ -5,16 +5,23 @@
 2. install the CRD and run the operator with its validating webhook;
 3. show a manifest the capability matrix rejects, with the rule and the reason;
 4. apply a valid ``qwen3.8-flash-next`` deployment and follow it to ``Available``;
-5. delete it (children go by garbage collection), stop everything.
+5. a small deployment with a router whose pods really run (the harness's kubelet, ``pdfleet dev
+   kubelet``, runs the runtime and sglang-router pods in their own network namespaces, pools on the
+   CPU), and a chat request through the router's Service: the answer, the bytes the decode verified
+   and the pods that served it;
+6. delete the first one (children go by garbage collection), stop everything.
 
-Without the runtime pod runner, nothing on the fake nodes runs the runtime, so the demo sets each
-pod's ``pdfleet.io/transfer-path`` condition in the runtime's place, and says so on screen.
+Nothing runs the qwen deployment's pods (they ask for 4 and 2 GPUs of fake nodes), so the demo sets
+each of its pods' ``pdfleet.io/transfer-path`` condition in the runtime's place, and says so on screen.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,12 +29,16 @@ from pathlib import Path
 
 import yaml
 
+from pdfleet_operator.commands.dev import chat_curl
 from pdfleet_operator.devcluster import ClusterError, ClusterOptions, LocalCluster, ToolchainError
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_runtime.config import READINESS_GATE
 
 NAMESPACE = "demo"
+CHAT_NAMESPACE = "demo-chat"
+CHAT = "chat"
 IMAGE = "ghcr.io/pdfleet/runtime:0.1.0"
+STEPS = 6
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _step(n: int, msg: str) -> None:
-    print(f"\n[{n}/5] {msg}", flush=True)
+    print(f"\n[{n}/{STEPS}] {msg}", flush=True)
 
 
 def _manifest(name: str, backend: str, prefill_tp: int, decode_tp: int, preset: str = "qwen3.8-flash-next") -> dict:
@@ -56,6 +67,17 @@ def _manifest(name: str, backend: str, prefill_tp: int, decode_tp: int, preset: 
     }
 
 
+def _chat_manifest() -> dict:
+    """llama-dense, tp 1, one prefill and one decode pod on Mooncake over TCP, and one router."""
+    role = {"replicas": 1, "parallelism": {"tensor": 1}, "image": IMAGE,
+            "pool": {"maxConcurrentRequests": 4, "kvTokensPerReplica": 2048}}
+    return {"apiVersion": "pdfleet.io/v1alpha1", "kind": "PDDeployment",
+            "metadata": {"name": CHAT, "namespace": CHAT_NAMESPACE},
+            "spec": {"model": {"layout": {"preset": "llama-dense"}}, "transfer": {"backend": "mooncake", "protocol": "tcp"},
+                     "prefill": role, "decode": role, "router": {"image": IMAGE},
+                     "rollout": {"drainTimeoutSeconds": 20, "progressDeadlineSeconds": 120}}}
+
+
 def _conditions(obj: dict) -> dict[str, dict]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or ()}
 
@@ -64,20 +86,28 @@ def run(args: argparse.Namespace) -> int:
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="pdfleet-demo-"))
     cluster = LocalCluster(state / "cluster", ClusterOptions(nodes=3, gpus_per_node=8), die_with_parent=not args.keep)
     op = LocalOperator(cluster, state / "operator")
+    kubelet: list[subprocess.Popen[bytes]] = []
     try:
-        return _run(args, cluster, op)
+        return _run(args, cluster, op, state, kubelet)
     except (ClusterError, ToolchainError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:
-            print("\ncleaning up: stopping the operator and the control plane", flush=True)
+            print("\ncleaning up: stopping the pods, the operator and the control plane", flush=True)
+            for k in kubelet:  # SIGINT: preStop hooks, SIGTERM, SIGKILL after each pod's grace period
+                k.send_signal(signal.SIGINT)
+                try:
+                    k.wait(60)
+                except subprocess.TimeoutExpired:
+                    k.kill()
             op.stop()
             stopped = cluster.stop()
             print(f"stopped {len(stopped)} control-plane processes; state was in {state}")
 
 
-def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator) -> int:
+def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, state: Path,
+         kubelet: list[subprocess.Popen[bytes]]) -> int:
     _step(1, "a real control plane from Go modules, with fake GPU nodes (kwok)")
     cluster.start()
     print(cluster.kubectl("version").stdout.strip())
@@ -109,11 +139,15 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator) -> 
     print(cluster.kubectl("-n", NAMESPACE, "get", "pdd").stdout.rstrip())
     print(cluster.kubectl("-n", NAMESPACE, "get", "pods,svc,networkpolicy,pdb").stdout.rstrip())
 
+    _step(5, "a chat request through a router: real runtime and sglang-router pods (pools on the CPU)")
+    if not _chat(cluster, state, kubelet, args.timeout):
+        return 1
+
     if args.keep:
         print(f"\nleft running: export KUBECONFIG={cluster.kubeconfig}; "
               f"stop with `pdfleet dev down --state-dir {cluster.state_dir}` and kill {op.proc.pid if op.proc else '?'}")
         return 0
-    _step(5, "delete it: every child goes by garbage collection")
+    _step(6, "delete the qwen deployment: every child goes by garbage collection")
     cluster.kubectl("-n", NAMESPACE, "delete", "pdd", "qwen-flash", "--wait=true", timeout=90)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -125,6 +159,47 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator) -> 
         time.sleep(0.5)
     print(f"children left after 60s: {[o['metadata']['name'] for o in left]}", file=sys.stderr)
     return 1
+
+
+def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[bytes]], timeout: float) -> bool:
+    """Run the chat deployment's pods, then curl its endpoint with an OpenAI chat body and say what came back."""
+    cluster.kubectl("create", "namespace", CHAT_NAMESPACE)
+    cmd = [sys.executable, "-m", "pdfleet_operator.cli", "dev", "--state-dir", str(cluster.state_dir), "kubelet",
+           "-n", CHAT_NAMESPACE, "--arg=--device", "--arg=cpu", "--workdir", str(state / "pods")]
+    print(f"$ {shlex.join(['pdfleet', *cmd[3:]])}   # the harness's kubelet for {CHAT_NAMESPACE}'s pods")
+    kubelet.append(subprocess.Popen(cmd, stdout=(state / "kubelet.log").open("wb"), stderr=subprocess.STDOUT))
+    print(cluster.kubectl("apply", "-f", "-", input=json.dumps(_chat_manifest())).stdout.strip())
+    deadline = time.monotonic() + timeout
+    answer: dict = {}
+    while time.monotonic() < deadline:
+        obj = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd", CHAT, "-o", "json").stdout)
+        if _conditions(obj).get("Available", {}).get("status") == "True":
+            curl, out = chat_curl(cluster, CHAT_NAMESPACE, CHAT, "What moves from prefill to decode?")
+            try:
+                answer = json.loads(out.stdout)
+            except ValueError:
+                answer = {}
+            if answer.get("choices"):
+                break
+        time.sleep(1.0)
+    if not answer.get("choices"):
+        print(f"no answer through the router within {timeout:.0f}s; kubelet log: {state / 'kubelet.log'}",
+              file=sys.stderr)
+        return False
+    print(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd").stdout.rstrip())
+    print(f"$ pdfleet dev chat -n {CHAT_NAMESPACE} {CHAT}   # runs, inside the cluster's network namespace:")
+    print(f"  {shlex.join(curl)}")
+    print(json.dumps(answer, indent=1))
+    p = answer.get("pdfleet") or {}
+    pods = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pods", "-o", "json").stdout)["items"]
+    by_ip = {pod["status"].get("podIP"): pod["metadata"]["name"] for pod in pods}
+    prefill_ip = str(p.get("prefill", "")).rpartition(":")[0]
+    print(f"answer: {answer['choices'][0]['message']['content']!r} ({answer['choices'][0]['finish_reason']})")
+    print(f"bytes: {p.get('transferBytes')} of request state moved prefill -> decode, every byte verified by the "
+          f"decode: {p.get('verified')} (the layout's count: {p.get('layoutBytes')})")
+    print(f"served by: prefill {by_ip.get(prefill_ip, prefill_ip)} ({p.get('prefill')}), decode {p.get('decode')}, "
+          f"room {p.get('room')}, routed by {next((n for n in by_ip.values() if n.startswith(CHAT + '-router')), '?')}")
+    return bool(p.get("verified")) and p.get("transferBytes") == p.get("layoutBytes")
 
 
 def _follow(cluster: LocalCluster, name: str, timeout: float) -> bool:

@@ -1,13 +1,18 @@
 """`pdfleet dev up|down|status|shell|build`: a real local control plane with fake GPU nodes.
 
 The cluster lives in a private network namespace (``devcluster.sandbox``) that outlives ``dev up``;
-``dev shell`` runs a shell (or a command) inside it, with kubectl on PATH and KUBECONFIG set.
+``dev shell`` runs a shell (or a command) inside it, with kubectl on PATH and KUBECONFIG set, and
+``dev chat`` curls a PDDeployment's endpoint (its router's Service) from inside it with an OpenAI
+chat body, printing the command and the answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,11 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     shell = verbs.add_parser("shell", help="a shell (or COMMAND) in the cluster's namespace, kubectl configured")
     shell.add_argument("command", nargs=argparse.REMAINDER, help="run this instead of $SHELL")
     shell.set_defaults(handler=_shell)
+    chat = verbs.add_parser("chat", help="curl a PDDeployment's endpoint (its router's Service) with an OpenAI chat "
+                            "body, from inside the cluster's network namespace")
+    chat.add_argument("name", help="the PDDeployment")
+    chat.add_argument("-n", "--namespace", default="default")
+    chat.add_argument("-m", "--message", default="Hello from pdfleet", help="the user message")
+    chat.add_argument("--max-tokens", type=int, default=8)
+    chat.set_defaults(handler=_chat)
     kl = verbs.add_parser("kubelet", help="run the harness's kubelet for a namespace's pods (foreground, Ctrl-C stops)")
     kl.add_argument("-n", "--namespace", default="default", help="whose pods (default: default)")
     kl.add_argument("-l", "--selector", default="", help="only the pods matching this label selector")
     kl.add_argument("--arg", dest="extra", action="append", default=[],
-                    help="append this to every container's command (repeat; e.g. --arg=--device --arg=cpu)")
+                    help="append this to every runtime pod's container command (repeat; e.g. --arg=--device "
+                    "--arg=cpu); router pods run their rendered command as it is")
     kl.add_argument("--workdir", type=Path, default=None, help="pod volumes and logs (default: STATE/pods/NS)")
     kl.set_defaults(handler=_kubelet)
     verbs.add_parser("build", help="only build the toolchain from Go modules").set_defaults(handler=_build)
@@ -99,6 +112,43 @@ def _shell(args: argparse.Namespace) -> int:
     os.execvpe("nsenter", ["nsenter", f"--target={pid}", "--net", "--mount", "--", *cmd], env)
 
 
+def chat_curl(cluster: LocalCluster, namespace: str, name: str, message: str,
+              max_tokens: int = 8) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """``curl`` of the deployment's endpoint with an OpenAI chat body, run inside the cluster's network
+    namespace (the only place its Service addresses exist): the command and what it printed.
+
+    The endpoint's DNS name resolves only in pods (CoreDNS), so the command names the Service's ClusterIP."""
+    pid = cluster.namespace_pid()
+    if pid is None:
+        raise ClusterError("the cluster is not running; start it with `pdfleet dev up`")
+    pdd = json.loads(cluster.kubectl("-n", namespace, "get", "pdd", name, "-o", "json").stdout)
+    endpoint = (pdd.get("status") or {}).get("endpoint")
+    if not endpoint:
+        raise ClusterError(f"PDDeployment {namespace}/{name} has no status.endpoint: give it spec.router")
+    service, _, port = endpoint.removeprefix("http://").partition(":")
+    ip = cluster.kubectl("-n", namespace, "get", "svc", service.split(".")[0], "-o",
+                         "jsonpath={.spec.clusterIP}").stdout.strip()
+    body = {"model": (pdd["spec"].get("model") or {}).get("servedName") or name,
+            "messages": [{"role": "user", "content": message}], "max_tokens": max_tokens}
+    cmd = ["curl", "-sS", "--max-time", "60", f"http://{ip}:{port.rstrip('/')}/v1/chat/completions",
+           "-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    out = subprocess.run(["nsenter", f"--target={pid}", "--net", "--", *cmd], capture_output=True, text=True,
+                         timeout=90)
+    return cmd, out
+
+
+def _chat(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    try:
+        cmd, out = chat_curl(cluster, args.namespace, args.name, args.message, args.max_tokens)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"$ pdfleet dev shell -- {shlex.join(cmd)}", flush=True)
+    print(out.stdout.rstrip() or out.stderr.rstrip())
+    return out.returncode
+
+
 def _kubelet(args: argparse.Namespace) -> int:
     from pdfleet_operator.devcluster import sandbox
 
@@ -114,7 +164,9 @@ def _kubelet(args: argparse.Namespace) -> int:
     cluster = LocalCluster(cluster.state_dir, ClusterOptions(sandbox_index=index))
     workdir = args.workdir or cluster.state_dir / "pods" / args.namespace
     extra = tuple(args.extra)
-    kubelet = cluster.kubelet(args.namespace, workdir, selector=args.selector, extra_args=lambda pod: extra)
+    kubelet = cluster.kubelet(args.namespace, workdir, selector=args.selector,
+                              extra_args=lambda pod: extra if "pdfleet.io/role" in pod["metadata"].get("labels", {})
+                              else ())
     print(f"kubelet for pods of {args.namespace} ({args.selector or 'all'}); logs under {workdir}", flush=True)
     kubelet.start()
     try:

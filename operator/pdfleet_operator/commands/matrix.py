@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from pdfleet_runtime.engine_rules.parallel import PARALLEL_CELLS
 from pdfleet_runtime.links import ENGINE_SETTINGS, Backend, LinkProtocol
 from pdfleet_runtime.matrix import (
     FEATURE_TITLES,
@@ -67,6 +68,11 @@ def matrix_json(m: Matrix) -> dict[str, object]:
             for c in m.cells.values()
         ],
         "rules": [_rule_dict(r) for r in m.rules.values()],
+        "parallelCells": [
+            {"engine": c.engine, "feature": c.feature, "backend": str(c.backend) if c.backend else None,
+             "supported": c.supported, "reason": c.reason, "rule": c.rule}
+            for c in PARALLEL_CELLS
+        ],
         "engineSettings": [
             {
                 "backend": str(s.backend),
@@ -101,6 +107,11 @@ def matrix_text(m: Matrix) -> str:
     for r in GENERAL_RULES.values():
         tag = " (warning)" if r.severity.value == "warning" else ""
         lines.append(f"  {r.id}{tag}: {r.title}")
+    lines += ["", "attention DP, expert parallelism and replicas across nodes (engine, backend):"]
+    for c in PARALLEL_CELLS:
+        where = c.backend.value if c.backend else "every backend"
+        verdict = "yes" if c.supported else f"no [{c.rule}]"
+        lines.append(f"  {c.feature:<15} {c.engine:<15} {where:<13} {verdict}: {c.reason}")
     lines += ["", "protocol -> engine settings:"]
     for p in LinkProtocol:
         for b in backends:

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.devcluster import podsandbox
 from pdfleet_operator.devcluster.podsandbox import PodSandbox
+from pdfleet_operator.devcluster.podspec import PodSpecError
 from pdfleet_operator.devcluster.sandbox import Ranges
 
 __all__ = ["IMAGE_ENV", "Kubelet", "StartedPod", "wait"]
@@ -55,6 +56,7 @@ class Kubelet(threading.Thread):
     selector: str = ""
     extra_args: Callable[[dict], tuple[str, ...]] = lambda pod: ()  # local-run flags for a pod's command
     extra_env: dict[str, str] = field(default_factory=dict)
+    rewrite: Callable[[PodSandbox, dict], dict] | None = None  # a stand-in image (standin.SGLangStandIn)
     pods: dict[str, PodSandbox] = field(default_factory=dict)  # by pod uid
     started: dict[str, StartedPod] = field(default_factory=dict)  # uid -> identity, kept after the pod went
     finished: dict[str, PodSandbox] = field(default_factory=dict)  # terminated pods, logs kept
@@ -100,9 +102,17 @@ class Kubelet(threading.Thread):
         self.started[uid] = StartedPod(d["metadata"]["name"], labels.get(ROLE_LABEL, ""),
                                        labels.get("pdfleet.io/revision", ""), d["spec"]["containers"][0]["image"])
         sandbox = PodSandbox(d, self.workdir / d["metadata"]["name"], self.ranges, self.api_endpoint,
-                             self._lookup, self._mint, self._base_env, self.extra_args(d))
+                             self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite)
         self.pods[uid] = sandbox
-        sandbox.start()
+        try:
+            sandbox.start()
+        except PodSpecError:
+            # A kubelet's CreateContainerConfigError: a Secret or ConfigMap the pod names may not exist yet
+            # (the router's keys Secret can come after its Deployment). Undone here, tried again next pass.
+            sandbox.terminate(0.0)
+            self.pods.pop(uid, None)
+            self.started.pop(uid, None)
+            raise
 
     def _terminate(self, uid: str, grace_s: float) -> None:
         sandbox = self.pods.pop(uid)
@@ -142,7 +152,8 @@ class Kubelet(threading.Thread):
             try:
                 self.step()
             except Exception as exc:  # a pod or config gone between list and read: next round
-                self.errors.append(repr(exc))
+                if not self.errors or self.errors[-1] != repr(exc):  # one entry while it repeats
+                    self.errors.append(repr(exc))
             self._stop_event.wait(0.2)
 
     def shutdown(self, grace_s: float = 30.0) -> None:

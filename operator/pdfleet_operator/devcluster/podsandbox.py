@@ -77,6 +77,8 @@ class PodSandbox:
     mint: TokenMinter
     base_env: Mapping[str, str] = field(default_factory=dict)  # the "image's" environment (PATH, PYTHONPATH)
     extra_args: tuple[str, ...] = ()
+    rewrite: Callable[[PodSandbox, dict], dict] | None = None
+    """A stand-in image: (this sandbox, a container) -> the container to run (``standin.SGLangStandIn``)."""
     containers: list[Container] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # what the kubelet did, in order (hooks, signals)
 
@@ -138,7 +140,7 @@ class PodSandbox:
         self._network()
         volumes = self._volumes()
         for spec in self.pod["spec"]["containers"]:
-            self.containers.append(self._start_container(spec, volumes))
+            self.containers.append(self._start_container(self.rewrite(self, spec) if self.rewrite else spec, volumes))
         return self
 
     def _network(self) -> None:

@@ -152,6 +152,9 @@ def enter(ranges: Ranges) -> None:
     _sh("ip", "link", "add", BRIDGE, "type", "bridge")
     _sh("ip", "addr", "add", f"{ranges.gateway}/{ranges.prefix}", "dev", BRIDGE)
     _sh("ip", "link", "set", BRIDGE, "up")
+    # The node reaches Service addresses as a real node does (a client here, `pdfleet dev chat`): a local
+    # packet needs a route before kube-proxy's output DNAT rewrites it to an endpoint on the bridge.
+    _sh("ip", "route", "add", ranges.service_cidr, "dev", BRIDGE)
     # The node routes between pods and Service addresses (kube-proxy's DNAT); nothing else is routed.
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
     Path(_MARK).write_text(f"{ranges.index} {os.getpid()}\n")

@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 
-from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.constants import LABEL_REVISION, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
+from pdfleet_operator.resources.names import LABEL_INDEX, group_pod_name, group_service_name
+from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
+from pdfleet_runtime.config import ADMIN_PORT
 from pdfleet_runtime.engine_rules import table_env
-from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT, PROTOCOLS
+from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, DIST_INIT_PORT, ENGINE_PORT, PROTOCOLS
 from pdfleet_runtime.links import LinkProtocol
 
 __all__ = [
     "ANNOTATION_BOOTSTRAP_PORT",
     "ENGINE_CONTAINER",
     "HF_TOKEN_KEY",
+    "GroupMember",
+    "agent_command",
     "engine_container",
+    "group_member",
+    "group_service",
     "launch_command",
     "with_sglang",
 ]
@@ -35,7 +43,13 @@ CACHE_MOUNT = "/cache"  # HOME of the engine (non-root): Hub downloads, Triton a
 MODEL_VOLUME = "model"
 # Weights load before /health answers: up to 30 minutes for a large model from a network volume.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180
-SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8  # NCCL and the tokenizer/detokenizer processes share /dev/shm
+SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8
+TOKEN_VOLUME, TOKEN_MOUNT = "kube-api-access", "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_EXPIRATION_S = 3607  # what the ServiceAccount admission plugin projects (the kubelet rotates it)
+# The engine's preStop hook waits for the agent's drain (the same loopback call as the agent's own hook):
+# a container without a hook gets SIGTERM at once, while the agent still drains (python3: SGLang's image).
+ENGINE_PRESTOP = ["python3", "-c", "import urllib.request as u; u.urlopen(u.Request("
+                  f"'http://127.0.0.1:{ADMIN_PORT}/drain?wait=true', data=b'', method='POST'), timeout=86400)"]  # NCCL and the tokenizer/detokenizer processes share /dev/shm
 _DEFAULT_KV_TOKENS = PoolSpec().kv_tokens_per_replica
 
 
@@ -57,8 +71,58 @@ def _model_path(spec: PDDeploymentSpec) -> str:
     return src.path if src.path is not None else src.hugging_face.id  # type: ignore[union-attr]
 
 
-def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
-    """The engine's command line: owned flags from the spec, then spec.engine.args and the role's."""
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One pod of a multi-node replica group as its engine sees it: its node rank and the group's
+    first pod (``--dist-init-addr``)."""
+
+    node_rank: int
+    leader: str  # host:port
+
+    @property
+    def argv(self) -> list[str]:
+        return ["--node-rank", str(self.node_rank), "--dist-init-addr", self.leader]
+
+
+def group_member(deployment: str, namespace: str, role: Role, revision: str, index: int,
+                 member: int) -> GroupMember:
+    """Member ``member`` of replica ``index``: the first pod is reached through the group's headless
+    Service, which publishes not-ready addresses (the engines rendezvous before any is Ready)."""
+    leader = group_pod_name(deployment, role, revision, index, 0)
+    service = group_service_name(deployment, role)
+    return GroupMember(member, f"{leader}.{service}.{namespace}.svc:{DIST_INIT_PORT}")
+
+
+def group_service(deployment: str, namespace: str, role: Role, selector: dict[str, str]) -> dict:
+    """The headless Service of a role's replica groups (created by the group orchestration, not yet built):
+    no cluster IP, not-ready addresses published, the rendezvous port named."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": group_service_name(deployment, role), "namespace": namespace},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": dict(selector),
+                 "ports": [{"name": "dist-init", "port": DIST_INIT_PORT, "protocol": "TCP"}]},
+    }
+
+
+def _parallel_flags(rs, member: GroupMember | None) -> list[str]:
+    """Attention DP and EP inside TP (``--attn-dp-size``: the deprecated ``--enable-dp-attention`` is
+    never rendered), and a replica group's rendezvous when it spans nodes."""
+    p = rs.parallelism
+    out: list[str] = []
+    if p.data > 1:
+        out += ["--attn-dp-size", str(p.data)]
+    if p.expert > 1:
+        out += ["--ep-size", str(p.expert)]
+    if p.nodes_per_replica > 1:
+        if member is None:
+            raise ValueError("a replica spanning nodes needs its group member (node rank and first pod)")
+        out += ["--nnodes", str(p.nodes_per_replica), *member.argv]
+    return out
+
+
+def launch_command(name: str, spec: PDDeploymentSpec, role: Role, member: GroupMember | None = None) -> list[str]:
+    """The engine's command line: owned flags from the spec, then spec.engine.args and the role's.
+    ``member``: this pod's place in its replica group (needed when nodesPerReplica > 1)."""
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
     cmd = [
@@ -67,6 +131,7 @@ def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
         "--served-model-name", spec.model.served_name or name,
         "--tp-size", str(rs.parallelism.tensor),
         "--pp-size", str(rs.parallelism.pipeline),
+        *_parallel_flags(rs, member),
         "--disaggregation-mode", role.value,
         "--disaggregation-transfer-backend", settings.backend_flag,
         "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT),
@@ -78,6 +143,21 @@ def launch_command(name: str, spec: PDDeploymentSpec, role: Role) -> list[str]:
     if rs.pool.kv_tokens_per_replica != _DEFAULT_KV_TOKENS:  # the default leaves SGLang's own sizing
         cmd += ["--max-total-tokens", str(rs.pool.kv_tokens_per_replica)]
     return cmd + list(role_engine(spec, role).args)
+
+
+def _group_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
+    """NCCL and Gloo across a replica group's pods: the pod network's interface, and over rdma the HCAs
+    of rdmaDeviceMap (every GPU's devices) or rdmaDevices; none given leaves NCCL's own discovery."""
+    rs = spec.prefill if role is Role.PREFILL else spec.decode
+    if rs.parallelism.nodes_per_replica == 1:
+        return []
+    env = [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"}]
+    t = spec.transfer
+    if t.protocol is LinkProtocol.RDMA:
+        devices = sorted({d for ds in (t.rdma_device_map or {}).values() for d in ds} | set(t.rdma_devices or ()))
+        if devices:
+            env.append({"name": "NCCL_IB_HCA", "value": ",".join(devices)})
+    return env
 
 
 def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
@@ -96,12 +176,14 @@ def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     hf = spec.model.source.hugging_face if spec.model.source else None
     if hf is not None and hf.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
+    env += _group_env(spec, role)
     # the protocol table and the staging buffer, then the user's env (shared, then the role's)
     env += [{"name": n, "value": v} for n, v, _ in table_env(inp)]
     return env + [dict(e) for e in role_engine(spec, role).env]
 
 
-def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: dict, security: dict) -> dict:
+def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: dict, security: dict,
+                     member: GroupMember | None = None) -> dict:
     def probe() -> dict:
         return {"httpGet": {"path": "/health", "port": ENGINE_PORT}}
 
@@ -116,7 +198,7 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
         "name": ENGINE_CONTAINER,
         "image": role_engine(spec, role).image,
         "imagePullPolicy": "IfNotPresent",
-        "command": launch_command(name, spec, role),
+        "command": launch_command(name, spec, role, member),
         "ports": ports,
         "env": _engine_env(spec, role),
         "resources": resources,
@@ -124,23 +206,47 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
         "startupProbe": {**probe(), "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES},
         "readinessProbe": {**probe(), "periodSeconds": 5},
         "livenessProbe": {**probe(), "periodSeconds": 10, "failureThreshold": 6},
+        "lifecycle": {"preStop": {"exec": {"command": ENGINE_PRESTOP}}},
         "securityContext": security,
     }
 
 
+def _token_volume() -> dict:
+    """The ServiceAccount token, projected for the agent alone (the engine gets no API credential)."""
+    return {"name": TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_EXPIRATION_S}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}
+
+
+def agent_command(spec: PDDeploymentSpec, role: Role, config_args: list[str]) -> list[str]:
+    """``pdfleet-runtime agent``: the declared engine version, the model directory it shares with the
+    engine (checked only where it can see it: a model volume), and the routers' drop bound."""
+    cmd = ["pdfleet-runtime", "agent", *config_args, "--engine-version", str(role_engine(spec, role).version),
+           "--router-drop-seconds", f"{ROUTER_DROP_BOUND_S:g}"]
+    src = spec.model.source
+    if src is not None and src.path is not None and src.volume is not None:
+        cmd += ["--model-path", src.path]
+    return cmd
+
+
 def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine_resources: dict) -> dict:
     """The runtime pod turned into an SGLang pod: the engine owns the GPUs and RDMA; the runtime
-    container becomes the agent (``pdfleet-runtime agent``, built in issue 24) with the role's own
-    image, env and resources. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
+    container becomes the agent (``pdfleet-runtime agent``, docs/agent.md) with the role's own image,
+    env and resources, no capability, the pod's only API token and the model volume read-only. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     pod_spec = pod["spec"]
     (agent,) = pod_spec["containers"]
     agent["resources"] = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
     engine_security = copy.deepcopy(agent["securityContext"])
     agent["securityContext"]["capabilities"] = {"drop": ["ALL"]}
-    agent["command"] = ["pdfleet-runtime", "agent", *agent["command"][2:]]
+    agent["command"] = agent_command(spec, role, agent["command"][2:])
     agent["ports"] = [p for p in agent["ports"] if p["name"] == "http"]  # the engine binds bootstrap and data ports
-    gpus = rs.parallelism.tensor * rs.parallelism.pipeline
+    agent["volumeMounts"].append({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True})
+    pod_spec["automountServiceAccountToken"] = False  # the agent's projected token only
+    pod_spec["volumes"].append(_token_volume())
+    gpus = rs.parallelism.gpus_per_pod
     for v in pod_spec["volumes"]:
         if v["name"] == "dshm":
             v["emptyDir"]["sizeLimit"] = f"{max(SHM_MIN_GIB, SHM_GIB_PER_GPU * gpus)}Gi"
@@ -148,10 +254,16 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
         pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
+        agent["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
     if settings.host_ipc or spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True
-    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security), agent]
+    member = None
+    if rs.parallelism.nodes_per_replica > 1:  # this pod is its group's first (member pods: orchestration)
+        meta = pod["metadata"]
+        member = group_member(name, meta["namespace"], role, meta["labels"][LABEL_REVISION],
+                              int(meta["labels"][LABEL_INDEX]), 0)
+    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security, member), agent]
     if role is Role.PREFILL:
         pod["metadata"]["annotations"][ANNOTATION_BOOTSTRAP_PORT] = str(BOOTSTRAP_PORT)
     return pod

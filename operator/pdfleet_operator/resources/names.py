@@ -20,6 +20,8 @@ __all__ = [
     "LABEL_ROUTABLE",
     "MANAGED_BY",
     "config_name",
+    "group_pod_name",
+    "group_service_name",
     "owner_labels",
     "pod_labels",
     "pod_name",
@@ -85,6 +87,20 @@ def service_account_name(deployment: str) -> str:
 def pod_name(deployment: str, role: Role, revision: str, index: int) -> str:
     """``<deployment>-<role>-<revision[:6]>-<index>``, at most 63 characters (it is the hostname)."""
     return _fit(f"{deployment}-{role.value}-{revision[:6]}-{index}")
+
+
+def group_service_name(deployment: str, role: Role) -> str:
+    """Headless Service of a role's multi-node replica groups (``publishNotReadyAddresses``: a group's
+    ``--dist-init-addr`` must resolve before any member is Ready). Pods of a group get DNS
+    ``<pod>.<service>.<ns>.svc`` through ``hostname`` and ``subdomain``."""
+    return _fit(f"{deployment}-{role.value}-group")
+
+
+def group_pod_name(deployment: str, role: Role, revision: str, index: int, member: int) -> str:
+    """Member ``member`` of replica ``index``'s group: member 0 is ``pod_name`` itself (it serves HTTP,
+    carries the bootstrap-port annotation and is the router's worker); the others add ``-m<member>``."""
+    base = pod_name(deployment, role, revision, index)
+    return base if member == 0 else _fit(f"{deployment}-{role.value}-{revision[:6]}-{index}-m{member}")
 
 
 def owner_labels(deployment: str) -> dict[str, str]:

@@ -45,7 +45,7 @@ def role_spec(spec: PDDeploymentSpec, role: Role) -> RoleSpec:
 
 
 def _extended(spec: PDDeploymentSpec, rs: RoleSpec) -> dict[str, str]:
-    extended = {GPU_RESOURCE: str(rs.parallelism.tensor * rs.parallelism.pipeline)}
+    extended = {GPU_RESOURCE: str(rs.parallelism.gpus_per_pod)}
     if spec.transfer.protocol is LinkProtocol.RDMA:
         extended[spec.transfer.rdma_resource] = "1"  # the RDMA device plugin's share of the NIC
     return extended

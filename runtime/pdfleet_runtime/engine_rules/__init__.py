@@ -70,6 +70,7 @@ class EngineRoleInput:
     env: tuple[tuple[str, str | None, str], ...] = ()  # (name, value or None for valueFrom, field path)
     tensor: int = 1
     pipeline: int = 1
+    expert: int = 1
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _role(inp: EngineInput, role: str) -> Iterator[Violation]:
     peer = inp.decode if role == "prefill" else inp.prefill
     view = sglang.RoleView(role, prefix, parsed, r.arg_paths, MappingProxyType(env), MappingProxyType(env_paths),
                            r.tensor, r.pipeline, inp.backend, inp.protocol, inp.model, inp.state_types, inp.mla,
-                           peer.tensor)
+                           peer.tensor, r.expert)
     for rule in sglang.RULES[r.version]:
         found = rule.check(view)
         if found is not None:

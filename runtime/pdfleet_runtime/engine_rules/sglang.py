@@ -22,6 +22,7 @@ from pdfleet_runtime.links import Backend, LinkProtocol
 
 __all__ = [
     "BOOTSTRAP_PORT",
+    "DIST_INIT_PORT",
     "ENGINE_PORT",
     "MODEL_FAMILIES",
     "OWNED_FLAGS",
@@ -38,6 +39,7 @@ __all__ = [
 ENGINE_PORT = 30000  # SGLang's HTTP port (its default), fixed so NetworkPolicy and the router can name it
 BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port: the same on both roles (decode falls back to its own)
 STAGING_BUFFER_ENV = "SGLANG_DISAGG_STAGING_BUFFER"
+DIST_INIT_PORT = 5000  # --dist-init-addr's port on a replica group's first pod (torch.distributed's store)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,10 @@ OWNED_FLAGS: Mapping[str, str] = MappingProxyType({
     "dp_size": "{role}.parallelism.data",
     "attn_dp_size": "{role}.parallelism.data",
     "enable_dp_attention": "{role}.parallelism.data",
+    "ep_size": "{role}.parallelism.expert",
+    "nnodes": "{role}.parallelism.nodesPerReplica",
+    "node_rank": "the operator (each pod of a replica group gets its own)",
+    "dist_init_addr": "the operator (the replica group's first pod)",
     "disaggregation_mode": "the role ({role})",
     "disaggregation_transfer_backend": "spec.transfer.backend",
     "disaggregation_bootstrap_port": "the operator (fixed: 8998 on both roles)",
@@ -137,6 +143,7 @@ class RoleView:
     state_types: frozenset[str]
     mla: bool
     peer_tensor: int  # the other role's TP (transfer-time rules pair both sizes)
+    expert: int = 1  # parallelism.expert (rendered as --ep-size)
 
     def has(self, dest: str) -> bool:
         return bool(self.args.values.get(dest))
@@ -249,17 +256,15 @@ def _role_switch(v: RoleView):
     why = []
     if v.pipeline > 1:
         why.append(f"PP {v.pipeline}")
-    try:
-        if int(str(v.value("ep_size", 1))) > 1:
-            why.append(f"--ep-size {v.value('ep_size')}")
-    except ValueError:
-        pass
+    if v.expert > 1:
+        why.append(f"expert parallelism {v.expert}")
     if v.value("speculative_algorithm") is not None:
         why.append(f"--speculative-algorithm {v.value('speculative_algorithm')}")
     if not why:
         return None
     return (f"{v.role}: --enable-pd-role-switch does not rebuild state for " + ", ".join(why),
-            (v.flag_path("enable_pd_role_switch"), f"{v.prefix}.parallelism.pipeline"))
+            (v.flag_path("enable_pd_role_switch"), f"{v.prefix}.parallelism.pipeline",
+             f"{v.prefix}.parallelism.expert"))
 
 
 def _response_store(v: RoleView):
@@ -375,7 +380,7 @@ RULES_0_5_23: tuple[EngineRule, ...] = (
           _PD_HOOK, _staging_backend),
     _rule("role-switch", "--enable-pd-role-switch excludes PP > 1, expert parallelism and speculation",
           "a role flip does not rebuild role-specific state for these features",
-          "remove --enable-pd-role-switch, or use PP 1 without --ep-size / --speculative-algorithm",
+          "remove --enable-pd-role-switch, or use PP 1, parallelism.expert 1 and no --speculative-algorithm",
           _PD_HOOK, _role_switch),
     _rule("response-store-pd", "--enable-response-store is not supported in PD mode",
           "response storage must stay disabled on PD prefill and decode servers",

@@ -1,17 +1,19 @@
 """The prefill/decode protocol: how ranks find each other, agree on buffers and move each request once.
 
 Reading order: ``states`` (the request state machine), ``messages`` (named, versioned wire models),
-``auth`` (signing with the deployment secret, replay and version checks), ``discovery`` (headless
+``keys`` (the deployment keys and their rotation, a pod's rank key), ``auth`` (signing, replay,
+recipient and version checks), ``discovery`` (headless
 Service DNS; loopback resolvers for tests), ``bootstrap`` (the prefill pod's registry endpoint),
 ``client``, then the two coordinators ``prefill`` and ``decode``. docs/protocol.md describes the
-flow. The pure modules (``states``, ``messages``, ``auth``, ``discovery``) import no engine, no
+flow. The pure modules (``states``, ``messages``, ``keys``, ``auth``, ``discovery``) import no engine, no
 torch and no aiohttp.
 """
 
 from __future__ import annotations
 
-from .auth import SIGNATURE_HEADER, Codec, ProtocolError, ReplayGuard, SecretError, load_secret
+from .auth import SIGNATURE_HEADER, Codec, ProtocolError, ReplayGuard
 from .discovery import DnsResolver, Endpoint, FileResolver, ResolveError, Resolver, StaticResolver
+from .keys import Keyring, KeyScope, SecretError, load_secret, new_rank_key
 from .messages import MAX_MESSAGE_BYTES, WIRE, Envelope, RefusalCode
 from .states import FailureReason, IllegalTransition, RequestState, RequestTracker, StateTimeouts
 
@@ -26,6 +28,8 @@ __all__ = [
     "FailureReason",
     "FileResolver",
     "IllegalTransition",
+    "KeyScope",
+    "Keyring",
     "ProtocolError",
     "RefusalCode",
     "ReplayGuard",
@@ -37,4 +41,5 @@ __all__ = [
     "StateTimeouts",
     "StaticResolver",
     "load_secret",
+    "new_rank_key",
 ]

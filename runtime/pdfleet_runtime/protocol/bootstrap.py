@@ -5,6 +5,13 @@ authenticated messages (registry, per-rank event logs, status fan-in; clock inje
 ``BootstrapServer`` is the aiohttp shell (one POST endpoint, signatures, size limit, long polls).
 A message that is refused raises ``ProtocolError`` before anything is changed.
 
+Who may say what (the shell checks it): ``PrefillRegister``, ``PrefillPoll`` and ``StatusReports``
+only from this pod's own ranks, i.e. signed with the pod's rank key (``keys``) and from a loopback
+address; everything else from any holder of the deployment secret. Every message but ``Hello``
+must name this pod and its incarnation (``Envelope.to``). The headers are checked (declared length,
+header MAC) before a byte of the body is read, the body must arrive within ``HttpLimits.read_s``,
+and connections are capped per peer and cut when idle (``http_guard``).
+
 Flow: prefill ranks ``PrefillRegister`` then ``PrefillPoll`` (heartbeat + events, acknowledged by
 sequence number, so a lost reply is re-sent). A decode rank says ``Hello`` (version check),
 ``DecodeRegister`` (refused as ``not_ready`` until every prefill rank registered), then per request
@@ -34,8 +41,9 @@ from pdfleet_runtime.planner import PlanError, check_shapes, source_ranks
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, WireProtocol
 
-from .auth import SIGNATURE_HEADER, Codec, ProtocolError
+from .auth import AUTH_HEADER, RANK_ONLY, SIGNATURE_HEADER, Codec, KeyScope, ProtocolError
 from .discovery import Endpoint
+from .http_guard import GuardedServer, HttpLimits, is_loopback
 from .messages import (
     WIRE,
     Ack,
@@ -67,7 +75,8 @@ _STATUS = {
     RefusalCode.MALFORMED: 400, RefusalCode.TOO_LARGE: 413, RefusalCode.UNSIGNED: 401,
     RefusalCode.BAD_SIGNATURE: 401, RefusalCode.REPLAYED: 409, RefusalCode.STALE: 401, RefusalCode.VERSION: 409,
     RefusalCode.NOT_READY: 503, RefusalCode.UNKNOWN_PEER: 404, RefusalCode.CONFLICT: 409, RefusalCode.BUSY: 503,
-    RefusalCode.UNEXPECTED: 422, RefusalCode.DRAINING: 503,
+    RefusalCode.UNEXPECTED: 422, RefusalCode.DRAINING: 503, RefusalCode.WRONG_RECIPIENT: 421,
+    RefusalCode.FORBIDDEN: 403,
 }
 
 Pair = tuple[int, int]
@@ -248,7 +257,8 @@ class BootstrapState:
             for src in sources:
                 self._push(src, decode=msg)
             self._changed()
-        return DecodeRegistered(sources=tuple(RankKey(tp=t, pp=p) for t, p in sources))
+        return DecodeRegistered(sources=tuple(RankKey(tp=t, pp=p) for t, p in sources),
+                                write_timeout_s=max(self.ranks[s].write_timeout_s for s in sources))
 
     def transfer_request(self, msg: TransferRequest) -> Ack:
         dst = msg.dst.pair
@@ -391,10 +401,14 @@ class BootstrapState:
 class BootstrapServer:
     """aiohttp shell around ``BootstrapState``: authenticates, applies, signs the reply, serves long polls."""
 
-    def __init__(self, state: BootstrapState, codec: Codec, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, state: BootstrapState, codec: Codec, *, host: str = "127.0.0.1", port: int = 0,
+                 http: HttpLimits | None = None) -> None:
         self.state, self.codec, self.host, self.port = state, codec, host, port
+        self.http = http or HttpLimits()
         self._cond: asyncio.Condition | None = None
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.guard: GuardedServer | None = None
         self.refused: dict[RefusalCode, int] = {}
 
     @property
@@ -409,7 +423,10 @@ class BootstrapServer:
 
     async def start(self) -> Endpoint:
         self._cond = asyncio.Condition()
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # Handlers still running at stop (long polls) are cut after 2 s; a body left unread (a refusal
+        # before reading) is never drained ("lingering"): the connection is closed.
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.http.idle_s, shutdown_timeout=2.0, lingering_time=0)
         await self._runner.setup()
         # Bind here so that port 0 (tests) yields the chosen port; the fixed port in pods.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -417,33 +434,57 @@ class BootstrapServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
+        assert self._runner.server is not None
+        self.guard = GuardedServer(self._runner.server, self.http)
+        self._server = await asyncio.get_running_loop().create_server(self.guard, sock=sock, backlog=1024)
         return self.endpoint
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"ready": self.state.ready, "boot": self.codec.boot,
                                   "draining": self.state.draining})
 
-    def _reply(self, body: Body, status: int, reply_to: str | None) -> web.Response:
+    def _reply(self, body: Body, status: int, reply_to: str | None, *, close: bool = False) -> web.Response:
         raw, sig, _ = self.codec.seal(body, reply_to=reply_to)
-        return web.Response(body=raw, status=status, content_type="application/json",
+        resp = web.Response(body=raw, status=status, content_type="application/json",
                             headers={SIGNATURE_HEADER: sig})
+        if close:
+            resp.force_close()  # the body was not read: never drain it, close the connection
+        return resp
 
     async def _messages(self, request: web.Request) -> web.Response:
+        assert self.guard is not None
+        with self.guard.busy(request.transport):
+            return await self._message(request)
+
+    async def _message(self, request: web.Request) -> web.Response:
         reply_to = None
+        read = False
         try:
-            try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise ProtocolError(RefusalCode.TOO_LARGE, f"message over {self.codec.max_bytes} bytes") from None
-            opened = self.codec.open(raw, request.headers.get(SIGNATURE_HEADER))
+            headers = request.headers
+            self.codec.check_headers(headers.get(SIGNATURE_HEADER), headers.get(AUTH_HEADER), request.content_length)
+            raw = await self._read(request)
+            read = True
+            opened = self.codec.open(raw, headers.get(SIGNATURE_HEADER))
             reply_to = opened.envelope.nonce
             body = opened.body
+            if opened.envelope.to is None and not isinstance(body, Hello):
+                raise ProtocolError(RefusalCode.WRONG_RECIPIENT, f"a {body.type} message must name its recipient "
+                                    f"(this pod: {self.codec.sender}, boot {self.codec.boot})")
+            if isinstance(body, RANK_ONLY) and (opened.scope is not KeyScope.RANK
+                                                or not is_loopback(request.remote or "")):
+                raise ProtocolError(RefusalCode.FORBIDDEN, f"{body.type} is taken only from this pod's own ranks "
+                                    "(signed with the pod's rank key, over loopback)")
             before = self.state.version
             reply = self.state.handle(body)
             if self.state.version != before:
@@ -454,7 +495,19 @@ class BootstrapServer:
             return self._reply(reply, 200, reply_to)
         except ProtocolError as e:
             self.refused[e.code] = self.refused.get(e.code, 0) + 1
-            return self._reply(e.refusal(), _STATUS[e.code], reply_to)
+            return self._reply(e.refusal(), _STATUS[e.code], reply_to, close=not read)
+
+    async def _read(self, request: web.Request) -> bytes:
+        """The body, exactly its declared length, within ``read_s`` (a half-sent body is cut, not waited on)."""
+        length = request.content_length or 0
+        try:
+            async with asyncio.timeout(self.http.read_s):
+                return await request.content.readexactly(length)
+        except TimeoutError:
+            raise ProtocolError(RefusalCode.MALFORMED, f"body of {length} bytes not received within "
+                                f"{self.http.read_s:g}s") from None
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise ProtocolError(RefusalCode.MALFORMED, f"body cut short: {type(e).__name__}") from None
 
     async def _wait(self, seconds: float) -> None:
         assert self._cond is not None

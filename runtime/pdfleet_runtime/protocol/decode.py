@@ -14,9 +14,17 @@ Fencing (the late-write hazard): a source may still be writing into the request'
 when the decode gives up. The items are released only when it is safe: at once when no
 ``TransferRequest`` was ever sent or every source already sent a *fenced* terminal status; else
 after every source fenced its status in answer to the ``Cancel`` (its write returned), polled in
-the background; else after ``fence_timeout_s`` (a source or pod that cannot answer: longer than any
-write may run). ``transfer`` returns the failure without waiting; ``wait_fenced`` waits for the
+the background; else after the fence timeout (a source or pod that cannot answer: longer than any
+write may run): the longer of ``fence_timeout_s`` and the write timeout the prefill ranks announced
+at registration (``DecodeRegistered.write_timeout_s``) plus ``fence_margin_s``, so a decode whose
+flag is shorter than the prefill's writes still never reuses items a write may reach. ``transfer`` returns the failure without waiting; ``wait_fenced`` waits for the
 releases.
+
+Staged path (``staged.py``): with a ``DecodeStaging`` the registration announces its region, and a
+request of ``staged_bytes`` at or above its threshold gets one lane per source (``TransferRequest.lanes``);
+a receiver per lane (worker threads) scatters each landed chunk whole. Success needs every source's
+status and every receiver's end; a failed request stops its receivers between chunks, and its lanes
+are released with its items (the ``release`` callback), after the fence.
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engines.base import PeerInfo
 from pdfleet_runtime.records import RankRegistration, RequestIndices
@@ -46,6 +56,7 @@ from .messages import (
     RankModel,
     RefusalCode,
     Role,
+    StagingModel,
     StatusQuery,
     StatusReply,
     StatusReport,
@@ -55,6 +66,9 @@ from .messages import (
     parse_wire,
 )
 from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
+
+if TYPE_CHECKING:
+    from .staged import DecodeStaging
 
 __all__ = ["DecodeRank", "DecodeSettings", "HandshakeRefused", "TransferOutcome"]
 
@@ -79,7 +93,10 @@ class DecodeSettings:
     cancel_timeout_s: float = 1.0
     fence_timeout_s: float = 35.0
     """Longest a failed request's items stay held waiting for the sources' fence (the prefill's write
-    timeout, 30 s by default, plus a margin): after it no write can still be running."""
+    timeout, 30 s by default, plus a margin): after it no write can still be running. The prefill's
+    announced write timeout plus ``fence_margin_s`` is used instead when it is longer."""
+    fence_margin_s: float = 5.0
+    """Added to the prefill's announced write timeout: its engine's own cancellation and a status's trip."""
     fence_poll_s: float = 0.1
 
 
@@ -95,6 +112,10 @@ class TransferOutcome:
     cause: FailureReason | None = None
     """What lies under ``failure``: the failed source's own kind (``SOURCE_FAILED``), or ``DRAINING`` when
     the prefill pod refused the request as draining (``REFUSED``); readiness decides on the pair."""
+    landed_at: float = 0.0
+    """``time.monotonic()`` when this rank knew every byte was in place (the last staged chunk scattered,
+    or the last source's status for direct writes); 0 for a failed request."""
+    staged: bool = False
 
 
 def _refusal_cause(code: RefusalCode) -> FailureReason | None:
@@ -118,6 +139,8 @@ class _Link:
     boot: str
     sources: tuple[Pair, ...]
     welcome: Welcome
+    write_timeout_s: float = 0.0
+    """The longest write of this rank's sources (announced at registration)."""
 
 
 class DecodeRank:
@@ -126,12 +149,15 @@ class DecodeRank:
     def __init__(self, registration: RankRegistration, engine_info: PeerInfo, resolver: Resolver, codec: Codec, *,
                  instance: str, settings: DecodeSettings | None = None,
                  release: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 runtime_version: str = CURRENT_RUNTIME_VERSION, wire: str = str(WIRE)) -> None:
+                 runtime_version: str = CURRENT_RUNTIME_VERSION, wire: str = str(WIRE),
+                 staging: DecodeStaging | None = None) -> None:
         self.registration, self.resolver, self.codec, self.instance = registration, resolver, codec, instance
         self.settings = settings or DecodeSettings()
         self.me: Pair = (registration.tp_rank, registration.pp_rank)
+        self.staging = staging
         self._register_msg = DecodeRegister(instance=instance, rank=RankModel.of(registration),
-                                            engine=engine_info.to_wire())
+                                            engine=engine_info.to_wire(),
+                                            staging=StagingModel(**staging.announce()) if staging else None)
         self._release, self._clock = release, clock
         self._runtime_version, self._wire = runtime_version, wire
         self.tracker = RequestTracker(self.settings.timeouts, clock)
@@ -227,7 +253,18 @@ class DecodeRank:
             await client.close()
             raise
         self.handshakes += 1
-        return _Link(endpoint, client, reply.boot, tuple(s.pair for s in reg.body.sources), welcome)
+        derived = reg.body.write_timeout_s + self.settings.fence_margin_s
+        if derived > self.settings.fence_timeout_s:
+            log.warning("decode rank %s: fence timeout %.1fs is shorter than prefill pod %s's write timeout %.1fs "
+                        "plus %.1fs: fencing waits %.1fs", self.me, self.settings.fence_timeout_s, endpoint,
+                        reg.body.write_timeout_s, self.settings.fence_margin_s, derived)
+        return _Link(endpoint, client, reply.boot, tuple(s.pair for s in reg.body.sources), welcome,
+                     reg.body.write_timeout_s)
+
+    def fence_timeout_s(self, link: _Link | None) -> float:
+        """How long a failed request's items may stay held: derived from both sides (module docstring)."""
+        theirs = link.write_timeout_s + self.settings.fence_margin_s if link is not None else 0.0
+        return max(self.settings.fence_timeout_s, theirs)
 
     async def _drop_link(self, link: _Link) -> None:
         async with self._link_lock:
@@ -246,10 +283,12 @@ class DecodeRank:
     # ------------------------------------------------------------------ requests
 
     async def transfer(self, request_id: str, indices: RequestIndices, *,
-                       timeout_s: float | None = None, fill: SyntheticFill | None = None) -> TransferOutcome:
+                       timeout_s: float | None = None, fill: SyntheticFill | None = None,
+                       staged_bytes: int = 0) -> TransferOutcome:
         """Move one request's state into this rank's items ``indices``; never raises for a failed transfer.
 
         ``fill`` makes it a synthetic request: the prefill makes seeded state instead of a scheduler's.
+        ``staged_bytes``: the bytes the request brings to this rank (the staged path's size test).
         """
         t0 = self._clock()
         budget = timeout_s or self.settings.timeouts.transferring_s
@@ -259,14 +298,20 @@ class DecodeRank:
         link: _Link | None = None
         sent = False
         cause: FailureReason | None = None
+        lanes: tuple[int, ...] = ()
+        landed_at = 0.0
+        abort = threading.Event()
+        receivers: list[asyncio.Future[float]] = []
         try:
             link = await self._ensure_link(deadline)
             self.tracker.advance(request_id, RequestState.WAITING_FOR_INPUT, deadline=deadline)
             idx = IndicesModel.of(indices)
+            if self.staging is not None and staged_bytes:
+                lanes = self.staging.grant(request_id, staged_bytes, len(link.sources)) or ()
             for attempt in range(_SEND_ATTEMPTS):
                 req = TransferRequest(request_id=request_id, instance=self.instance,
                                       dst=RankKey(tp=self.me[0], pp=self.me[1]), indices=idx,
-                                      timeout_s=max(0.001, deadline - self._clock()), fill=fill)
+                                      timeout_s=max(0.001, deadline - self._clock()), fill=fill, lanes=lanes)
                 sent = True  # from here a source may write, even if the reply is lost
                 try:
                     await self._call(link, req, deadline, grace_s=0.0)
@@ -288,7 +333,18 @@ class DecodeRank:
                     log.info("decode rank %s: %s; re-resolving", self.me, e.reason)
                     link = await self._ensure_link(deadline)
             self.tracker.advance(request_id, RequestState.TRANSFERRING, deadline=deadline)
-            await self._collect(link, request_id, reports, deadline)
+            if lanes:
+                assert self.staging is not None
+                receivers = [asyncio.ensure_future(asyncio.to_thread(
+                    _receive, self.staging, lane, abort.is_set, max(0.001, deadline - self._clock())))
+                    for lane in lanes]
+                await self._collect_staged(link, request_id, reports, deadline, receivers)
+                landed_at = max(r.result() for r in receivers)
+            else:
+                await self._collect(link, request_id, reports, deadline)
+                landed_at = time.monotonic()
+                if self.staging is not None and staged_bytes:
+                    self.staging.metrics.count("direct", staged_bytes)  # staged.Path.DIRECT (no torch import here)
             self.tracker.advance(request_id, RequestState.SUCCESS)
         except _Failed as e:
             self.tracker.fail(request_id, e.failure, e.reason)
@@ -299,10 +355,14 @@ class DecodeRank:
             self.tracker.fail(request_id, FailureReason.REFUSED, f"prefill pod refused: {e}")
             cause = _refusal_cause(e.code)
         rec = self.tracker.get(request_id)
+        if receivers:
+            abort.set()  # a failed request's receivers stop between chunks (a finished one's have ended)
+            await asyncio.gather(*receivers, return_exceptions=True)
         if rec.state is RequestState.FAILED:
             await self._after_failure(link, request_id, rec.reason, sent, reports)
         return TransferOutcome(request_id, rec.state, rec.failure, rec.reason, tuple(reports.values()),
-                               self._clock() - t0, link.endpoint if link else None, cause)
+                               self._clock() - t0, link.endpoint if link else None, cause,
+                               landed_at if rec.state is RequestState.SUCCESS else 0.0, bool(lanes))
 
     async def _call(self, link: _Link, body: TransferRequest | StatusQuery, deadline: float,
                     grace_s: float | None = None) -> Reply:
@@ -327,7 +387,7 @@ class DecodeRank:
                 if e.code.retryable:
                     await asyncio.sleep(0.05)
                     continue
-                if e.code is RefusalCode.UNKNOWN_PEER:  # the pod lost our registration: it restarted
+                if e.code in (RefusalCode.UNKNOWN_PEER, RefusalCode.WRONG_RECIPIENT):  # the pod restarted
                     await self._drop_link(link)
                     raise _Failed(FailureReason.PEER_RESTARTED, f"prefill pod {link.endpoint} forgot this rank: "
                                   f"{e.reason}") from None
@@ -357,6 +417,25 @@ class DecodeRank:
             if all(s in reports and reports[s].state is RequestState.SUCCESS for s in link.sources):
                 return
 
+    async def _collect_staged(self, link: _Link, request_id: str, reports: dict[Pair, StatusReport],
+                              deadline: float, receivers: list[asyncio.Future[float]]) -> None:
+        """``_collect`` while the lanes' receivers run: a receiver's failure fails the request at once."""
+        collect = asyncio.ensure_future(self._collect(link, request_id, reports, deadline))
+        pending: set[asyncio.Future[object]] = {collect, *receivers}  # type: ignore[arg-type]
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                for f in done:
+                    if f is not collect and f.exception() is not None:
+                        e = f.exception()
+                        raise _Failed(FailureReason.ENGINE, f"staged receive: {type(e).__name__}: {e}")
+                if collect in done:
+                    collect.result()
+        finally:
+            if not collect.done():
+                collect.cancel()
+                await asyncio.gather(collect, return_exceptions=True)
+
     async def _after_failure(self, link: _Link | None, request_id: str, reason: str, sent: bool,
                              reports: dict[Pair, StatusReport]) -> None:
         cancelled = False
@@ -371,7 +450,7 @@ class DecodeRank:
             self._do_release(request_id)
             return
         task = asyncio.get_running_loop().create_task(
-            self._fence(link if cancelled else None, request_id, sources, self._clock() + self.settings.fence_timeout_s))
+            self._fence(link if cancelled else None, request_id, sources, self._clock() + self.fence_timeout_s(link)))
         self._fences.add(task)
         task.add_done_callback(self._fences.discard)
 
@@ -392,14 +471,20 @@ class DecodeRank:
                         self._do_release(request_id)
                         return
             await asyncio.sleep(min(self.settings.fence_poll_s, max(0.0, deadline - self._clock())))
-        log.info("decode rank %s: request %s: no fence from its sources; items reused after %.0fs",
-                 self.me, request_id, self.settings.fence_timeout_s)
+        log.info("decode rank %s: request %s: no fence from its sources; items reused at the fence deadline",
+                 self.me, request_id)
         self.fenced["deadline"] += 1
         self._do_release(request_id)
 
     def _do_release(self, request_id: str) -> None:
         if self._release is not None:
             self._release(request_id)
+
+
+def _receive(staging: DecodeStaging, lane: int, abort: Callable[[], bool], timeout_s: float) -> float:
+    """One lane's chunks (worker thread); the monotonic time its last scatter ended."""
+    staging.receive(lane, abort=abort, timeout_s=timeout_s)
+    return time.monotonic()
 
 
 def _fenced(report: StatusReport | None) -> bool:

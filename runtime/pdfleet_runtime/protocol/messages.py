@@ -1,7 +1,7 @@
 """Wire messages between prefill and decode ranks: named, versioned, schema-checked pydantic models.
 
 Every message travels inside an :class:`Envelope` (``version``, ``sender``, ``boot``, ``nonce``,
-``timestamp``, ``reply_to``) whose ``body`` is one of the models below, told apart by its
+``timestamp``, ``reply_to``, ``to``: the recipient and its incarnation) whose ``body`` is one of the models below, told apart by its
 ``type`` field (a discriminated union: never a positional frame, never a pickle). Field names are
 the wire names. Numbers that the planner trusts (addresses, counts, layer ids, indices) carry
 bounds here, so a malformed value is refused at parsing and never reaches a plan.
@@ -52,9 +52,11 @@ __all__ = [
     "PrefillWork",
     "RankKey",
     "RankModel",
+    "Recipient",
     "Refusal",
     "RefusalCode",
     "Role",
+    "StagingModel",
     "StatusQuery",
     "StatusReply",
     "StatusReport",
@@ -120,6 +122,10 @@ class RefusalCode(StrEnum):
     UNEXPECTED = "unexpected"
     DRAINING = "draining"
     """The prefill pod is draining: it finishes what it accepted and takes nothing new (try another pod)."""
+    WRONG_RECIPIENT = "wrong_recipient"
+    """The envelope names another pod, another incarnation of this one, or none (only ``Hello`` may)."""
+    FORBIDDEN = "forbidden"
+    """A message only the pod's own ranks may send (signed with its rank key, over loopback)."""
 
     @property
     def retryable(self) -> bool:
@@ -268,8 +274,22 @@ class PrefillRegister(_Msg):
     type: Literal["prefill_register"] = "prefill_register"
     rank: RankModel
     engine: dict[str, Any]
+    write_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Longest one engine write of this rank may run: the decode's fence waits at least this long."""
 
     _engine = field_validator("engine")(_check_engine_info)
+
+
+class StagingModel(_Msg):
+    """A decode rank's staging region (``protocol/staged.py``): ``lanes`` rings of ``slots`` x ``slot_bytes``,
+    each followed by a block table of ``table_bytes``, then three signal words per lane."""
+
+    address: Count
+    slots: int = Field(ge=1, le=64)
+    slot_bytes: int = Field(ge=256, lt=_U64, multiple_of=256)
+    lanes: int = Field(ge=1, le=64)
+    table_bytes: int = Field(ge=256, lt=_U64, multiple_of=256)
+    min_chunks: int = Field(4, ge=1, le=64)
 
 
 class DecodeRegister(_Msg):
@@ -279,6 +299,8 @@ class DecodeRegister(_Msg):
     instance: Name
     rank: RankModel
     engine: dict[str, Any]
+    staging: StagingModel | None = None
+    """Its staging region, when it takes staged requests (inside a region of ``engine``)."""
 
     _engine = field_validator("engine")(_check_engine_info)
 
@@ -287,6 +309,9 @@ class DecodeRegistered(_Msg):
     type: Literal["decode_registered"] = "decode_registered"
     sources: tuple[RankKey, ...] = Field(max_length=4096)
     """The prefill ranks this decode rank must hear a status from, for every request."""
+    write_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """The longest write timeout those ranks announced (``PrefillRegister``): the decode's fence is derived
+    from it, so the two sides' flags cannot disagree unnoticed."""
 
 
 class SyntheticFill(_Msg):
@@ -308,6 +333,8 @@ class TransferRequest(_Msg):
     timeout_s: float = Field(gt=0, le=3600)
     fill: SyntheticFill | None = None
     """Set for synthetic requests only: there is no local scheduler, the prefill rank makes the state."""
+    lanes: tuple[Annotated[int, Field(ge=0, lt=64)], ...] = Field((), max_length=1024)
+    """Staged path: the decode's staging lane of each of its sources, in their order; empty: direct writes."""
 
 
 class Cancel(_Msg):
@@ -423,11 +450,19 @@ Body = Annotated[
 ]
 
 
+class Recipient(_Msg):
+    """Whom an envelope is for: a process's name and its incarnation (``boot``)."""
+
+    name: Name
+    boot: str = Field(min_length=8, max_length=64, pattern=r"^[0-9a-f]+$")
+
+
 class Envelope(_Msg):
     """What is signed: the body plus who sent it, when, a one-time nonce, and (for replies) the request's nonce.
 
     ``boot`` is the sender process's incarnation: a new value from the same address means the peer
-    restarted and everything agreed with the old one is void.
+    restarted and everything agreed with the old one is void. ``to`` names the recipient and its
+    incarnation, so a message does not replay to another pod or to the same pod after a restart.
     """
 
     version: str = Field(max_length=16)
@@ -436,4 +471,5 @@ class Envelope(_Msg):
     nonce: str = Field(min_length=16, max_length=64, pattern=r"^[0-9a-f]+$")
     timestamp: float = Field(ge=0, lt=1e11)
     reply_to: str | None = Field(None, min_length=16, max_length=64, pattern=r"^[0-9a-f]+$")
+    to: Recipient | None = None
     body: dict[str, Any]

@@ -17,6 +17,10 @@ request. Every other status is fenced when sent.
 
 A synthetic request (``TransferRequest.fill``) has no local scheduler: the ``synthetic`` callback
 allocates and fills this rank's items, then the request proceeds as if ``add_request`` was called.
+
+Staged path (``staged.py``): when the decode granted a lane to this source (``TransferRequest.lanes``)
+the leg goes through this rank's ``PrefillStaging`` (gather, one write per chunk, per-chunk signals),
+or, without staging here or with no block for that rank, the direct write with the lane marked direct.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdfleet_runtime.engines.base import PeerId, PeerInfo, TransferEngine
-from pdfleet_runtime.engines.errors import EngineError
+from pdfleet_runtime.engines.errors import EngineError, TransferFailed
 from pdfleet_runtime.layouts import StateType
 from pdfleet_runtime.planner import (
     STATE_ORDER,
@@ -61,10 +66,14 @@ from .messages import (
 )
 from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
 
+if TYPE_CHECKING:
+    from .staged import PrefillStaging
+
 __all__ = ["PrefillRank", "PrefillSettings", "SyntheticError"]
 
 log = logging.getLogger(__name__)
 Pair = tuple[int, int]
+_DIRECT = "direct"  # staged.Path.DIRECT (a StrEnum) without importing torch into this module
 LegKey = tuple[str, Pair]  # (decode instance, decode rank)
 
 
@@ -96,6 +105,8 @@ class _Decode:
     peer: PeerId | None = None
     plan: PairPlan | None = None
     error: str = ""
+    link: Any = None
+    """The staged path's chunk link to this decode rank (made on its first staged leg)."""
 
 
 @dataclass
@@ -105,6 +116,9 @@ class _Leg:
     report: StatusReport | None = None
     writing: bool = False
     """The engine may still be writing to this destination (its status cannot be fenced yet)."""
+    prepare: asyncio.Task[Any] | None = None
+    """Staged: the task cutting this leg's plan and writing the decode's table (``PrefillRank.prepare``)."""
+    blocks: Blocks | None = None
 
 
 @dataclass
@@ -129,6 +143,7 @@ class PrefillRank:
                  before_write: Callable[[str], Awaitable[None]] | None = None,
                  synthetic: Callable[[str, SyntheticFill], Awaitable[RequestIndices]] | None = None,
                  on_report: Callable[[StatusReport], None] | None = None,
+                 staging: PrefillStaging | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registration, self.engine, self.client = registration, engine, client
         self.settings = settings or PrefillSettings()
@@ -136,6 +151,7 @@ class PrefillRank:
         self._engine_info = engine_info
         self._release, self._before_write = release, before_write
         self._synthetic, self._on_report = synthetic, on_report
+        self.staging = staging
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._clock = clock
         self._siblings: dict[Pair, RankRegistration] = {}
@@ -155,7 +171,8 @@ class PrefillRank:
 
     async def register(self) -> None:
         """Register with the pod's bootstrap, retrying while it is not up (bounded)."""
-        msg = PrefillRegister(rank=RankModel.of(self.registration), engine=self._engine_info.to_wire())
+        msg = PrefillRegister(rank=RankModel.of(self.registration), engine=self._engine_info.to_wire(),
+                              write_timeout_s=self.settings.write_timeout_s)  # decodes fence at least this long
         deadline = self._clock() + self.settings.register_timeout_s
         delay = 0.05
         while True:
@@ -184,6 +201,61 @@ class PrefillRank:
         req.src = indices
         self._progress(req)
         return self.tracker.get(request_id).state
+
+    def prepare(self, request_id: str, indices: RequestIndices) -> None:
+        """The request's source items are known (its state is still being computed): cut the plans of its
+        staged legs and hand each decode its block table now, on worker threads, so that the transfer
+        starts with its first gather once the state is ready."""
+        req = self._requests.get(request_id)
+        if req is None or self.staging is None or not self.staging.enabled:
+            return
+        for key, leg in req.legs.items():
+            if leg.request.lanes and leg.prepare is None:
+                leg.prepare = asyncio.get_running_loop().create_task(self._prepare_leg(key, leg, indices))
+
+    async def _prepare_leg(self, key: LegKey, leg: _Leg, src: RequestIndices) -> Any:
+        """A leg's ``Prepared``, or None (the write path then plans, and reports any problem, itself)."""
+        dec = self._decodes.get(key)
+        if dec is None or dec.peer is None or self.staging is None:
+            return None
+        try:
+            if dec.plan is None:
+                dec.plan = self._compile(key, dec)
+            blocks = dec.plan.plan(src, leg.request.indices.indices())
+            lane = self._lane(key, dec, leg)
+        except (PlanError, ValueError):
+            return None
+        if not blocks.descriptors or lane is None:
+            return None
+        leg.writing = True  # the table and ready word go to the decode's lane
+        try:
+            prepared = await asyncio.to_thread(self._locked, self._prepare_staged, dec, blocks, lane)
+        except Exception as e:  # the write retries it and reports what fails
+            log.info("prefill rank %s: staged prepare for %s failed: %s", self.me, key[1], e)
+            return None
+        finally:
+            leg.writing = False
+            self._fence(leg)
+        leg.blocks = blocks
+        return prepared
+
+    def _prepare_staged(self, dec: _Decode, blocks: Blocks, lane: Any) -> Any:
+        st, a = self.staging, dec.msg.staging
+        assert st is not None and a is not None
+        return st.prepare(self._link(dec), lane, blocks.src - self.registration.region.address,
+                          blocks.dst - dec.registration.region.address, blocks.length, slot_bytes=a.slot_bytes,
+                          min_chunks=a.min_chunks)
+
+    def _link(self, dec: _Decode) -> Any:
+        if dec.link is None:
+            from pdfleet_runtime.engines.chunks import chunk_link
+
+            assert dec.peer is not None and dec.msg.staging is not None
+            link = chunk_link(self.engine, dec.peer)
+            a = dec.msg.staging
+            link.check_remote(a.address, a.lanes * (a.slots * a.slot_bytes + a.table_bytes) + a.lanes * 64)
+            dec.link = link
+        return dec.link
 
     def outcome(self, request_id: str) -> RequestState | None:
         return self.tracker.get(request_id).state if request_id in self.tracker else None
@@ -294,6 +366,8 @@ class PrefillRank:
             return
         dec = _Decode(msg, msg.rank.registration())
         self._decodes[key] = dec
+        if old is not None and old.link is not None:
+            await asyncio.to_thread(self._locked, old.link.close)
         if old is not None and old.peer is not None:
             await asyncio.to_thread(self._locked, self.engine.forget, old.peer)
         try:
@@ -391,20 +465,26 @@ class PrefillRank:
             self._report(req, leg, RequestState.FAILED, FailureReason.PEER_UNREACHABLE, why)
             return
         t0 = time.perf_counter()
+        prepared = await leg.prepare if leg.prepare is not None else None
         try:
             if dec.plan is None:
                 dec.plan = self._compile(key, dec)
             assert req.src is not None
-            blocks = dec.plan.plan(req.src, leg.request.indices.indices())
+            blocks = leg.blocks if prepared is not None and leg.blocks is not None else \
+                dec.plan.plan(req.src, leg.request.indices.indices())
         except PlanError as e:
             self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"planning for {key[1]}: {e}")
             return
         t1 = time.perf_counter()
-        if blocks.descriptors:
+        try:
+            lane = self._lane(key, dec, leg)
+        except ValueError as e:
+            self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"staging lane for {key[1]}: {e}")
+            return
+        if blocks.descriptors or lane is not None:
             leg.writing = True
             try:
-                await asyncio.to_thread(self._locked, self.engine.write, dec.peer, blocks,
-                                        timeout_s=self.settings.write_timeout_s)
+                await asyncio.to_thread(self._locked, self._write, dec, req.request_id, blocks, lane, prepared)
             except EngineError as e:
                 leg.writing = False
                 failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
@@ -416,6 +496,57 @@ class PrefillRank:
                 self._fence(leg)
         self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
                      write_s=time.perf_counter() - t1)
+
+    def _lane(self, key: LegKey, dec: _Decode, leg: _Leg) -> Any:
+        """The decode's staging lane granted to this source (addresses), or None (direct write)."""
+        lanes, announced = leg.request.lanes, dec.msg.staging
+        if not lanes:
+            return None
+        if announced is None or self.staging is None:
+            raise ValueError("lanes granted, but " + ("the decode announced no staging region" if announced is None
+                                                      else "this prefill rank has no staging region"))
+        order = sorted(source_ranks(self.registration.shape, dec.registration.shape, key[1][0], key[1][1]))
+        if len(lanes) != len(order):
+            raise ValueError(f"{len(lanes)} lanes granted for {len(order)} sources")
+        return self.staging.lane(announced, lanes[order.index(self.me)])
+
+    def _write(self, dec: _Decode, request_id: str, blocks: Blocks, lane: Any, prepared: Any = None) -> None:
+        """One leg's bytes (worker thread, engine lock held): staged through ``lane``, else the direct write."""
+        assert dec.peer is not None
+        st = self.staging
+        if lane is None or st is None:
+            t0 = time.monotonic()
+            self.engine.write(dec.peer, blocks, timeout_s=self.settings.write_timeout_s)
+            log.info("direct leg %s -> %s: %d bytes in %d blocks, written %.6f-%.6f", request_id, dec.peer,
+                     blocks.bytes, blocks.descriptors, t0, time.monotonic())
+            if st is not None:
+                st.metrics.count(_DIRECT, blocks.bytes)
+            return
+        link = self._link(dec)
+        if not st.enabled or not blocks.descriptors:
+            st.direct(link, lane)
+            if blocks.descriptors:
+                self.engine.write(dec.peer, blocks, timeout_s=self.settings.write_timeout_s)
+                st.metrics.count(_DIRECT, blocks.bytes)
+            return
+        try:
+            if prepared is None:
+                prepared = self._prepare_staged(dec, blocks, lane)
+            t0 = time.monotonic()
+            chunks = st.send_prepared(link, prepared, abort=lambda: self._ended(request_id),
+                                      timeout_s=self.settings.write_timeout_s)
+        except EngineError:
+            raise
+        except (RuntimeError, TimeoutError, ValueError) as e:  # staging.Aborted, StagingError, a stalled ring
+            raise TransferFailed(f"staged write: {e}") from e
+        m = st.metrics
+        log.info("staged leg %s -> %s: %d bytes in %d chunks, sent %.6f-%.6f; means so far: chunk %.1f us, landed "
+                 "write %.1f us, freed read %.1f us (%d reads)", request_id, dec.peer, prepared.total, chunks, t0,
+                 time.monotonic(), m.chunk_s.mean * 1e6, m.landed_write_s.mean * 1e6, m.freed_read_s.mean * 1e6,
+                 m.freed_read_s.n)
+
+    def _ended(self, request_id: str) -> bool:
+        return request_id not in self.tracker or self.tracker.get(request_id).state.terminal
 
     def _targets_of(self, shape: ParallelShape) -> frozenset[Pair]:
         """The decode ranks of a shape that this rank is a source of (paired once per decode shape)."""

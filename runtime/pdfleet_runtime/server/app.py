@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
-from pdfleet_runtime.protocol.auth import Codec, load_secret
+from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import (
     DnsResolver,
@@ -40,6 +40,7 @@ from pdfleet_runtime.protocol.discovery import (
     Resolver,
     StaticResolver,
 )
+from pdfleet_runtime.protocol.keys import load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 
 from .admin import start_admin
@@ -83,6 +84,7 @@ class PodServer:
                 resolver = DnsResolver(cfg.prefill_service, cfg.bootstrap_port)
         self.resolver = resolver
         self.drain = Drain(cfg.drain_timeout_seconds, self._in_flight_now, on_change=self._set_draining,
+                           on_admit=self._set_admitting, leave_s=cfg.router_drop_seconds,
                            on_done=lambda forced: self.metrics.drains.labels("forced" if forced else "drained").inc())
         self._recheck = asyncio.Event()
         self.router = RequestRouter(self.readiness, self.metrics, self._recheck)
@@ -91,6 +93,8 @@ class PodServer:
         self._gate_written_at = 0.0
         self._drain_by_operator = False
         self.bootstrap: BootstrapServer | None = None
+        self._rank_key = new_rank_key()
+        """This incarnation's rank key: its bootstrap and its own rank processes (over the pipe) hold it."""
         self.launcher: RankLauncher | None = None
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
@@ -114,8 +118,8 @@ class PodServer:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
                 state = BootstrapState(cfg.shape, wire=wire)
-                self.bootstrap = BootstrapServer(state, Codec(secret, opts.instance), host=opts.bind_host,
-                                                 port=opts.bootstrap_port)
+                codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)
+                self.bootstrap = BootstrapServer(state, codec, host=opts.bind_host, port=opts.bootstrap_port)
                 self.worker.attach()
                 await self.bootstrap.start()
             await self._start_http()
@@ -144,7 +148,8 @@ class PodServer:
         cfg, o = self.opts.config, self.opts
         boot = ("127.0.0.1", self.bootstrap.port if self.bootstrap else o.bootstrap_port)
         return [RankSpec(cfg, t, p, secret, o.instance, o.advertise_host, boot, o.request_timeout_s,
-                         o.write_timeout_s, o.fence_timeout_s, o.log_level, o.faults)
+                         o.write_timeout_s, o.fence_timeout_s, o.log_level, o.faults,
+                         rank_key=self._rank_key if cfg.role is Role.PREFILL else None)
                 for p in range(cfg.shape.pp) for t in range(cfg.shape.tp)]
 
     def _on_signal(self, sig: signal.Signals, stop: asyncio.Event) -> None:
@@ -201,7 +206,18 @@ class PodServer:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         self._refresh_facts()
+        await self._scrape_staged()
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _scrape_staged(self) -> None:
+        """The ranks' staged-path counters (``RankStats.staged``) into the pod's metrics; kept as last seen
+        when a rank does not answer in time."""
+        if self.launcher is None or not self.launcher.up:
+            return
+        with contextlib.suppress(RankCallError):
+            stats = await self.launcher.call_all(StatsOp(), timeout_s=2.0)
+            if all(isinstance(s, RankStats) for s in stats):  # a partial sum would make the counters fall
+                self.metrics.staged.update(s.staged for s in stats if isinstance(s, RankStats))
 
     async def _drain(self, request: web.Request) -> web.Response:
         self.start_drain()
@@ -221,7 +237,7 @@ class PodServer:
     async def _synthetic(self, request: web.Request) -> web.Response:
         if self.role is not Role.DECODE:
             return web.json_response({"error": "synthetic requests start at a decode pod"}, status=409)
-        if not self.drain.serving:
+        if not self.drain.admitting:
             return web.json_response({"error": f"the pod is draining ({self.drain.phase.value}): no new requests"},
                                      status=503)
         if self.launcher is None or self.launcher.up < self.opts.config.shape.world:
@@ -356,9 +372,12 @@ class PodServer:
     # ------------------------------------------------------------------ drain
 
     def start_drain(self) -> None:
-        """Stop admitting (synthetic requests refused; prefill: the bootstrap refuses new requests); idempotent."""
+        """Leave the routers (``/health`` 503), then stop admitting (synthetic and worker requests refused;
+        prefill: the bootstrap refuses new requests); idempotent."""
         if self.drain.start():
-            log.info("drain started: %d transfers in flight", self._in_flight_estimate())
+            leave = self.drain.leave_s
+            log.info("drain started: %d transfers in flight%s", self._in_flight_estimate(),
+                     f"; /health 503, admitting for {leave:g}s more (routers drop the pod)" if leave else "")
 
     def cancel_drain(self) -> None:
         """A drain no longer wanted: take requests again (the pod becomes routable after its next check)."""
@@ -367,11 +386,16 @@ class PodServer:
             log.info("drain cancelled")
 
     def _set_draining(self, draining: bool) -> None:
-        """Readiness, the metric and (prefill) the bootstrap's admission follow the drain together."""
+        """Readiness and the metric follow the drain at once (``/health`` reads the drain's phase)."""
         self.readiness.draining = draining
         self.metrics.draining.set(int(draining))
+
+    def _set_admitting(self, admitting: bool) -> None:
+        """The end of the routers' window: (prefill) the bootstrap refuses new requests, or takes them again."""
+        if not admitting:
+            log.info("admission stopped: %d transfers in flight", self._in_flight_estimate())
         if self.bootstrap is not None:
-            self.bootstrap.state.drain(draining)
+            self.bootstrap.state.drain(not admitting)
 
     def _in_flight_estimate(self) -> int:
         if self.bootstrap is not None:

@@ -1,9 +1,12 @@
 """The pod's drain: serving -> draining -> drained, back to serving when cancelled (one owner of the phase).
 
-A drain stops admission at once (``on_change(True)``: readiness, the metric and, prefill, the
-bootstrap's admission follow together), then waits until nothing is in flight or the budget
-(``drainTimeoutSeconds``) passes; past the budget it is *forced*. A cancel (the operator took its
-request back) makes the pod take requests again (``on_change(False)``).
+A drain first leaves the routers (``on_change(True)``: readiness and the metric go at once, and the
+worker API's ``/health`` answers 503 from then on, which is what takes a worker out of an
+sglang-router's set), keeps admitting for ``leave_s`` (``routerDropSeconds``: the bound measured for
+every router to stop sending, docs/router.md), then stops admission (``on_admit(False)``: new
+requests refused; prefill: the bootstrap refuses new transfers too) and waits until nothing is in
+flight or the budget (``drainTimeoutSeconds``, from the drain's start) passes; past the budget it is
+*forced*. A cancel (the operator took its request back) makes the pod take requests again.
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ class Drain:
 
     def __init__(self, budget_s: float, in_flight: Callable[[], Awaitable[int]], *,
                  on_change: Callable[[bool], None], on_done: Callable[[bool], None],
+                 on_admit: Callable[[bool], None] = lambda admitting: None, leave_s: float = 0.0,
                  poll_s: float = 0.05) -> None:
         self.budget_s, self._in_flight, self._on_change, self._on_done = budget_s, in_flight, on_change, on_done
+        self._on_admit, self.leave_s = on_admit, leave_s
         self._poll_s = poll_s
         self.phase = DrainPhase.SERVING
+        self.admitting = True
+        """New requests taken: serving, or draining and still inside the ``leave_s`` window."""
         self.started: float | None = None
         self.forced = False
         self._drained = asyncio.Event()
@@ -45,7 +52,8 @@ class Drain:
         return self.phase is DrainPhase.SERVING
 
     def start(self) -> bool:
-        """Stop admitting and watch in-flight transfers; False when a drain already runs (idempotent)."""
+        """Leave the routers, stop admitting ``leave_s`` later and watch in-flight transfers; False when a
+        drain already runs (idempotent)."""
         if self.phase is not DrainPhase.SERVING:
             return False
         self.phase = DrainPhase.DRAINING
@@ -65,6 +73,9 @@ class Drain:
         self.phase = DrainPhase.SERVING
         self.started = None
         self._drained.clear()
+        if not self.admitting:
+            self.admitting = True
+            self._on_admit(True)
         self._on_change(False)
         return True
 
@@ -83,6 +94,10 @@ class Drain:
     async def _watch(self) -> None:
         assert self.started is not None
         deadline = self.started + self.budget_s
+        if self.leave_s > 0:  # every router's health check drops the pod first: nothing new is refused
+            await asyncio.sleep(min(self.leave_s, max(0.0, deadline - time.monotonic())))
+        self.admitting = False
+        self._on_admit(False)
         while True:
             n = await self._in_flight()
             if n == 0 or time.monotonic() >= deadline:

@@ -11,13 +11,21 @@ decode rank, as reported in its status).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "SGLANG_INFLIGHT", "SGLANG_QUEUED", "SGLANG_RUNNING", "ServerMetrics",
+           "StagedCollector", "sglang_gauges"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# SGLang 0.5.23's names (python/sglang/srt/observability/metrics_collector.py): the agent's drain reads
+# them from the engine, so the built-in runtime exports them too and one test suite covers both.
+SGLANG_RUNNING = "sglang:num_running_reqs"
+SGLANG_QUEUED = "sglang:num_queue_reqs"
+SGLANG_INFLIGHT = "sglang:num_prefill_inflight_queue_reqs"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -51,6 +59,8 @@ class ServerMetrics:
         self.mismatched = Counter("pdfleet_verify_mismatched_bytes", "Bytes of synthetic requests that arrived "
                                   "different from the seeded state (decode pods)", registry=r)
         self.ranks_up = Gauge("pdfleet_rank_processes_up", "Rank processes running", registry=r)
+        self.staged = StagedCollector(role)
+        r.register(self.staged)
 
     def in_flight_from(self, fn: Callable[[], float]) -> None:
         self.in_flight.labels(self.role).set_function(fn)
@@ -65,3 +75,75 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_STAGED_HISTOGRAMS = (
+    ("chunk_seconds", "pdfleet_staged_chunk_seconds", "Staged path (prefill): one chunk from its post to its landed "
+     "count written"),
+    ("landed_write_seconds", "pdfleet_staged_landed_write_seconds", "Staged path (prefill): one landed-count write "
+     "(8 bytes through the engine)"),
+    ("freed_read_seconds", "pdfleet_staged_freed_read_seconds", "Staged path (prefill): one freed-count read (8 "
+     "bytes through the engine, only when the ring is full)"),
+)
+
+
+class StagedCollector:
+    """The staged path's counters (``protocol.staged.StagedMetrics``), summed over the pod's ranks.
+
+    Each rank keeps its own cumulative ``StagedMetrics`` and reports it in ``RankStats.staged``; the pod
+    server hands the latest reports to ``update`` when it is scraped, and this collector renders them (as
+    counters and histograms: the ranks' values only grow while they live). Prefill ranks count a leg per
+    (source rank, decode rank) as written; decode ranks count a staged lane received and a direct request.
+    """
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self._ranks: list[Mapping[str, Any]] = []
+
+    def update(self, reports: Iterable[Mapping[str, Any]]) -> None:
+        self._ranks = [r for r in reports if r]
+
+    def describe(self) -> list[Metric]:
+        return []  # rendered only when ranks reported: no empty families before the first scrape
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._ranks:
+            return
+        role = self.role
+        for key, name, doc in (("bytes", "pdfleet_staged_path_bytes", "Bytes written (prefill) or received "
+                                "(decode) per path: staged (gathered, chunked, scattered) or direct"),
+                               ("requests", "pdfleet_staged_path_requests", "Legs (prefill), or staged lanes and "
+                                "direct requests (decode), per path")):
+            fam = CounterMetricFamily(name, doc, labels=["role", "path"])
+            paths = sorted({p for r in self._ranks for p in r.get(key, {})})
+            for path in paths:
+                fam.add_metric([role, path], float(sum(r.get(key, {}).get(path, 0) for r in self._ranks)))
+            yield fam
+        for key, name, doc in _STAGED_HISTOGRAMS:
+            hists = [r[key] for r in self._ranks if key in r]
+            if not hists:
+                continue
+            bounds = hists[0]["bounds"]
+            counts = [sum(h["counts"][i] for h in hists) for i in range(len(bounds) + 1)]
+            cumulative, total = [], 0
+            for b, c in zip([*map(repr, map(float, bounds)), "+Inf"], counts, strict=True):
+                total += c
+                cumulative.append((b, float(total)))
+            fam = HistogramMetricFamily(name, doc, labels=["role"])
+            fam.add_metric([role], cumulative, sum_value=sum(h["sum"] for h in hists))
+            yield fam
+
+
+def sglang_gauges(registry: CollectorRegistry, model: str, role: str, running: Callable[[], float],
+                  queued: Callable[[], float], inflight: Callable[[], float]) -> None:
+    """The load gauges under SGLang's names and labels (``model_name``, ``engine_type``), read at scrape time.
+
+    ``inflight``: prefill pods, requests whose state is still being written (SGLang's inflight queue)."""
+    labels = {"model_name": model, "engine_type": role}
+    for name, doc, fn in ((SGLANG_RUNNING, "The number of running requests.", running),
+                          (SGLANG_QUEUED, "The number of requests in the waiting queue (held rooms on a prefill "
+                           "pod).", queued)):
+        Gauge(name, doc, list(labels), registry=registry).labels(**labels).set_function(fn)
+    if role == "prefill":
+        Gauge(SGLANG_INFLIGHT, "The number of requests in the prefill inflight queue (transfers in flight).",
+              list(labels), registry=registry).labels(**labels).set_function(inflight)

@@ -43,6 +43,7 @@ from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, Transf
 from pdfleet_runtime.protocol.states import FailureReason
 
 from .launcher import RankCallError
+from .metrics import sglang_gauges
 from .pipe import RankStats, StatsOp
 from .rooms import RoomError, RoomTable, room_of
 from .worker_api import (
@@ -99,10 +100,8 @@ class WorkerApi:
         self.queued = 0
         self.used_tokens = 0
         r, m = pod.metrics.registry, [self.model]
-        Gauge("sglang:num_running_reqs", "The number of running requests.", ["model_name"],
-              registry=r).labels(*m).set_function(lambda: self.running)
-        Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue (held rooms on a prefill "
-              "pod).", ["model_name"], registry=r).labels(*m).set_function(lambda: self.queued)
+        sglang_gauges(r, self.model, pod.role.value, lambda: self.running, lambda: self.queued,
+                      lambda: pod.bootstrap.state.unfinished if pod.bootstrap is not None else 0)
         Gauge("sglang:num_used_tokens", "The number of used tokens.", ["model_name"],
               registry=r).labels(*m).set_function(lambda: self.used_tokens)
         Gauge("sglang:token_usage", "The token usage.", ["model_name"],
@@ -134,15 +133,22 @@ class WorkerApi:
     # ------------------------------------------------------------------ info
 
     async def _health(self, _: web.Request) -> web.Response:
+        """200 while serving with every rank up; 503 from the drain's first moment, so every router's health
+        check drops the pod before it refuses new work (``Drain``'s window)."""
         launcher = self.pod.launcher
         up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.world
+        if not self.pod.drain.serving:
+            return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")
         return web.Response(status=200 if up else 503)
 
     async def _server_info(self, _: web.Request) -> web.Response:
         o, cfg = self.pod.opts, self.pod.opts.config
         mode = "prefill" if self.pod.role is Role.PREFILL else "decode"
+        engine, _, version = (o.stand_in_for or "").partition("==")
+        stand_in = {"stand_in": f"pdfleet-runtime serve {__version__} standing in for {engine} {version} "
+                    "(which needs GPUs)"} if o.stand_in_for else {}
         return web.json_response({
-            "version": __version__, "runtime": "pdfleet", "runtime_version": __version__,
+            "version": version or __version__, "runtime": "pdfleet", "runtime_version": __version__, **stand_in,
             "served_model_name": self.model, "model_path": self.model, "disaggregation_mode": mode,
             "disaggregation_transfer_backend": cfg.backend.value, "disaggregation_bootstrap_port": o.bootstrap_port,
             "tp_size": cfg.shape.tp, "pp_size": cfg.shape.pp, "dp_size": 1,
@@ -194,7 +200,7 @@ class WorkerApi:
             raise ApiError(400, "bootstrap_room is required: this is a PD worker (send the request through the "
                            "router, or add bootstrap_host, bootstrap_port and bootstrap_room to the body)",
                            param="bootstrap_room", code="missing_bootstrap_room")
-        if not self.pod.drain.serving:
+        if not self.pod.drain.admitting:
             raise ApiError(503, f"the pod is draining ({self.pod.drain.phase.value}): send the request to another "
                            "worker", code="draining", retry_after=5)
         launcher = self.pod.launcher
@@ -294,7 +300,8 @@ class WorkerApi:
         self.room_bytes.inc(res.bytes)
         c = completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
         pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
-                   "layoutBytes": expected, "verified": True, "prefill": res.prefill, "seconds": res.seconds,
+                   "layoutBytes": expected, "verified": True, "prefill": res.prefill,
+                   "decode": o.instance, "seconds": res.seconds,
                    "ignored": list(req.ignored)}
         headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
         if rid := http.headers.get("X-Request-Id"):

@@ -83,6 +83,8 @@ class FaultOptions:
     byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
     ``corrupt_sent``: a prefill pod flips a byte of every request's state after filling it, before the
     engine write (the wire carries a wrong byte; the decode's byte check finds it);
+    ``scatter_pages``: a seed: each request's pages are drawn at random, as in a long-running pod's
+    fragmented pools (benchmarks: fresh pools hand out contiguous pages the planner coalesces);
     ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late:
     the parity fault tests, which set it directly; no flag).
     """
@@ -91,6 +93,7 @@ class FaultOptions:
     wire: str | None = None
     corrupt_received: bool = False
     corrupt_sent: bool = False
+    scatter_pages: int | None = None
     fill_delay_s: float = 0.0
 
 
@@ -127,6 +130,9 @@ class ServeOptions:
     """Patch the readiness-gate condition when running in a cluster (or with ``kubeconfig``)."""
     kubeconfig: Path | None = None
     log_level: str = "INFO"
+    stand_in_for: str | None = None
+    """Harness only: this process stands in for an engine (``sglang==0.5.23``); /server_info reports that
+    engine's version and says it is a stand-in (devcluster.standin)."""
     faults: FaultOptions = field(default_factory=FaultOptions)
 
     @property

@@ -17,6 +17,7 @@ with the result's type, and failures keep their ``FailureReason`` from the prefi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.protocol.messages import StatusReport
@@ -73,6 +74,8 @@ class RankSpec:
     """Overrides of the protocol table's engine environment (``EngineConfig.env``; the GPU probe's ``UCX_TLS``)."""
     gpu: int | None = None
     """The GPU of this rank's pools (parity's placement, ``verify.cases.gpu_of``); None: its local index."""
+    rank_key: bytes | None = field(default=None, repr=False)
+    """Prefill: the pod's rank key (``protocol.keys``), what only this pod's ranks sign with."""
 
     @property
     def name(self) -> str:
@@ -209,6 +212,8 @@ class RankStats:
     fenced: dict[str, int] = field(default_factory=dict)
     fences_pending: int = 0
     handshakes: int = 0
+    staged: dict[str, Any] = field(default_factory=dict)
+    """``protocol.staged.StagedMetrics.to_dict()``: bytes and requests per path, chunk and signal times."""
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from pdfleet_runtime.engines import cuda as cuda_facts
 from pdfleet_runtime.engines.base import PeerInfo
 from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
+from pdfleet_runtime.protocol.keys import mounted_keys
 from pdfleet_runtime.protocol.messages import SyntheticFill
 from pdfleet_runtime.protocol.prefill import SyntheticError
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
@@ -28,7 +31,10 @@ from pdfleet_runtime.records import RequestIndices
 
 from .arena import SeededArena
 from .pipe import RankSpec, RankStats, TransferOp, TransferResult
-from .synthetic import corrupt_request, fill_request, mismatched_buffers
+from .synthetic import corrupt_request, fill_request, mismatched_buffers, request_bytes
+
+if TYPE_CHECKING:
+    from pdfleet_runtime.protocol.staged import DecodeStaging
 
 __all__ = ["DecodeRequests", "SyntheticSource"]
 
@@ -77,31 +83,46 @@ class SyntheticSource(_Items):
                  fill_delay_s: float = 0.0) -> None:
         super().__init__(pools, alloc)
         self.corrupt, self.fill_delay_s = corrupt, fill_delay_s
+        self.allocated: Callable[[str, RequestIndices], None] | None = None
+        """Called with a request's items before its state is made (the staged path cuts its plans then)."""
 
     async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
         try:
             idx = self.take(request_id, fill.tokens)
         except PoolExhausted as e:
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
+        if self.allocated is not None:
+            self.allocated(request_id, idx)
         if self.fill_delay_s > 0:
             await asyncio.sleep(self.fill_delay_s)
         await asyncio.to_thread(fill_request, self.pools, fill.seed, idx)
         if self.corrupt:
             await asyncio.to_thread(corrupt_request, self.pools, idx)
-        cuda_facts.synchronize(self.pools.region.device)  # the engine reads on streams of its own
-        log.info("request %s: filled %d tokens of seeded state", request_id, fill.tokens)
+        # _ready_at waits for the device: the engine reads on streams of its own.
+        log.info("request %s: filled %d tokens of seeded state; state ready at %.6f", request_id, fill.tokens,
+                 await asyncio.to_thread(_ready_at, self.pools))
         return idx
 
     def stats(self, in_flight: int) -> RankStats:
         return RankStats(in_flight, len(self.held), self.free())
 
 
+def _ready_at(pools: RankPools) -> float:
+    """``time.monotonic()`` once the device has finished writing the state (the benchmark's start)."""
+    if pools.arena.is_cuda:
+        import torch
+
+        torch.cuda.synchronize(pools.arena.device)
+    return time.monotonic()
+
+
 class DecodeRequests(_Items):
     """A decode rank's synthetic requests: one ``DecodeRank`` per prefill pod, every byte checked."""
 
-    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo) -> None:
+    def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo, *,
+                 staging: DecodeStaging | None = None) -> None:
         super().__init__(pools, alloc)
-        self.spec, self.info = spec, info
+        self.spec, self.info, self.staging = spec, info, staging
         self.coords: dict[Endpoint, DecodeRank] = {}
         self.in_flight = 0
         self.arena: SeededArena | None = None
@@ -112,13 +133,19 @@ class DecodeRequests(_Items):
         idx = self.held.get(request_id)
         if idx is not None and self.arena is not None:
             self.arena.dirty(idx)
-        super().release(request_id)
+        self._free(request_id)
 
     def _done(self, request_id: str, seed: int) -> None:
         idx = self.held.get(request_id)
         if idx is not None and self.arena is not None:
             self.arena.wrote(idx, seed)
+        self._free(request_id)
+
+    def _free(self, request_id: str) -> None:
+        """The request's items, and its staging lanes (both only once no source can still write them)."""
         super().release(request_id)
+        if self.staging is not None:
+            self.staging.release(request_id)
 
     def _coord(self, ep: Endpoint) -> DecodeRank:
         coord = self.coords.get(ep)
@@ -128,9 +155,10 @@ class DecodeRequests(_Items):
             wire = {"wire": spec.faults.wire} if spec.faults.wire else {}
             coord = self.coords[ep] = DecodeRank(
                 self.pools.registration(), self.info, StaticResolver([ep]),
-                Codec(self.spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"), instance=spec.instance,
+                Codec(mounted_keys(spec.config.secret_path, spec.secret), f"{spec.instance}-{spec.tp}-{spec.pp}"),
+                instance=spec.instance,
                 settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
-                release=self.release, **wire)
+                release=self.release, staging=self.staging, **wire)
         return coord
 
     async def transfer(self, op: TransferOp) -> TransferResult:
@@ -147,7 +175,8 @@ class DecodeRequests(_Items):
         self.in_flight += 1
         try:
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
-                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens))
+                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens),
+                staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0)
         finally:
             self.in_flight -= 1
         moved = sum(r.bytes for r in out.reports)
@@ -159,9 +188,10 @@ class DecodeRequests(_Items):
             bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
             mismatched, bad_buffers = sum(bad.values()), tuple(sorted(bad))
             self._done(request_id, seed)
-        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s", request_id, out.endpoint,
+        log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
-                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "")
+                 out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "",
+                 f"; {'staged' if out.staged else 'direct'}, landed at {out.landed_at:.6f}" if out.landed_at else "")
         # Released: no source can still write these items (the request was never accepted, or it ended), so
         # the pod may send the same request to another prefill pod.
         return TransferResult(request_id, out.state, out.failure, out.reason, moved, write_s, cause=out.cause,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -31,6 +32,7 @@ from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.keys import mounted_keys
 from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
@@ -38,6 +40,7 @@ from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 from . import pipe
 from .arena import SeededArena
 from .rank_requests import DecodeRequests, SyntheticSource
+from .staging_setup import staging_of
 
 __all__ = ["rank_main"]
 
@@ -84,7 +87,7 @@ class _Rank:
     async def main(self) -> None:
         cfg, spec = self.spec.config, self.spec
         t0 = time.perf_counter()
-        self.device = "cpu" if cfg.device == "cpu" else f"cuda:{spec.index if spec.gpu is None else spec.gpu}"
+        self.device = cfg.device_of(spec.index) if spec.gpu is None or cfg.device == "cpu" else f"cuda:{spec.gpu}"
         if self.device != "cpu":
             # The current device is per thread: bind this one and every worker thread (engine writes, fills).
             cuda_facts.bind_thread(self.device)
@@ -93,12 +96,15 @@ class _Rank:
         self.layout = resolve_layout(cfg.layout)
         self.capacity = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
         self.pools = RankPools(self.layout, self.shape, spec.tp, spec.pp, self.capacity, self.device)
-        self.alloc = RequestAllocator(self.layout, self.capacity)
+        self.alloc = RequestAllocator(self.layout, self.capacity, seed=spec.faults.scatter_pages)
+        self.staging = staging_of(cfg, self.pools)
         self.engine = create_engine(EngineConfig(cfg.backend.value, cfg.protocol, host=spec.host,
                                                  rdma_devices=cfg.rdma_devices, env=spec.engine_env,
                                                  name=f"{spec.instance}-{cfg.role.value}-{spec.tp}-{spec.pp}"))
         self.engine.start()
-        self.info = self.engine.register_rank(self.pools.registration())
+        reg = self.pools.registration()
+        extra = (self.staging.region.record(),) if self.staging is not None else ()
+        self.info = self.engine.register((reg.region, *extra), reg.buffers)
         loop = asyncio.get_running_loop()
         loop.add_reader(self.conn.fileno(), self._readable)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -181,11 +187,15 @@ class _Rank:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
         self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent,
                                              fill_delay_s=spec.faults.fill_delay_s)
-        client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(spec.secret, f"{spec.instance}-{spec.tp}-{spec.pp}"))
+        client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(mounted_keys(spec.config.secret_path, spec.secret),
+                                                                  f"{spec.instance}-{spec.tp}-{spec.pp}",
+                                                                  rank_key=spec.rank_key))
         timeouts = StateTimeouts(waiting_for_input_s=spec.request_timeout_s, transferring_s=spec.request_timeout_s)
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
-                                 release=source.release, synthetic=source.fill, on_report=self._on_report)
+                                 release=source.release, synthetic=source.fill, on_report=self._on_report,
+                                 staging=self.staging)
+        source.allocated = self.coord.prepare
         await self.coord.register()
         self._ready()
         try:
@@ -202,7 +212,7 @@ class _Rank:
     # ------------------------------------------------------------------ decode
 
     async def _decode(self) -> None:
-        self.work = DecodeRequests(self.spec, self.pools, self.alloc, self.info)
+        self.work = DecodeRequests(self.spec, self.pools, self.alloc, self.info, staging=self.staging)
         self._ready()
         try:
             await self.stop.wait()
@@ -210,6 +220,5 @@ class _Rank:
             await self.work.close()
 
     def stats(self) -> pipe.RankStats:
-        if isinstance(self.work, SyntheticSource):
-            return self.work.stats(self.coord.in_flight)
-        return self.work.stats()
+        st = self.work.stats(self.coord.in_flight) if isinstance(self.work, SyntheticSource) else self.work.stats()
+        return dataclasses.replace(st, staged=self.staging.metrics.to_dict()) if self.staging is not None else st

@@ -1,6 +1,8 @@
 """A router's step as a client: one OpenAI request to a prefill and a decode pod at once, every answer checked.
 
-What ``pdfleet-runtime synthetic --prefill-url`` runs: the same ``/v1/completions`` body (with
+``verify_chat_answer`` checks a chat answer however it came (through a router or straight from a pair);
+``chat_body`` is the request mix the end-to-end tests and bench/router.py send. What
+``pdfleet-runtime synthetic --prefill-url`` runs (``check_openai``): the same ``/v1/completions`` body (with
 ``bootstrap_host``, ``bootstrap_port``, a random ``bootstrap_room``) to both pods; the check is that
 both answered 200, both report the same transfer bytes, equal to the layout's bytes the decode names,
 and that the completion is the one ``worker_api.completion`` derives from the request and those bytes.
@@ -17,7 +19,7 @@ from typing import Any
 
 from .worker_api import Endpoint, completion, parse_request
 
-__all__ = ["check_openai"]
+__all__ = ["chat_body", "check_openai", "verify_chat_answer"]
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[int, Any]:
@@ -29,6 +31,33 @@ def _post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[int, Any]:
         return e.code, json.loads(e.read() or b"{}")
     except (urllib.error.URLError, OSError) as e:
         return 0, {"error": {"message": str(e)}}
+
+
+def chat_body(model: str, i: int, max_tokens: int = 12) -> dict[str, Any]:
+    """Request ``i`` of the mix: prompts of a few lengths, so requests move different byte counts."""
+    text = f"request {i}: " + "pdfleet " * (4 + (i % 5) * 24)
+    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens}
+
+
+def verify_chat_answer(body: dict[str, Any], answer: dict[str, Any]) -> str | None:
+    """The built-in runtime's answer to ``body``: the state verified, the bytes the layout's, the completion the
+    one derived from the room, the prompt and those bytes. None when it is; otherwise what differs."""
+    p = answer.get("pdfleet") or {}
+    if p.get("role") != "decode" or p.get("verified") is not True:
+        return f"the answer carries no decode verification: {p}"
+    if not isinstance(p.get("room"), int) or p.get("transferBytes") != p.get("layoutBytes") or not p.get("layoutBytes"):
+        return f"bytes moved {p.get('transferBytes')} != the layout's {p.get('layoutBytes')}"
+    req = parse_request(Endpoint.CHAT, json.dumps({**body, "bootstrap_room": p["room"]}).encode())
+    if p.get("seed") != req.seed:
+        return f"seed {p.get('seed')} is not the one derived from room {p['room']} and the prompt ({req.seed})"
+    want = completion(req.seed, req.prompt_tokens, p["transferBytes"], req.max_tokens)
+    choice = (answer.get("choices") or [{}])[0]
+    got = (choice.get("message") or {}).get("content")
+    if got != want.text or choice.get("finish_reason") != want.finish_reason:
+        return f"completion {got!r} ({choice.get('finish_reason')}) is not the derived {want.text!r}"
+    if (answer.get("usage") or {}).get("prompt_tokens") != req.prompt_tokens:
+        return f"usage {answer.get('usage')} does not count the prompt's {req.prompt_tokens} tokens"
+    return None
 
 
 def check_openai(prefill_url: str, decode_url: str, bootstrap: str, i: int, *, max_tokens: int = 16,

@@ -34,6 +34,8 @@ class GroupSpec:
     decode: ParallelShape
     cases: tuple[CaseSpec, ...]
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    rank_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    """The bootstrap's rank key, shared with the group's prefill rank processes (``protocol.keys``)."""
     request_timeout_s: float = 60.0
     lease_s: float = 5.0
     write_timeout_s: float = 30.0

@@ -127,7 +127,8 @@ class CasePods:
         boot = (bootstrap.host, bootstrap.port) if bootstrap is not None else ("127.0.0.1", 0)
         return [RankSpec(cfg, t, p, s.secret, instance, "127.0.0.1", boot, s.request_timeout_s, s.write_timeout_s,
                          s.write_timeout_s + 1.0, "WARNING", faults or FaultOptions(), dict(s.engine_env),
-                         gpu_of(s, side, shape.rank(t, p), gpus) if gpus else None)
+                         gpu_of(s, side, shape.rank(t, p), gpus) if gpus else None,
+                         rank_key=s.rank_key if role is Role.PREFILL else None)
                 for t, p in shape.coords()]
 
     async def open_pod(self, faults: FaultOptions | None = None) -> Endpoint:
@@ -136,7 +137,7 @@ class CasePods:
         await self.close_pod()
         instance = f"parity-{os.getpid()}-{next(_pods)}-prefill"
         state = BootstrapState(self.spec.prefill, limits=BootstrapLimits(lease_s=self.spec.lease_s))
-        self.bootstrap = BootstrapServer(state, Codec(self.spec.secret, instance))
+        self.bootstrap = BootstrapServer(state, Codec(self.spec.secret, instance, rank_key=self.spec.rank_key))
         self.endpoint = await self.bootstrap.start()
         self.legs = [[] for _ in self.spec.prefill.coords()]
         self.prefill = RankLauncher(self._specs(Role.PREFILL, instance, self.endpoint, faults),

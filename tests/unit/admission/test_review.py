@@ -82,7 +82,7 @@ def test_update_denies_new_violations_only(verdicts: Verdicts) -> None:
     worse["spec"]["decode"]["parallelism"]["data"] = 2
     resp = review(Review(worse).update(broken).body(), verdicts)["response"]
     assert resp["allowed"] is False
-    assert "[reserved-data-parallel]" in resp["status"]["message"]
+    assert "[builtin-no-attention-dp]" in resp["status"]["message"]
     assert "[nixl.replicated-hetero-tp]" not in resp["status"]["message"]
 
 

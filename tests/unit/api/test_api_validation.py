@@ -110,7 +110,7 @@ def test_all_problems_are_reported_at_once() -> None:
     obj["spec"]["decode"]["parallelism"]["tensor"] = 3
     obj["spec"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 0}
     rules = {v.rule for v in validate_object(obj).violations}
-    assert {"schema", "reserved-data-parallel", "tp-divisible", "rollout-progress"} <= rules
+    assert {"schema", "builtin-no-attention-dp", "tp-divisible", "rollout-progress"} <= rules
 
 
 def test_matrix_runs_alongside_cel_without_duplicates() -> None:
@@ -223,8 +223,9 @@ def test_validate_is_total_on_anything(value: object) -> None:
 
 
 BREAKERS: dict[str, tuple[tuple[str, ...], object]] = {
-    "reserved-data-parallel": (("spec", "prefill", "parallelism", "data"), 2),
-    "reserved-expert-parallel": (("spec", "decode", "parallelism", "expert"), 4),
+    "builtin-no-attention-dp": (("spec", "prefill", "parallelism", "data"), 2),
+    "builtin-no-expert-parallel": (("spec", "decode", "parallelism", "expert"), 4),
+    "reserved-nodes-per-replica": (("spec", "decode", "parallelism", "nodesPerReplica"), 2),
     "rollout-deadline-after-drain": (("spec", "rollout", "progressDeadlineSeconds"), 10),
     "schema": (("spec", "transfer", "bogus"), 1),
     "runtime-version-unknown": (("spec", "decode", "runtimeVersion"), "9.9.9"),

@@ -101,7 +101,7 @@ def test_namespaced_rbac_covers_what_the_operator_does(render: Render) -> None:
     assert _granted(rules, "pdfleet.io", "pddeployments/status") == {"get", "patch"}
     assert "delete" not in _granted(rules, "pdfleet.io", "pddeployments")
     assert _granted(rules, "", "secrets") == {"get", "create"}  # read its own by name, create once; no list
-    assert _granted(rules, "apps", "controllerrevisions") == {"get", "list", "create"}
+    assert _granted(rules, "apps", "controllerrevisions") == {"get", "list", "watch", "create"}
     assert _granted(rules, "apps", "deployments") == {"get", "list", "watch", "create", "patch"}  # the router
     dep = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=a" in dep and "--namespace=b" in dep and "--all-namespaces" not in dep

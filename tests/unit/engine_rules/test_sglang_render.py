@@ -11,6 +11,7 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.plan import Owner, Snapshot, plan
 from pdfleet_operator.render import PLACEHOLDER_UID, render_object
+from pdfleet_operator.resources.engine import group_member, group_service, launch_command
 from pdfleet_operator.resources.pods import runtime_pod
 from tests.unit.engine_rules.builders import sglang_obj
 
@@ -197,3 +198,63 @@ def test_engine_changes_are_new_revisions() -> None:
     assert shared[0] != base[0] and shared[1] != base[1]
     decode_only = revs(sglang_obj(spec__decode__engine={"image": "lmsysorg/sglang:v0.5.23-cu13"}))
     assert decode_only[0] == base[0] and decode_only[1] != base[1]  # a decode-only upgrade rolls decode only
+
+
+def test_the_agent_knows_what_to_check_and_holds_the_pods_only_token() -> None:
+    obj = sglang_obj(spec__model__source={"path": "/models/q", "volume": {"persistentVolumeClaim": {"claimName": "m"}}},
+                     spec__decode__engine={"image": "lmsysorg/sglang:v0.5.23-cu13"})
+    p = pod(obj, Role.DECODE)
+    eng, agent = containers(p)["engine"], containers(p)["runtime"]
+    cmd = agent["command"]
+    assert cmd[:4] == ["pdfleet-runtime", "agent", "--config", "/etc/pdfleet/runtime.yaml"]
+    assert flag(cmd, "--engine-version") == "0.5.23" and flag(cmd, "--model-path") == "/models/q"
+    assert flag(cmd, "--router-drop-seconds") == "4"  # ROUTER_DROP_BOUND_S, docs/router.md
+    assert {"name": "model", "mountPath": "/models/q", "readOnly": True} in agent["volumeMounts"]
+    # the engine's preStop waits for the agent's drain on the loopback admin port; both are exec hooks
+    hook = eng["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "-c"] and "http://127.0.0.1:8081/drain?wait=true" in hook[2]
+    assert agent["lifecycle"]["preStop"]["exec"]["command"][:3] == ["pdfleet-runtime", "drain", "--wait"]
+    # one API credential in the pod, the agent's
+    assert p["spec"]["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert [m["mountPath"] for m in agent["volumeMounts"]].count(token) == 1
+    assert token not in [m["mountPath"] for m in eng["volumeMounts"]]
+    (vol,) = [v for v in p["spec"]["volumes"] if v["name"] == "kube-api-access"]
+    assert vol["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
+    # a Hub model: no path the agent can see, so no config.json check
+    hub = sglang_obj(spec__model__source={"huggingFace": {"id": "Qwen/Qwen3.8-Flash-Next"}})
+    assert "--model-path" not in containers(pod(hub, Role.DECODE))["runtime"]["command"]
+
+
+def test_attention_dp_and_ep_render_inside_tp() -> None:
+    obj = sglang_obj(spec__model__layout={"preset": "deepseek-mla"},
+                     spec__prefill__parallelism={"tensor": 8, "data": 8, "expert": 8},
+                     spec__decode__parallelism={"tensor": 8, "data": 4})
+    cmd = containers(pod(obj))["engine"]["command"]
+    assert flag(cmd, "--tp-size") == "8" and flag(cmd, "--attn-dp-size") == "8" and flag(cmd, "--ep-size") == "8"
+    assert "--enable-dp-attention" not in cmd and "--dp-size" not in cmd  # deprecated / replicas, never rendered
+    assert "--nnodes" not in cmd  # one node: no rendezvous flags
+    dcmd = containers(pod(obj, Role.DECODE))["engine"]["command"]
+    assert flag(dcmd, "--attn-dp-size") == "4" and "--ep-size" not in dcmd
+
+
+def test_multi_node_replica_renders_rendezvous_per_pod_gpus_and_nccl() -> None:
+    # nodesPerReplica > 1 is refused at admission (groups are not built); the rendering exists already
+    obj = sglang_obj(spec__model__layout={"preset": "deepseek-mla"},
+                     spec__transfer={"backend": "mooncake", "rdmaDeviceMap": {"0": ["mlx5_0"], "1": ["mlx5_1"]}},
+                     spec__prefill__parallelism={"tensor": 16, "data": 16, "expert": 16, "nodesPerReplica": 2})
+    p = pod(obj)
+    eng = containers(p)["engine"]
+    cmd = eng["command"]
+    assert flag(cmd, "--nnodes") == "2" and flag(cmd, "--node-rank") == "0"
+    assert flag(cmd, "--dist-init-addr") == "qwen-prefill-r1-0.qwen-prefill-group.default.svc:5000"
+    assert eng["resources"]["limits"]["nvidia.com/gpu"] == "8"  # 16 GPUs over 2 nodes
+    env = env_of(eng)
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    spec = PDDeploymentSpec.model_validate(obj["spec"])
+    member = group_member("qwen", "default", Role.PREFILL, "r1", 0, 1)
+    assert flag(launch_command("qwen", spec, Role.PREFILL, member), "--node-rank") == "1"
+    svc = group_service("qwen", "default", Role.PREFILL, {"pdfleet.io/deployment": "qwen"})
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["metadata"]["name"] == "qwen-prefill-group"

@@ -53,15 +53,30 @@ def inp(
 CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
     "input-invalid": (inp(p=RoleInput(0)), inp(p=RoleInput(1)), "spec.prefill.parallelism.tensor"),
     "layout-unresolved": (inp(layout=None), inp(), "spec.model.layout"),
-    "reserved-data-parallel": (
+    "builtin-no-attention-dp": (
         inp(p=RoleInput(4, data=2)),
-        inp(p=RoleInput(4, data=1)),
+        replace(inp(p=RoleInput(4, data=2)), engine="sglang"),
         "spec.prefill.parallelism.data",
     ),
-    "reserved-expert-parallel": (
-        inp(d=RoleInput(2, expert=8)),
-        inp(d=RoleInput(2)),
+    "builtin-no-expert-parallel": (
+        inp(d=RoleInput(2, expert=2)),
+        replace(inp(d=RoleInput(2, expert=2)), engine="sglang"),
         "spec.decode.parallelism.expert",
+    ),
+    "attn-dp-divides-tp": (
+        inp(p=RoleInput(4, data=3)),
+        inp(p=RoleInput(4, data=4)),
+        "spec.prefill.parallelism.data",
+    ),
+    "ep-divides-tp": (
+        inp(d=RoleInput(2, expert=8)),
+        inp(d=RoleInput(2, expert=2)),
+        "spec.decode.parallelism.expert",
+    ),
+    "nodes-divide-gpus": (
+        inp(p=RoleInput(4, 1, nodes_per_replica=3)),
+        inp(p=RoleInput(4, 1, nodes_per_replica=2)),
+        "spec.prefill.parallelism.nodesPerReplica",
     ),
     "reserved-nodes-per-replica": (
         inp(d=RoleInput(2, nodes_per_replica=2)),
@@ -205,7 +220,7 @@ def test_all_violations_at_once() -> None:
     v = evaluate(inp(QWEN_FULL, "mori", "tcp", RoleInput(8, 2, data=2), RoleInput(3, 4, runtime_version="9")))
     rules = {x.rule for x in v.violations}
     assert {
-        "reserved-data-parallel",
+        "builtin-no-attention-dp",
         "tp-divisible",
         "pp-match",
         "kv-heads-tp",
@@ -274,3 +289,17 @@ def test_inline_layout_facts_point_at_inline_fields() -> None:
     assert facts.path("kv_heads") == "spec.model.layout.inline.kvHeads"
     v = evaluate(inp(facts, p=RoleInput(3), d=RoleInput(3)))
     assert any("spec.model.layout.inline.kvHeads" in x.paths for x in v.violations)
+
+
+def test_parallel_cells_name_admission_rules_and_print() -> None:
+    from pdfleet_operator.commands.matrix import matrix_text
+    from pdfleet_runtime.engine_rules.parallel import PARALLEL_CELLS
+
+    text = matrix_text(MATRICES[LATEST_MATRIX_VERSION])
+    for cell in PARALLEL_CELLS:
+        assert cell.reason
+        if not cell.supported:
+            assert cell.rule in all_rules(), cell
+            assert f"no [{cell.rule}]" in text
+    assert {c.feature for c in PARALLEL_CELLS if c.engine == "pdfleet" and not c.supported} == {
+        "attention-dp", "expert-parallel", "multi-node"}

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pdfleet_runtime.engines import EngineConfig, create_engine
 from pdfleet_runtime.layouts import PRESETS
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
-from pdfleet_runtime.protocol.auth import SIGNATURE_HEADER, Codec
+from pdfleet_runtime.protocol.auth import AUTH_HEADER, SIGNATURE_HEADER, Codec
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH, BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
@@ -32,7 +32,7 @@ from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.records import ParallelShape as S
 from pdfleet_runtime.seeded import request_lengths
 from pdfleet_runtime.verify.arena import compare, fill_background, write_requests
-from tests.unit.protocol.helpers import SECRET, snapshot
+from tests.unit.protocol.helpers import RANK_KEY, SECRET, snapshot
 
 LAYOUT_NAME = "llama-dense"
 REQUESTS, TOKENS, SEED = 2, 40, 5
@@ -62,7 +62,7 @@ async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeo
               prefill_timeouts: StateTimeouts | None = None, wire: str = str(WIRE), layout: str = LAYOUT_NAME) -> Rig:
     lay = PRESETS[layout]
     cap = Capacity(REQUESTS, TOKENS)
-    server = BootstrapServer(BootstrapState(p), Codec(SECRET, "pod"))
+    server = BootstrapServer(BootstrapState(p), Codec(SECRET, "pod", rank_key=RANK_KEY))
     ep = await server.start()
     src = [RankPools(lay, p, t, k, cap) for t, k in p.coords()]
     dst = [RankPools(lay, d, t, k, cap) for t, k in d.coords()]
@@ -78,7 +78,7 @@ async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeo
         eng = create_engine(EngineConfig("local"))
         eng.start()
         info = eng.register_rank(pools.registration())
-        coord = PrefillRank(pools.registration(), eng, info, BootstrapClient(ep, Codec(SECRET, "p")),
+        coord = PrefillRank(pools.registration(), eng, info, BootstrapClient(ep, Codec(SECRET, "p", rank_key=RANK_KEY)),
                             settings=PrefillSettings(timeouts=prefill_timeouts or StateTimeouts(), poll_wait_s=0.2),
                             release=r.released["prefill"].append)
         await coord.register()
@@ -180,12 +180,16 @@ def test_http_surface_refuses_bad_input_and_keeps_serving() -> None:
             cases = [(b"not json", None, 401), (raw, None, 401), (raw, "f" * 64, 401),
                      (b"x" * (r.server.codec.max_bytes + 10), sig, 413), (b"{}", good.sign(b"{}"), 400)]
             for data, signature, status in cases:
-                headers = {SIGNATURE_HEADER: signature} if signature else {}
+                headers = {SIGNATURE_HEADER: signature,
+                           AUTH_HEADER: good.auth_header(len(data), signature)} if signature else {}
                 async with s.post(url, data=data, headers=headers) as resp:
                     assert resp.status == status, (data[:20], resp.status)
-            async with s.post(url, data=raw, headers={SIGNATURE_HEADER: sig}) as resp:
+            ok = {SIGNATURE_HEADER: sig, AUTH_HEADER: good.auth_header(len(raw), sig)}
+            async with s.post(url, data=raw, headers={SIGNATURE_HEADER: sig}) as resp:  # no header MAC
+                assert resp.status == 401
+            async with s.post(url, data=raw, headers=ok) as resp:
                 assert resp.status == 200
-            async with s.post(url, data=raw, headers={SIGNATURE_HEADER: sig}) as resp:  # replayed
+            async with s.post(url, data=raw, headers=ok) as resp:  # replayed
                 assert resp.status == 409 and json.loads(await resp.read())["body"]["code"] == "replayed"
         after = snapshot(r.server.state)
         before.pop("last_seen"), after.pop("last_seen")  # the prefill rank keeps polling meanwhile
@@ -199,7 +203,7 @@ def test_http_surface_refuses_bad_input_and_keeps_serving() -> None:
        signed=st.booleans())
 def test_fuzzed_posts_never_crash_the_server_or_change_its_state(blobs: list[bytes], signed: bool) -> None:
     async def main() -> None:
-        server = BootstrapServer(BootstrapState(S(1)), Codec(SECRET, "pod"))
+        server = BootstrapServer(BootstrapState(S(1)), Codec(SECRET, "pod", rank_key=RANK_KEY))
         await server.start()
         before = snapshot(server.state)
         signer = Codec(SECRET, "fuzz")

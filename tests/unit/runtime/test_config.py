@@ -55,3 +55,24 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 def test_engine_ports_may_not_overlap_http() -> None:
     with pytest.raises(ValueError, match="overlaps the engine ports"):
         config(shape=ParallelShape(8), engine_port=8075)
+
+
+def test_placement_names_one_gpu_per_rank_and_staging_has_defaults() -> None:
+    from pdfleet_runtime.config import RuntimeConfig, StagingConfig
+
+    base = {"deployment": "d", "namespace": "n", "role": "decode", "runtimeVersion": "0.1.0",
+            "layout": {"preset": "llama-dense"}, "shape": {"tensor": 2}, "peerShape": {"tensor": 1},
+            "backend": "mooncake", "protocol": "nvlink", "maxConcurrentRequests": 2, "kvTokens": 64,
+            "prefillService": "p", "secretPath": "/s"}
+    cfg = RuntimeConfig.model_validate(base)
+    assert [cfg.device_of(r) for r in range(2)] == ["cuda:0", "cuda:1"]  # rank i on cuda:i
+    shared = RuntimeConfig.model_validate({**base, "placement": [0, 0]})
+    assert [shared.device_of(r) for r in range(2)] == ["cuda:0", "cuda:0"]  # both ranks on one GPU
+    assert cfg.staging == StagingConfig() and cfg.staging.threshold_bytes == 32 << 20 and cfg.staging.slots == 4
+    with pytest.raises(ValueError, match="placement lists 1 GPUs for 2 local ranks"):
+        RuntimeConfig.model_validate({**base, "placement": [0]})
+    with pytest.raises(ValueError, match="slotMib"):
+        RuntimeConfig.model_validate({**base, "staging": {"slotMib": 0}})
+    cpu = RuntimeConfig.model_validate({**base, "device": "cpu", "placement": [0, 1]})
+    assert cpu.device_of(1) == "cpu"
+    assert "placement" not in cfg.to_yaml() and "thresholdBytes" in cfg.to_yaml()

@@ -40,6 +40,7 @@ from pdfleet_runtime.server.routing import NOT_THE_PATH, RequestRouter, Syntheti
 from tests.server.harness import config
 
 SECRET = b"failure-kinds-secret-0123456789ab"
+RANK_KEY = b"failure-kinds-rank-key-0123456789"
 LAYOUT = PRESETS["llama-dense"]
 TOKENS = 32
 
@@ -108,7 +109,7 @@ def run(setup: Setup, body: Callable[[Pod], Awaitable[None]]) -> None:
     async def main() -> None:
         shape = ParallelShape(1)
         server = BootstrapServer(BootstrapState(shape, limits=BootstrapLimits(lease_s=setup.lease_s)),
-                                 Codec(SECRET, "pod"))
+                                 Codec(SECRET, "pod", rank_key=RANK_KEY))
         ep = await server.start()
         src = RankPools(LAYOUT, shape, 0, 0, Capacity(2, setup.prefill_tokens))
         dst_cap = Capacity(2, setup.decode_tokens)
@@ -126,7 +127,7 @@ def run(setup: Setup, body: Callable[[Pod], Awaitable[None]]) -> None:
 
         reports: list[StatusReport] = []
         engine = FailingWrites(engines[0][0]) if setup.failing_writes else engines[0][0]
-        prefill = PrefillRank(src.registration(), engine, engines[0][1], BootstrapClient(ep, Codec(SECRET, "p")),
+        prefill = PrefillRank(src.registration(), engine, engines[0][1], BootstrapClient(ep, Codec(SECRET, "p", rank_key=RANK_KEY)),
                               settings=PrefillSettings(poll_wait_s=0.1, write_timeout_s=5.0),
                               release=source.release, synthetic=fill, on_report=reports.append)
         spec = RankSpec(config("decode"), 0, 0, SECRET, "dec", "127.0.0.1", ("127.0.0.1", 0),

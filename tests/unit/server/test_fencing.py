@@ -25,6 +25,7 @@ from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.server.synthetic import fill_request, verify_request
 
 SECRET = b"fencing-test-secret-0123456789"
+RANK_KEY = b"fencing-test-rank-key-0123456789"
 WRITE_S = 1.0
 
 
@@ -58,10 +59,11 @@ class Rig:
     server: BootstrapServer | None = None
 
 
-def run(body: Callable[[Rig], Awaitable[None]], *, fence_timeout_s: float = 10.0) -> None:
+def run(body: Callable[[Rig], Awaitable[None]], *, fence_timeout_s: float = 10.0, write_timeout_s: float = 30.0,
+        fence_margin_s: float | None = None) -> None:
     async def main() -> None:
         lay, shape, cap = PRESETS["llama-dense"], ParallelShape(1), Capacity(2, 64)
-        server = BootstrapServer(BootstrapState(shape), Codec(SECRET, "pod"))
+        server = BootstrapServer(BootstrapState(shape), Codec(SECRET, "pod", rank_key=RANK_KEY))
         ep = await server.start()
         src, dst = RankPools(lay, shape, 0, 0, cap), RankPools(lay, shape, 0, 0, cap)
         src_idx = RequestAllocator(lay, cap).allocate(40)
@@ -73,13 +75,15 @@ def run(body: Callable[[Rig], Awaitable[None]], *, fence_timeout_s: float = 10.0
             eng.start()
             engines.append((eng, eng.register_rank(pools.registration())))
         slow = SlowEngine(engines[0][0])
+        margin = {} if fence_margin_s is None else {"fence_margin_s": fence_margin_s}
         stop = asyncio.Event()
         prefill = PrefillRank(src.registration(), slow, engines[0][1],  # type: ignore[arg-type]
-                              BootstrapClient(ep, Codec(SECRET, "p")), settings=PrefillSettings(poll_wait_s=0.2))
+                              BootstrapClient(ep, Codec(SECRET, "p", rank_key=RANK_KEY)),
+                              settings=PrefillSettings(poll_wait_s=0.2, write_timeout_s=write_timeout_s))
         rig = Rig(prefill, None, slow, dst, dst_idx, stop, server=server)  # type: ignore[arg-type]
         rig.decode = DecodeRank(dst.registration(), engines[1][1], StaticResolver([ep]), Codec(SECRET, "d"),
                                 instance="dec", release=lambda rid: rig.released.append((rid, time.monotonic())),
-                                settings=DecodeSettings(fence_timeout_s=fence_timeout_s))
+                                settings=DecodeSettings(fence_timeout_s=fence_timeout_s, **margin))
         await prefill.register()
         prefill.add_request("q0", src_idx)
         loop = asyncio.create_task(prefill.run(stop))
@@ -131,7 +135,26 @@ def test_items_of_a_silent_prefill_come_back_at_the_fence_deadline_not_before() 
         assert r.decode.fenced["deadline"] == 1 and r.decode.fenced["ack"] == 0
         assert r.released[0][1] - failed_at >= 1.5 - 0.1
 
-    run(both, fence_timeout_s=1.5)
+    run(both, fence_timeout_s=1.5, write_timeout_s=1.2, fence_margin_s=0.25)
+
+
+def test_the_fence_waits_for_the_write_timeout_the_prefill_announced_when_the_decode_flag_is_shorter() -> None:
+    """Issue 25 item 5: the decode's fence flag (0.5 s) and the prefill's write timeout (0.5 s here, plus the
+    default 5 s margin) are flags of different pods; the prefill announces its own at registration and the
+    decode waits for the longer, so a write still running can never land in reused items."""
+    async def both(r: Rig) -> None:
+        transfer = asyncio.create_task(r.decode.transfer("q0", r.dst_idx, timeout_s=0.5))
+        while not r.prefill._requests or not any(leg.writing for req in r.prefill._requests.values()
+                                                  for leg in req.legs.values()):
+            await asyncio.sleep(0.01)
+        r.stop.set()  # a silent prefill: only the deadline releases the items
+        out = await transfer
+        failed_at = time.monotonic()
+        assert out.state is RequestState.FAILED and r.released == []
+        assert await r.decode.wait_fenced(15)
+        assert r.released[0][1] - failed_at >= 5.5 - 0.5 - 0.1, r.released[0][1] - failed_at  # not the 0.5 s flag
+
+    run(both, fence_timeout_s=0.5, write_timeout_s=0.5)
 
 
 def test_a_failure_before_any_request_was_sent_releases_at_once() -> None:
