@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,8 @@ LegKey = tuple[str, Pair]  # (decode instance, decode rank)
 WRITE_GRACE_S = 1.0
 """Past the write timeout, how long a write's engine call may take to return before its request fails:
 the engine's own deadline (``Transfer.wait``) fires first unless its status call itself hangs."""
+WRITERS = 64
+"""Writer threads of one prefill rank: one per decode rank being written to (a hung call keeps its own)."""
 
 
 class SyntheticError(RuntimeError):
@@ -115,8 +118,9 @@ class _Decode:
     error: str = ""
     link: Any = None
     """The staged path's chunk link to this decode rank (made on its first staged leg)."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """Held by the write (or staged prepare) to this decode rank in flight: one at a time per peer."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by the write (or staged prepare) to this decode rank in flight: one at a time per peer. An
+    asyncio lock: a write waiting for it holds no worker thread (hung calls must not use them all up)."""
 
 
 @dataclass
@@ -174,6 +178,7 @@ class PrefillRank:
         self._siblings_tag = ""
         self._more = False
         self._engine_lock = threading.Lock()
+        self._writers = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="prefill-write")
         self._tasks: set[asyncio.Task[None]] = set()
         self.polls_failed = 0
 
@@ -237,9 +242,11 @@ class PrefillRank:
             return None
         if not blocks.descriptors or lane is None:
             return None
-        leg.writing = True  # the table and ready word go to the decode's lane
         try:
-            prepared = await asyncio.to_thread(self._on_peer, dec, self._prepare_staged, dec, blocks, lane)
+            async with dec.lock:
+                leg.writing = True  # the table and ready word go to the decode's lane
+                prepared = await asyncio.get_running_loop().run_in_executor(
+                    self._writers, self._prepare_staged, dec, blocks, lane)
         except Exception as e:  # the write retries it and reports what fails
             log.info("prefill rank %s: staged prepare for %s failed: %s", self.me, key[1], e)
             return None
@@ -492,10 +499,12 @@ class PrefillRank:
             self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"staging lane for {key[1]}: {e}")
             return
         if blocks.descriptors or lane is not None:
-            leg.writing = True
             try:
-                await self._deadlined(req, key, asyncio.to_thread(
-                    self._on_peer, dec, self._write, dec, req.request_id, blocks, lane, prepared))
+                async with dec.lock:  # one write per decode rank at a time
+                    if self._ended(req.request_id):
+                        return  # failed while an earlier write to this rank ran: every leg was reported
+                    leg.writing = True
+                    await self._deadlined(req, key, self._write, dec, req.request_id, blocks, lane, prepared)
             except EngineError as e:
                 leg.writing = False
                 failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
@@ -508,11 +517,11 @@ class PrefillRank:
         self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
                      write_s=time.perf_counter() - t1)
 
-    async def _deadlined(self, req: _Request, key: LegKey, call: Awaitable[object]) -> None:
-        """Await a write's worker thread; past the write timeout plus ``WRITE_GRACE_S`` fail the request
+    async def _deadlined(self, req: _Request, key: LegKey, fn: Callable[..., object], *args: object) -> None:
+        """Run a write on a writer thread; past the write timeout plus ``WRITE_GRACE_S`` fail the request
         (``TIMEOUT``, its statuses unfenced: the engine may still write) and wait on for the thread,
         so that the leg is fenced and the source items freed only once the engine call has returned."""
-        task = asyncio.ensure_future(call)
+        task = asyncio.get_running_loop().run_in_executor(self._writers, fn, *args)
         budget = self.settings.write_timeout_s + WRITE_GRACE_S
         try:
             await asyncio.wait_for(asyncio.shield(task), budget)
@@ -656,8 +665,4 @@ class PrefillRank:
         with self._engine_lock:
             return fn(*args, **kwargs)
 
-    @staticmethod
-    def _on_peer(dec: _Decode, fn: Callable[..., object], *args: object) -> object:
-        """A write to one decode rank: serialised with that rank's other writes only."""
-        with dec.lock:
-            return fn(*args)
+

@@ -1,8 +1,10 @@
 """A hung engine status call to one decode must not stall the prefill rank's writes to another decode.
 
-A real bootstrap server on 127.0.0.1, one prefill rank, two decode instances (``a`` and ``b``), the ``local``
-engine wrapped by a fault hook: a write to decode ``a`` hangs inside the engine (as Mooncake's
-``get_batch_transfer_status`` does until its batch ends) until the test lets it go.
+A real bootstrap server on 127.0.0.1, one prefill rank, nine decode instances, the ``local`` engine wrapped by a
+fault hook: writes to decodes ``a0``..``a7`` hang inside the engine (as Mooncake's
+``get_batch_transfer_status`` does until its batch ends) until the test lets them go; the write to
+decode ``b`` must complete meanwhile. Eight hung writes are more than asyncio's default executor has
+threads on a small host (cores + 4), so a design that parks waiting writes on worker threads fails too.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ class HungStatus:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.hung_peer: str | None = None
+        self.hung_peers: set[str] = set()
         self.release = threading.Event()
-        self.hung = threading.Event()
+        self.hung: set[str] = set()
         self.ended: dict[str, float] = {}
 
     def write(self, peer: str, *args: Any, **kwargs: Any) -> Any:
-        if peer == self.hung_peer:
-            self.hung.set()
+        if peer in self.hung_peers:
+            self.hung.add(peer)
             self.release.wait(30)
         try:
             return self.engine.write(peer, *args, **kwargs)
@@ -59,7 +61,8 @@ def test_a_hung_status_call_to_one_decode_does_not_stall_writes_to_another() -> 
         server = BootstrapServer(BootstrapState(shape), Codec(SECRET, "pod", rank_key=RANK_KEY))
         ep = await server.start()
         src = RankPools(lay, shape, 0, 0, cap)
-        dsts = {name: RankPools(lay, shape, 0, 0, cap) for name in ("a", "b")}
+        hung = [f"a{i}" for i in range(8)]
+        dsts = {name: RankPools(lay, shape, 0, 0, cap) for name in [*hung, "b"]}
         src_idx = {rid: RequestAllocator(lay, cap, seed=s).allocate(40) for rid, s in (("qa", 1), ("qb", 2))}
         dst_idx = {name: RequestAllocator(lay, cap, seed=3).allocate(40) for name in dsts}
         fill_request(src, 11, src_idx["qa"])
@@ -73,8 +76,8 @@ def test_a_hung_status_call_to_one_decode_does_not_stall_writes_to_another() -> 
             eng = create_engine(EngineConfig("local"))
             eng.start()
             dinfo = eng.register_rank(pools.registration())
-            if name == "a":
-                hook.hung_peer = dinfo.name
+            if name in hung:
+                hook.hung_peers.add(dinfo.name)
             decodes[name] = DecodeRank(pools.registration(), dinfo,
                                        StaticResolver([ep]), Codec(SECRET, f"d{name}"), instance=name,
                                        settings=DecodeSettings(fence_timeout_s=10.0, fence_margin_s=0.5))
@@ -85,9 +88,11 @@ def test_a_hung_status_call_to_one_decode_does_not_stall_writes_to_another() -> 
         await prefill.register()
         loop = asyncio.create_task(prefill.run(stop))
         try:
-            prefill.add_request("qa", src_idx["qa"])
-            ta = asyncio.create_task(decodes["a"].transfer("qa", dst_idx["a"], timeout_s=20))
-            while not hook.hung.is_set():  # the write to decode a is stuck in the engine
+            tas = []
+            for name in hung:
+                prefill.add_request(f"q{name}", src_idx["qa"])
+                tas.append(asyncio.create_task(decodes[name].transfer(f"q{name}", dst_idx[name], timeout_s=20)))
+            while len(hook.hung) < len(hung):  # every write to a0..a7 is stuck in the engine
                 await asyncio.sleep(0.01)
             t0 = time.monotonic()
             prefill.add_request("qb", src_idx["qb"])
@@ -95,21 +100,23 @@ def test_a_hung_status_call_to_one_decode_does_not_stall_writes_to_another() -> 
             b_took = time.monotonic() - t0
             assert ob.state is RequestState.SUCCESS, ob
             assert verify_request(dsts["b"], 12, dst_idx["b"]) == 0
-            assert b_took < WRITE_TIMEOUT_S, f"the write to decode b waited {b_took:.2f}s behind decode a's"
-            # The hung write has a deadline: the write timeout (plus a margin), then a typed failure,
+            assert b_took < WRITE_TIMEOUT_S, f"the write to decode b waited {b_took:.2f}s behind the hung ones"
+            # Each hung write has a deadline: the write timeout (plus a margin), then a typed failure,
             # sent unfenced (the engine may still write), and the items stay held.
-            oa = await asyncio.wait_for(ta, 20)
+            outs = await asyncio.wait_for(asyncio.gather(*tas), 20)
             failed_after = time.monotonic() - t0
-            assert oa.state is RequestState.FAILED and oa.cause is FailureReason.TIMEOUT, oa
-            assert "engine call has not returned" in oa.reason, oa.reason
-            [report] = oa.reports
-            assert not report.fenced  # the engine may still write into decode a's items
             assert failed_after < 3 * WRITE_TIMEOUT_S + 1, failed_after
-            assert decodes["a"].fences_pending == 1
-            assert prefill.outcome("qa") is RequestState.FAILED
-            hook.release.set()  # the status call returns at last: the prefill confirms the fence
-            assert await decodes["a"].wait_fenced(10)
-            assert decodes["a"].fenced["ack"] == 1
+            for name, oa in zip(hung, outs, strict=True):
+                assert oa.state is RequestState.FAILED and oa.cause is FailureReason.TIMEOUT, oa
+                assert "engine call has not returned" in oa.reason, oa.reason
+                [report] = oa.reports
+                assert not report.fenced  # the engine may still write into this decode's items
+                assert decodes[name].fences_pending == 1
+                assert prefill.outcome(f"q{name}") is RequestState.FAILED
+            hook.release.set()  # the status calls return at last: the prefill confirms each fence
+            for name in hung:
+                assert await decodes[name].wait_fenced(10)
+                assert decodes[name].fenced["ack"] == 1
         finally:
             hook.release.set()
             stop.set()
