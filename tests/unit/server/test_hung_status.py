@@ -92,8 +92,11 @@ def test_a_hung_status_call_to_one_decode_does_not_stall_writes_to_another() -> 
             for name in hung:
                 prefill.add_request(f"q{name}", src_idx["qa"])
                 tas.append(asyncio.create_task(decodes[name].transfer(f"q{name}", dst_idx[name], timeout_s=20)))
-            while len(hook.hung) < len(hung):  # every write to a0..a7 is stuck in the engine
+            until = time.monotonic() + 10
+            while len(hook.hung) < len(hung) and time.monotonic() < until:
                 await asyncio.sleep(0.01)
+            assert len(hook.hung) == len(hung), \
+                f"only {len(hook.hung)} of {len(hung)} hung writes reached the engine: the rest wait behind them"
             t0 = time.monotonic()
             prefill.add_request("qb", src_idx["qb"])
             ob = await asyncio.wait_for(decodes["b"].transfer("qb", dst_idx["b"], timeout_s=20), 20)
