@@ -293,6 +293,7 @@ class PrefillRank:
             for t in [*tasks, *self._tasks]:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+            self._writers.shutdown(wait=False)  # a thread still in a hung engine call is left to it
 
     # ------------------------------------------------------------------ loops
 
@@ -664,5 +665,3 @@ class PrefillRank:
         """Connect, forget, close a link: calls that change the engine's peer table, one at a time."""
         with self._engine_lock:
             return fn(*args, **kwargs)
-
-
