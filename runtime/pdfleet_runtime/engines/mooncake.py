@@ -19,6 +19,11 @@ Hazards of 0.3.13 (shared/engines.md) and how this adapter makes them impossible
   before a device-to-device copy ends, so calls bind the thread to the region's GPU and a
   transfer is done only after that GPU is synchronized (``cuda.synchronize``).
 
+Writes to several peers run from several threads at once (the prefill rank's writes to different
+decodes): Mooncake's engine is thread-safe, and the adapter keeps that true across a rebuild: each
+batch's status is asked of the engine that took the batch, and threads that saw the same engine fail
+rebuild it once (``_rebuild_lock``, by generation).
+
 Rebuilding changes the engine's RPC port, so ``local_info`` changes: the runtime writes from
 prefill (the initiator, which rebuilds) to decode (the target, which never does).
 """
@@ -26,6 +31,7 @@ prefill (the initiator, which rebuilds) to decode (the target, which never does)
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import deque
 from enum import StrEnum
@@ -94,7 +100,7 @@ class _MooncakeTransfer(Transfer):
         self._engine = engine
         self._chunks = list(batch.chunks(chunk))
         self._depth = depth
-        self._inflight: deque[int] = deque()
+        self._inflight: deque[tuple[Any, int]] = deque()  # (the engine that took the batch, its batch id)
         self._submitted = 0
         self._confirmed = 0
         self._sync = False
@@ -120,24 +126,25 @@ class _MooncakeTransfer(Transfer):
         eng = self._engine
         failed = False
         while self._submitted < len(self._chunks) and len(self._inflight) < self._depth:
-            bid = eng._call_async(self.peer, self._chunks[self._submitted])
+            raw = eng._engine
+            bid = eng._call_async(self.peer, self._chunks[self._submitted], raw)
             self._calls += 1
             if bid <= 0:
                 failed = True
                 break
-            self._inflight.append(bid)
+            self._inflight.append((raw, bid))
             self._submitted += 1
         if not failed and self._inflight:
-            failed = eng._batch_status(self._inflight.popleft()) != 0
+            failed = eng._batch_status(*self._inflight.popleft()) != 0
             self._confirmed += not failed
         if failed:
             while self._inflight:  # let the engine finish what it holds before any rebuild
-                eng._batch_status(self._inflight.popleft())
+                eng._batch_status(*self._inflight.popleft())
             self._sync = True
 
     def cancel(self) -> None:
         while self._inflight:
-            self._engine._batch_status(self._inflight.popleft())
+            self._engine._batch_status(*self._inflight.popleft())
 
 
 class MooncakeEngine(TransferEngine):
@@ -163,6 +170,7 @@ class MooncakeEngine(TransferEngine):
         self.engine_calls = 0
         self._poisoned = False
         self._gpu: str | None = None
+        self._rebuild_lock = threading.Lock()
         self._engine = self._new_engine()
 
     @staticmethod
@@ -252,47 +260,54 @@ class MooncakeEngine(TransferEngine):
         if fault is InjectedFault.POISON:
             self._poisoned = True
 
-    def _call(self, peer: str, chunk: Blocks) -> int:
+    def _call(self, peer: str, chunk: Blocks, raw: Any) -> int:
         self.engine_calls += 1
         if self._poisoned:
             return -1
         self._bind()
-        return int(self._engine.batch_transfer_sync_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
+        return int(raw.batch_transfer_sync_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
                                                           chunk.length.tolist()))
 
-    def _call_async(self, peer: str, chunk: Blocks) -> int:
-        """Submit one chunk; the engine's batch id, or -1 when it refused (or a fault is injected)."""
+    def _call_async(self, peer: str, chunk: Blocks, raw: Any) -> int:
+        """Submit one chunk to ``raw``; its batch id, or -1 when it refused (or a fault is injected)."""
         self.engine_calls += 1
         if self._poisoned:
             return -1
         self._bind()
-        bid = self._engine.batch_transfer_async_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
+        bid = raw.batch_transfer_async_write(peer, chunk.src.tolist(), chunk.dst.tolist(),
                                                       chunk.length.tolist())
         return int(bid) if bid and bid > 0 else -1
 
-    def _batch_status(self, bid: int) -> int:
-        """Block until batch ``bid`` ends: 0 when every entry succeeded."""
-        return int(self._engine.get_batch_transfer_status([bid]))
+    @staticmethod
+    def _batch_status(raw: Any, bid: int) -> int:
+        """Block until batch ``bid`` (taken by engine ``raw``) ends: 0 when every entry succeeded."""
+        return int(raw.get_batch_transfer_status([bid]))
 
     def _write_chunk(self, peer: PeerId, chunk: Blocks) -> tuple[int, int]:
         """Write one chunk; on failure probe, rebuild once and retry. Returns (engine calls, recoveries)."""
-        rc = self._call(peer, chunk)
+        raw, generation = self._engine, self.generation
+        rc = self._call(peer, chunk, raw)
         if rc == 0:
             return 1, 0
-        probe = int(self._engine.send_probe(peer))
+        probe = int(raw.send_probe(peer))
         if probe != 0:
             raise map_write_failure(peer, rc, probe, after_recovery=False)
-        self._rebuild()
-        rc = self._call(peer, chunk)
+        self._rebuild(generation)
+        rc = self._call(peer, chunk, self._engine)
         if rc == 0:
             return 2, 1
         raise map_write_failure(peer, rc, int(self._engine.send_probe(peer)), after_recovery=True)
 
-    def _rebuild(self) -> None:
-        """Replace a wedged engine: a fresh one with the same regions (cheap over TCP: no pinning)."""
-        old, self._engine = self._engine, self._new_engine()
-        self._poisoned = False
-        self._register(self._regions)
-        self.generation += 1
-        self.recoveries += 1
-        del old
+    def _rebuild(self, generation: int) -> None:
+        """Replace a wedged engine: a fresh one with the same regions (cheap over TCP: no pinning).
+        Once per ``generation``: a thread whose engine another thread already replaced retries on the new one."""
+        with self._rebuild_lock:
+            if self.generation != generation:
+                return
+            new = self._new_engine()
+            old, self._engine = self._engine, new
+            self._poisoned = False
+            self._register(self._regions)
+            self.generation += 1
+            self.recoveries += 1
+            del old

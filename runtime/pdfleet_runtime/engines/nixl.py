@@ -96,6 +96,9 @@ def _new_agent(api: Any, name: str, delay_us: int | None = None) -> Any:
     agent spins a core (85% of one, measured on 1.5.1). The binding's config has the field, but
     the wrapper builds the config itself: the config is amended on its way to the binding's
     constructor, for this one call. Without that binding attribute the agent is made as is.
+    The same amendment sets strict thread sync (the agent's own mutex around every call): without a
+    listener thread the wrapper leaves sync off, and the prefill rank writes to several decodes from
+    several threads at once.
     """
     bind = getattr(api, "nixlBind", None)
     if getattr(bind, "nixlAgent", None) is None:
@@ -106,6 +109,9 @@ def _new_agent(api: Any, name: str, delay_us: int | None = None) -> Any:
 
     def make(agent_name: str, config: Any) -> Any:
         config.pthrDelay = delay
+        strict = getattr(bind, "NIXL_THREAD_SYNC_STRICT", None)
+        if strict is not None:
+            config.syncMode = strict
         return real(agent_name, config)
 
     with _AGENT_LOCK:  # the binding is module state: one amended construction at a time

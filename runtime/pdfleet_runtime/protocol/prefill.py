@@ -1,7 +1,12 @@
 """The prefill rank's transfer coordinator: register, take work from the pod's bootstrap, plan, write, report.
 
 One asyncio task polls the bootstrap (heartbeat and events), one sends status reports, one
-expires deadlines; writes run on a worker thread (engines are blocking), one at a time per engine.
+expires deadlines; writes run on worker threads (engines are blocking), one at a time per decode rank
+(its lock), never behind another decode's: the engine lock covers only connect, forget and closing a
+link (they change the engine's peer table), and the engines are thread-safe for the rest (a NIXL agent
+is made with strict thread sync, Mooncake's engine is). Every write has a deadline, the write timeout
+plus ``WRITE_GRACE_S``: a write whose engine call has not returned by then (a hung status call) fails
+its request with ``TIMEOUT``, reported unfenced, its source items held until the call returns.
 A request becomes known either from the local scheduler (``add_request``: its state is ready in
 this rank's pools) or from a decode rank's ``TransferRequest``; it moves
 Bootstrapping -> WaitingForInput (every decode rank it serves sent indices) -> Transferring ->
@@ -31,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +81,11 @@ log = logging.getLogger(__name__)
 Pair = tuple[int, int]
 _DIRECT = "direct"  # staged.Path.DIRECT (a StrEnum) without importing torch into this module
 LegKey = tuple[str, Pair]  # (decode instance, decode rank)
+WRITE_GRACE_S = 1.0
+"""Past the write timeout, how long a write's engine call may take to return before its request fails:
+the engine's own deadline (``Transfer.wait``) fires first unless its status call itself hangs."""
+WRITERS = 64
+"""Writer threads of one prefill rank: one per decode rank being written to (a hung call keeps its own)."""
 
 
 class SyntheticError(RuntimeError):
@@ -107,6 +118,9 @@ class _Decode:
     error: str = ""
     link: Any = None
     """The staged path's chunk link to this decode rank (made on its first staged leg)."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by the write (or staged prepare) to this decode rank in flight: one at a time per peer. An
+    asyncio lock: a write waiting for it holds no worker thread (hung calls must not use them all up)."""
 
 
 @dataclass
@@ -164,6 +178,7 @@ class PrefillRank:
         self._siblings_tag = ""
         self._more = False
         self._engine_lock = threading.Lock()
+        self._writers = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="prefill-write")
         self._tasks: set[asyncio.Task[None]] = set()
         self.polls_failed = 0
 
@@ -227,9 +242,11 @@ class PrefillRank:
             return None
         if not blocks.descriptors or lane is None:
             return None
-        leg.writing = True  # the table and ready word go to the decode's lane
         try:
-            prepared = await asyncio.to_thread(self._locked, self._prepare_staged, dec, blocks, lane)
+            async with dec.lock:
+                leg.writing = True  # the table and ready word go to the decode's lane
+                prepared = await asyncio.get_running_loop().run_in_executor(
+                    self._writers, self._prepare_staged, dec, blocks, lane)
         except Exception as e:  # the write retries it and reports what fails
             log.info("prefill rank %s: staged prepare for %s failed: %s", self.me, key[1], e)
             return None
@@ -276,6 +293,7 @@ class PrefillRank:
             for t in [*tasks, *self._tasks]:
                 t.cancel()
             await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
+            self._writers.shutdown(wait=False)  # a thread still in a hung engine call is left to it
 
     # ------------------------------------------------------------------ loops
 
@@ -482,9 +500,12 @@ class PrefillRank:
             self._report(req, leg, RequestState.FAILED, FailureReason.PLAN, f"staging lane for {key[1]}: {e}")
             return
         if blocks.descriptors or lane is not None:
-            leg.writing = True
             try:
-                await asyncio.to_thread(self._locked, self._write, dec, req.request_id, blocks, lane, prepared)
+                async with dec.lock:  # one write per decode rank at a time
+                    if self._ended(req.request_id):
+                        return  # failed while an earlier write to this rank ran: every leg was reported
+                    leg.writing = True
+                    await self._deadlined(req, key, self._write, dec, req.request_id, blocks, lane, prepared)
             except EngineError as e:
                 leg.writing = False
                 failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
@@ -496,6 +517,24 @@ class PrefillRank:
                 self._fence(leg)
         self._report(req, leg, RequestState.SUCCESS, None, "", blocks=blocks, plan_s=t1 - t0,
                      write_s=time.perf_counter() - t1)
+
+    async def _deadlined(self, req: _Request, key: LegKey, fn: Callable[..., object], *args: object) -> None:
+        """Run a write on a writer thread; past the write timeout plus ``WRITE_GRACE_S`` fail the request
+        (``TIMEOUT``, its statuses unfenced: the engine may still write) and wait on for the thread,
+        so that the leg is fenced and the source items freed only once the engine call has returned."""
+        task = asyncio.get_running_loop().run_in_executor(self._writers, fn, *args)
+        budget = self.settings.write_timeout_s + WRITE_GRACE_S
+        try:
+            await asyncio.wait_for(asyncio.shield(task), budget)
+            return
+        except TimeoutError:
+            if not self.tracker.get(req.request_id).state.terminal:
+                why = (f"write to decode rank {key[1]} of {key[0]}: the engine call has not returned after "
+                       f"{budget:.1f}s (write timeout {self.settings.write_timeout_s:.1f}s)")
+                log.warning("prefill rank %s: %s", self.me, why)
+                self._fail_request(req, FailureReason.TIMEOUT, why)
+        with contextlib.suppress(EngineError):
+            await task
 
     def _lane(self, key: LegKey, dec: _Decode, leg: _Leg) -> Any:
         """The decode's staging lane granted to this source (addresses), or None (direct write)."""
@@ -511,7 +550,7 @@ class PrefillRank:
         return self.staging.lane(announced, lanes[order.index(self.me)])
 
     def _write(self, dec: _Decode, request_id: str, blocks: Blocks, lane: Any, prepared: Any = None) -> None:
-        """One leg's bytes (worker thread, engine lock held): staged through ``lane``, else the direct write."""
+        """One leg's bytes (worker thread, this decode's lock held): staged through ``lane``, else the direct write."""
         assert dec.peer is not None
         st = self.staging
         if lane is None or st is None:
@@ -623,5 +662,6 @@ class PrefillRank:
                 self._release(req.request_id)
 
     def _locked(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+        """Connect, forget, close a link: calls that change the engine's peer table, one at a time."""
         with self._engine_lock:
             return fn(*args, **kwargs)

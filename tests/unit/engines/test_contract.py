@@ -217,11 +217,15 @@ def test_wait_times_out_and_cancels() -> None:
 
 
 class _FakeBind:
+    NIXL_THREAD_SYNC_STRICT = "strict"
+
     def __init__(self) -> None:
         self.delays: list[int] = []
+        self.sync: list[str] = []
 
     def nixlAgent(self, name: str, config: SimpleNamespace) -> str:
         self.delays.append(config.pthrDelay)
+        self.sync.append(config.syncMode)
         return name
 
 
@@ -235,7 +239,7 @@ class _FakeNixlApi:
         return backends
 
     def nixl_agent(self, name: str, backends: list[str]) -> str:
-        return self.nixlBind.nixlAgent(name, SimpleNamespace(pthrDelay=0))
+        return self.nixlBind.nixlAgent(name, SimpleNamespace(pthrDelay=0, syncMode="none"))
 
 
 def test_nixl_agent_progress_thread_waits_instead_of_spinning() -> None:
@@ -243,6 +247,7 @@ def test_nixl_agent_progress_thread_waits_instead_of_spinning() -> None:
     real = api.nixlBind.nixlAgent
     assert _new_agent(api, "a") == "a"
     assert api.nixlBind.delays == [nixl.PROGRESS_THREAD_DELAY_US] and nixl.PROGRESS_THREAD_DELAY_US >= 1000
+    assert api.nixlBind.sync == ["strict"]  # the prefill rank writes to several decodes from several threads
     assert api.nixlBind.nixlAgent == real  # the binding is restored
     assert _new_agent(SimpleNamespace(nixl_agent=lambda n, c: n, nixl_agent_config=lambda backends: None), "b") == "b"
 
