@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import socket
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -85,6 +89,53 @@ def test_routes_unknown_paths_big_bodies_and_delegates(tmp_path: Path) -> None:
     assert "no webhook is served at /nowhere" in results[3][1]["response"]["status"]["message"]
     assert "AdmissionError" in results[4][1]["response"]["status"]["message"]
     assert "malformed answer" in results[5][1]["response"]["status"]["message"]
+
+
+def test_reviews_do_not_wait_for_a_blocked_kopf_loop(tmp_path: Path) -> None:
+    """The listener has its own thread and loop: a review is answered while kopf's loop is stuck in
+    one long step (a stand-in for a burst of watch events), and a delegated id still runs on kopf's loop."""
+    server = _dev_server(tmp_path)
+    seen: dict[str, Any] = {}
+
+    async def kopf_fn(data: Any, **_: Any) -> Any:
+        seen["loop"] = asyncio.get_running_loop()
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": "d1", "allowed": True}}
+
+    def post(url: str, body: bytes, out: dict[str, Any]) -> None:
+        parts = url.removeprefix("https://").split("/", 1)[0]
+        host, port = parts.rsplit(":", 1)
+        conn = http.client.HTTPSConnection(host, int(port), timeout=10,
+                                           context=ssl.create_default_context(cafile=str(server.cafile)))
+        start = time.monotonic()
+        conn.request("POST", f"/{VALIDATE_WEBHOOK_ID}", body=body, headers={"Content-Type": "application/json"})
+        out["resp"] = json.loads(conn.getresponse().read())
+        out["s"] = time.monotonic() - start
+        conn.close()
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> tuple[dict[str, Any], tuple[int, Any]]:
+        out: dict[str, Any] = {}
+        seen["kopf"] = asyncio.get_running_loop()
+        client = threading.Thread(target=post, args=(url, Review(example("llama-dense")).uid("t1").body(), out))
+        client.start()
+        time.sleep(2.0)  # kopf's loop blocked: nothing on it runs until this returns
+        client.join(10)
+        return out, await _post(s, f"{url}/kopf-one", b'{"request": {"uid": "d1"}}')
+
+    out, (status, delegated) = asyncio.run(_serve(server, kopf_fn, calls))
+    assert out["resp"]["response"]["uid"] == "t1" and out["resp"]["response"]["allowed"] is True, out
+    assert out["s"] < 1.0, f"the review took {out['s']:.2f}s, behind kopf's blocked loop"
+    assert status == 200 and delegated["response"]["allowed"] is True
+    assert seen["loop"] is seen["kopf"]
+
+
+def test_a_listener_that_cannot_bind_fails_on_kopfs_loop(tmp_path: Path) -> None:
+    server = _dev_server(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", server.port))
+        taken.listen()
+        with pytest.raises(OSError, match=r"(?i)address already in use"):
+            asyncio.run(_serve(server, None, lambda url, s: asyncio.sleep(0)))
 
 
 def test_large_bodies_are_judged_off_the_loop(tmp_path: Path) -> None:
