@@ -67,7 +67,7 @@ class AdmissionServer(kopf.WebhookServer):
     """A kopf WebhookServer whose requests go to pure review functions by webhook id.
 
     ``routes``: webhook id -> pure function; ``delegate``: ids left to kopf's handler machinery;
-    ``inline_bytes``: bodies up to this size are judged on the event loop (they take well under a
+    ``inline_bytes``: bodies up to this size are judged on the webhook's loop (they take well under a
     millisecond), larger ones in a worker thread, ``max_concurrent`` at a time.
     """
 
