@@ -38,7 +38,7 @@ import kopf
 from pdfleet_operator.admission.review import deny, response_problems, scan_uid
 from pdfleet_operator.settings import AdmissionSettings, WebhookMode
 
-__all__ = ["AdmissionServer", "Route", "WebhookSetupError", "build_server"]
+__all__ = ["AdmissionServer", "Route", "WebhookSetupError", "build_server", "server_kwargs"]
 
 Route = Callable[[bytes], dict[str, Any]]
 _CHUNK = 1 << 16
@@ -215,9 +215,13 @@ def build_server(settings: AdmissionSettings, routes: Mapping[str, Route], deleg
     AdmissionServer
 ):
     """The server for ``serve`` (certificate files from a mounted Secret) or ``dev`` (a throw-away CA)."""
+    return AdmissionServer(routes=routes, delegate=delegate, **server_kwargs(settings))
+
+
+def server_kwargs(settings: AdmissionSettings) -> dict[str, Any]:
+    """``AdmissionServer``'s arguments but the routes, plain values only (the admission process gets
+    them as JSON): the limits, the listener and the certificate files, checked (serve) or issued (dev)."""
     common: dict[str, Any] = {
-        "routes": routes,
-        "delegate": delegate,
         "max_body_bytes": settings.max_body_bytes,
         "inline_bytes": settings.inline_body_bytes,
         "max_concurrent": settings.max_concurrent_reviews,
@@ -234,7 +238,7 @@ def build_server(settings: AdmissionSettings, routes: Mapping[str, Route], deleg
         if missing:
             raise WebhookSetupError(f"webhook certificate files missing: {', '.join(missing)}")
         ca = settings.cert_dir / "ca.crt"
-        return AdmissionServer(certfile=cert, pkeyfile=key, cafile=ca if ca.is_file() else None, **common)
+        return {"certfile": str(cert), "pkeyfile": str(key), "cafile": str(ca) if ca.is_file() else None, **common}
     if settings.mode is WebhookMode.DEV:
         from pdfleet_operator.devcluster.certs import CertificateAuthority
 
@@ -247,9 +251,8 @@ def build_server(settings: AdmissionSettings, routes: Mapping[str, Route], deleg
             ips=tuple({host, "127.0.0.1"}) if _is_ip(host) else ("127.0.0.1",),
             dns=("localhost",) if _is_ip(host) else (host, "localhost"),
         )
-        return AdmissionServer(
-            certfile=pair.cert_path, pkeyfile=pair.key_path, cafile=ca.cert_path, host=host, **common
-        )
+        return {"certfile": str(pair.cert_path), "pkeyfile": str(pair.key_path), "cafile": str(ca.cert_path),
+                "host": host, **common}
     raise WebhookSetupError(f"no webhook server in mode {settings.mode}")
 
 

@@ -31,8 +31,10 @@ from pdfleet_operator.admission import (
     review,
 )
 from pdfleet_operator.admission import handlers as admission_handlers
+from pdfleet_operator.admission.process import AdmissionProcess
+from pdfleet_operator.admission.server import server_kwargs
 from pdfleet_operator.devcluster.cluster import free_port
-from pdfleet_operator.settings import AdmissionSettings, OperatorSettings, WebhookMode
+from pdfleet_operator.settings import AdmissionSettings, OperatorSettings, RecheckSettings, WebhookMode
 from tests.unit.admission.builders import Review, example
 
 
@@ -191,5 +193,29 @@ def test_register_wires_kopf_by_mode(tmp_path: Path) -> None:
     (hook,) = registry._webhooks.get_all_handlers()
     assert hook.id == VALIDATE_WEBHOOK_ID and set(hook.operations) == {"CREATE", "UPDATE"}
     assert not hook.ignore_failures  # failurePolicy Fail
-    assert isinstance(ks.admission.server, AdmissionServer) and ks.admission.managed == "pdfleet-admission.pdfleet.io"
+    assert isinstance(ks.admission.server, AdmissionProcess) and ks.admission.managed == "pdfleet-admission.pdfleet.io"
     assert (tmp_path / "ca.crt").is_file()
+
+
+def test_the_admission_process_serves_reviews_and_reports_its_failure(tmp_path: Path) -> None:
+    """What kopf runs: the webhook in a child process; a review answered there, and a child that
+    cannot listen (port taken) surfacing as WebhookSetupError on kopf's side."""
+    settings = AdmissionSettings(mode=WebhookMode.DEV, host="127.0.0.1", port=free_port(), cert_dir=tmp_path)
+    proc = AdmissionProcess(server_kwargs(settings), RecheckSettings(), VALIDATE_WEBHOOK_ID)
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+        return [await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(example("kv-heads-tp", "invalid")).uid("p1").body()),
+                await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(example("llama-dense")).uid("p2").body())]
+
+    (s1, denied), (s2, allowed) = asyncio.run(_serve(proc, None, calls))  # type: ignore[arg-type]
+    assert (s1, s2) == (200, 200)
+    assert denied["response"]["allowed"] is False and "[kv-heads-tp]" in denied["response"]["status"]["message"]
+    assert allowed["response"] == {"uid": "p2", "allowed": True} or allowed["response"]["allowed"] is True
+
+    taken_port = free_port()
+    proc = AdmissionProcess({**server_kwargs(settings), "port": taken_port}, RecheckSettings(), VALIDATE_WEBHOOK_ID)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", taken_port))
+        taken.listen()
+        with pytest.raises(WebhookSetupError, match="admission process exited with status 1"):
+            asyncio.run(_serve(proc, None, lambda url, s: asyncio.sleep(0)))  # type: ignore[arg-type]
