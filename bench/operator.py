@@ -12,9 +12,10 @@ reconcile pass (from /proc and its Prometheus counter).
 Target (issue 10): operator time at most 1.5x the direct apply.
 
 The fleet (issue 29) reports the time of each phase, the operator's peak memory (VmHWM) and CPU
-seconds, its API calls per reconcile pass, watch restarts, and the admission webhook's p99 during
-the rollout: AdmissionReviews sent straight to the operator's webhook (the one the apiserver calls,
-served on the operator's event loop, which carries the thousand pods' watch events meanwhile) and,
+seconds (and its webhook process's), its API calls per reconcile pass, watch restarts, and the admission
+webhook's p99 during the rollout: AdmissionReviews sent straight to the operator's webhook (the one the
+apiserver calls, served by the operator's admission process while the operator takes the thousand
+pods' watch events) and,
 alternating with them, to a stock kopf allow-all webhook in its own process (bench/admission.py's
 server), both measured over the same window. Target: the operator's p99 at most 1.3x the allow-all's.
 Each fleet pod gets the transfer-path gate from a watch-driven stand-in for the runtime (named as such).
@@ -103,6 +104,12 @@ def _peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _children(pid: int) -> list[int]:
+    """The operator's child processes (its admission webhook runs in one): their CPU and memory are
+    the operator's too."""
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def _namespace(cluster: LocalCluster, ns: str) -> None:
@@ -257,11 +264,14 @@ def run_fleet(cluster: LocalCluster, op: LocalOperator, deployments: int, pods: 
         probe.start()
         time.sleep(2)  # connections up, imports done
         probe.measuring.set()
+        kids = _children(pid)
+        kids_cpu0 = sum(map(_cpu_seconds, kids))
         cpu0, calls1, passes1, start = _cpu_seconds(pid), _metric(op, "pdfleet_operator_api_calls_total"), _passes(op), time.monotonic()
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(
             [_fleet_doc(ns, i, decode, v2) for i in range(deployments)]), timeout=300)
         _wait(lambda: _fleet_done(cluster, ns, deployments, v2), timeout=1800, every=FLEET_POLL_S)
         roll_s, roll_cpu = time.monotonic() - start, _cpu_seconds(pid) - cpu0
+        kids_cpu, kids_rss = sum(map(_cpu_seconds, kids)) - kids_cpu0, sum(map(_peak_rss_mib, kids))
         probe.measuring.clear()
         probe.stop_event.set()
         probe.join(timeout=60)
@@ -279,6 +289,8 @@ def run_fleet(cluster: LocalCluster, op: LocalOperator, deployments: int, pods: 
         "apply_to_available_seconds": round(apply_s, 2), "apply_operator_cpu_seconds": round(apply_cpu, 2),
         "rollout_seconds": round(roll_s, 2), "rollout_operator_cpu_seconds": round(roll_cpu, 2),
         "operator_peak_rss_mib": round(_peak_rss_mib(pid), 1),
+        "webhook_processes": len(kids), "rollout_webhook_cpu_seconds": round(kids_cpu, 2),
+        "webhook_peak_rss_mib": round(kids_rss, 1),
         "api_calls_per_pass_apply": round((calls1 - calls0) / max(1.0, passes1 - passes0), 2),
         "api_calls_per_pass_rollout": round((calls2 - calls1) / max(1.0, passes2 - passes1), 2),
         "reconcile_passes_rollout": int(passes2 - passes1),
@@ -289,7 +301,7 @@ def run_fleet(cluster: LocalCluster, op: LocalOperator, deployments: int, pods: 
     }
     print(f"fleet rollout of all {deployments}: {roll_s:.1f}s (operator CPU {roll_cpu:.1f}s, peak RSS "
           f"{row['operator_peak_rss_mib']} MiB, {row['api_calls_per_pass_rollout']} API calls/pass over "
-          f"{row['reconcile_passes_rollout']} passes); admission p99 operator {adm['operator']['p99_ms']} ms vs "
+          f"{row['reconcile_passes_rollout']} passes; webhook process CPU {kids_cpu:.1f}s, peak RSS {kids_rss:.1f} MiB); admission p99 operator {adm['operator']['p99_ms']} ms vs "
           f"allow-all {adm['allow-all']['p99_ms']} ms: {row['admission_p99_ratio']}x (target <= "
           f"{ADMISSION_P99_TARGET})", flush=True)
     return row

@@ -92,8 +92,8 @@ class AdmissionSettings(_Frozen):
     inline_body_bytes: int = Field(
         256 << 10,
         ge=0,
-        description="Requests up to this size are evaluated on the event loop (fast path); larger ones "
-        "in a worker thread so one huge object cannot stall the operator.",
+        description="Requests up to this size are evaluated on the webhook's event loop (fast path); larger ones "
+        "in a worker thread so one huge object cannot stall other reviews.",
     )
 
 

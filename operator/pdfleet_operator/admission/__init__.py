@@ -3,7 +3,7 @@
 Reading order: ``verdicts`` (``pdfleet validate``'s verdict, cached, with the running matrix) ->
 ``review`` (pure: request bytes -> AdmissionReview response; never raises) -> ``status`` (pure:
 verdict -> Admitted/Degraded conditions) -> ``server`` (kopf's WebhookServer with ``review`` in
-front). ``pdfleet_operator.handlers`` wires them into kopf. docs/admission.md has the deployment
+front) -> ``process`` (that server in a process of its own). ``pdfleet_operator.handlers`` wires them into kopf. docs/admission.md has the deployment
 shapes (production and dev).
 """
 

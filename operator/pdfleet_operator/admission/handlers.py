@@ -17,8 +17,9 @@ from typing import Any
 
 import kopf
 
-from pdfleet_operator.admission.review import format_denial, judge, review
-from pdfleet_operator.admission.server import build_server
+from pdfleet_operator.admission.process import AdmissionProcess
+from pdfleet_operator.admission.review import format_denial, judge
+from pdfleet_operator.admission.server import server_kwargs
 from pdfleet_operator.admission.status import admission_conditions, merge_conditions
 from pdfleet_operator.admission.verdicts import Verdicts
 from pdfleet_operator.api.constants import GROUP, PLURAL, VERSION
@@ -112,9 +113,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings, kopf_s
 
     kopf.on.validate(*_RESOURCE, id=VALIDATE_WEBHOOK_ID, operations=["CREATE", "UPDATE"], persistent=False,
                      registry=registry)(validate)
-    kopf_settings.admission.server = build_server(
-        settings.admission, {VALIDATE_WEBHOOK_ID: lambda body: review(body, verdicts)}
-    )
+    # Its own process: reviews never wait behind the watch events and passes of this one.
+    kopf_settings.admission.server = AdmissionProcess(server_kwargs(settings.admission), settings.recheck,
+                                                      VALIDATE_WEBHOOK_ID)
     if settings.admission.mode is WebhookMode.DEV:
         kopf_settings.admission.managed = settings.admission.configuration_name
     return verdicts

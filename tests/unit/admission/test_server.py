@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import socket
 import ssl
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -27,8 +31,10 @@ from pdfleet_operator.admission import (
     review,
 )
 from pdfleet_operator.admission import handlers as admission_handlers
+from pdfleet_operator.admission.process import AdmissionProcess
+from pdfleet_operator.admission.server import server_kwargs
 from pdfleet_operator.devcluster.cluster import free_port
-from pdfleet_operator.settings import AdmissionSettings, OperatorSettings, WebhookMode
+from pdfleet_operator.settings import AdmissionSettings, OperatorSettings, RecheckSettings, WebhookMode
 from tests.unit.admission.builders import Review, example
 
 
@@ -87,6 +93,53 @@ def test_routes_unknown_paths_big_bodies_and_delegates(tmp_path: Path) -> None:
     assert "malformed answer" in results[5][1]["response"]["status"]["message"]
 
 
+def test_reviews_do_not_wait_for_a_blocked_kopf_loop(tmp_path: Path) -> None:
+    """The listener has its own thread and loop: a review is answered while kopf's loop is stuck in
+    one long step (a stand-in for a burst of watch events), and a delegated id still runs on kopf's loop."""
+    server = _dev_server(tmp_path)
+    seen: dict[str, Any] = {}
+
+    async def kopf_fn(data: Any, **_: Any) -> Any:
+        seen["loop"] = asyncio.get_running_loop()
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": "d1", "allowed": True}}
+
+    def post(url: str, body: bytes, out: dict[str, Any]) -> None:
+        parts = url.removeprefix("https://").split("/", 1)[0]
+        host, port = parts.rsplit(":", 1)
+        conn = http.client.HTTPSConnection(host, int(port), timeout=10,
+                                           context=ssl.create_default_context(cafile=str(server.cafile)))
+        start = time.monotonic()
+        conn.request("POST", f"/{VALIDATE_WEBHOOK_ID}", body=body, headers={"Content-Type": "application/json"})
+        out["resp"] = json.loads(conn.getresponse().read())
+        out["s"] = time.monotonic() - start
+        conn.close()
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> tuple[dict[str, Any], tuple[int, Any]]:
+        out: dict[str, Any] = {}
+        seen["kopf"] = asyncio.get_running_loop()
+        client = threading.Thread(target=post, args=(url, Review(example("llama-dense")).uid("t1").body(), out))
+        client.start()
+        time.sleep(2.0)  # kopf's loop blocked: nothing on it runs until this returns
+        client.join(10)
+        return out, await _post(s, f"{url}/kopf-one", b'{"request": {"uid": "d1"}}')
+
+    out, (status, delegated) = asyncio.run(_serve(server, kopf_fn, calls))
+    assert out["resp"]["response"]["uid"] == "t1" and out["resp"]["response"]["allowed"] is True, out
+    assert out["s"] < 1.0, f"the review took {out['s']:.2f}s, behind kopf's blocked loop"
+    assert status == 200 and delegated["response"]["allowed"] is True
+    assert seen["loop"] is seen["kopf"]
+
+
+def test_a_listener_that_cannot_bind_fails_on_kopfs_loop(tmp_path: Path) -> None:
+    server = _dev_server(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", server.port))
+        taken.listen()
+        with pytest.raises(OSError, match=r"(?i)address already in use"):
+            asyncio.run(_serve(server, None, lambda url, s: asyncio.sleep(0)))
+
+
 def test_large_bodies_are_judged_off_the_loop(tmp_path: Path) -> None:
     server = _dev_server(tmp_path, inline_body_bytes=1024)
     obj = example("llama-dense")
@@ -140,5 +193,29 @@ def test_register_wires_kopf_by_mode(tmp_path: Path) -> None:
     (hook,) = registry._webhooks.get_all_handlers()
     assert hook.id == VALIDATE_WEBHOOK_ID and set(hook.operations) == {"CREATE", "UPDATE"}
     assert not hook.ignore_failures  # failurePolicy Fail
-    assert isinstance(ks.admission.server, AdmissionServer) and ks.admission.managed == "pdfleet-admission.pdfleet.io"
+    assert isinstance(ks.admission.server, AdmissionProcess) and ks.admission.managed == "pdfleet-admission.pdfleet.io"
     assert (tmp_path / "ca.crt").is_file()
+
+
+def test_the_admission_process_serves_reviews_and_reports_its_failure(tmp_path: Path) -> None:
+    """What kopf runs: the webhook in a child process; a review answered there, and a child that
+    cannot listen (port taken) surfacing as WebhookSetupError on kopf's side."""
+    settings = AdmissionSettings(mode=WebhookMode.DEV, host="127.0.0.1", port=free_port(), cert_dir=tmp_path)
+    proc = AdmissionProcess(server_kwargs(settings), RecheckSettings(), VALIDATE_WEBHOOK_ID)
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+        return [await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(example("kv-heads-tp", "invalid")).uid("p1").body()),
+                await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(example("llama-dense")).uid("p2").body())]
+
+    (s1, denied), (s2, allowed) = asyncio.run(_serve(proc, None, calls))  # type: ignore[arg-type]
+    assert (s1, s2) == (200, 200)
+    assert denied["response"]["allowed"] is False and "[kv-heads-tp]" in denied["response"]["status"]["message"]
+    assert allowed["response"] == {"uid": "p2", "allowed": True} or allowed["response"]["allowed"] is True
+
+    taken_port = free_port()
+    proc = AdmissionProcess({**server_kwargs(settings), "port": taken_port}, RecheckSettings(), VALIDATE_WEBHOOK_ID)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", taken_port))
+        taken.listen()
+        with pytest.raises(WebhookSetupError, match="admission process exited with status 1"):
+            asyncio.run(_serve(proc, None, lambda url, s: asyncio.sleep(0)))  # type: ignore[arg-type]
