@@ -11,8 +11,10 @@ admitted and every invalid one denied with the matrix rule, none fails for an un
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,8 +45,16 @@ def _replica(tmp: Path, name: str, port: int, certs: Path, watch: str, kubeconfi
            "--webhook-listen", f"127.0.0.1:{port}", "--webhook-cert-dir", str(certs),
            "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--metrics-listen", ""]
     log = (tmp / f"{name}.log").open("wb")
+    # A session of its own: killing a replica kills its process group, the operator and its admission
+    # process together, as the kubelet kills every process of a killed pod's container.
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, preexec_fn=die_with_parent,
-                            env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+                            env={**os.environ, "KUBECONFIG": str(kubeconfig)}, start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the replica's process group (the operator and its admission process), as a pod is killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -86,8 +96,8 @@ def two_replicas(cluster: LocalCluster, crd: str, namespace: str, tmp_path: Path
         cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
         balancer.stop()
         for proc in procs.values():
+            _kill(proc)
             if proc.poll() is None:
-                proc.kill()
                 proc.wait(10)
 
 
@@ -111,7 +121,7 @@ def test_admission_keeps_answering_when_a_replica_is_killed(cluster: LocalCluste
             time.sleep(0.05)
         victim = max(balancer.connections, key=lambda p: balancer.connections[p])  # the one serving now
         served_by_victim = balancer.connections[victim]
-        procs[victim].kill()
+        _kill(procs[victim])
         killed.append(victim)
         left_at_kill = sum(not f.done() for f in futures)
         results = [f.result() for f in futures]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -69,8 +70,11 @@ class Agent:
         return f"http://127.0.0.1:{self.cfg.http_port}"
 
     def readyz(self) -> dict[str, Any]:
+        return self.readyz_at(self.url)
+
+    def readyz_at(self, url: str) -> dict[str, Any]:
         try:
-            _, body = http("GET", self.url + "/readyz", None, 5)
+            _, body = http("GET", url + "/readyz", None, 5)
         except OSError:
             return {}
         return body if isinstance(body, dict) else {}
@@ -236,6 +240,39 @@ def test_the_drain_waits_for_routers_then_for_every_running_request(engines: tup
     finally:
         for a in agents.values():
             a.stop()
+
+
+def test_the_agents_drain_is_refused_outside_the_pod_and_taken_by_the_prestop_command(
+        engines: tuple[Pod, Pod, Path]) -> None:
+    """Issue 25's tests of ``serve``'s drain (tests/server/test_admin.py), on the agent: its HTTP port on
+    127.0.0.2 (standing in for the pod IP) takes no drain by any method, the admin port does not listen
+    there and never drains by GET, and the exec preStop command (``pdfleet-runtime drain``) drains it."""
+    prefill, _, tmp = engines
+    pod_ip = "127.0.0.2"
+    agent = Agent(tmp, "agent-admin", prefill.cfg, prefill, None, _model_dir(tmp, "model-admin", LAYOUT),
+                  "--bind", pod_ip, "--router-drop-seconds", "0.2")
+    url, admin_port = f"http://{pod_ip}:{agent.cfg.http_port}", agent.cfg.admin_port
+    try:
+        deadline = time.monotonic() + 60
+        while not agent.readyz_at(url).get("ready"):
+            assert time.monotonic() < deadline and agent.proc.poll() is None, agent.log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        for method in ("GET", "POST", "DELETE"):
+            code, body = http(method, url + "/drain?wait=true", None, 10)
+            assert code in (404, 405), (method, code, body)
+            assert agent.readyz_at(url).get("ready") is True, method
+        with socket.socket() as s:  # the admin port does not listen on the pod's address
+            assert s.connect_ex((pod_ip, admin_port)) != 0
+        assert http("GET", f"http://127.0.0.1:{admin_port}/drain", None, 10)[0] == 405  # never by GET
+        env = {**os.environ, "PYTHONPATH": str(REPO / "runtime")}
+        out = subprocess.run([sys.executable, "-m", "pdfleet_runtime", "drain", "--config",
+                              str(tmp / "agent-admin.yaml"), "--wait"], env=env, capture_output=True, text=True,
+                             timeout=90)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        assert '"drained": true' in out.stdout, out.stdout
+        assert agent.readyz_at(url).get("problem") == "Draining"
+    finally:
+        agent.stop()
 
 
 def _text(url: str) -> str:

@@ -19,6 +19,7 @@ import pytest
 
 from pdfleet_runtime.layouts import PRESETS, pool_counts
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH
+from pdfleet_runtime.protocol.decode import DecodeSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 from pdfleet_runtime.records import ParallelShape as S
 from pdfleet_runtime.seeded import request_lengths
@@ -80,7 +81,9 @@ async def _scenario(spec: GroupSpec) -> None:
         assert all("prefill rank (0, 0)" in o.reason for o in out), out
         assert all(o.failure is FailureReason.SOURCE_FAILED and "stopped polling" in o.reason for o in out), out
         assert took < TIMEOUT_S, took  # the lease (2 s) noticed it, not the request timeout
-        [stats] = await g.wait_idle(g.decode, spec.write_timeout_s + 5.0)
+        # The decode's late-write fence: the prefill's announced write timeout plus the decode's margin
+        # (issue 25), then the items come back.
+        [stats] = await g.wait_idle(g.decode, spec.write_timeout_s + DecodeSettings().fence_margin_s + 5.0)
         assert stats.free == FULL, "decode kept items of failed requests"
 
         # 2. The pod is gone for good and a new one starts elsewhere (a new port, as a new pod IP): the
