@@ -187,7 +187,9 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns, **manifest_kw)))
         fleet.wait(fleet.available, 180, "Available through real runtimes' gates")
-        fleet.wait(fleet.router_ready, 60, "the router serving requests")
+        # sglang-router 0.3.2 checks a discovered worker that did not answer /health yet again only every
+        # --worker-startup-check-interval (30 s by default): give it two more of those on a loaded host.
+        fleet.wait(fleet.router_ready, 120, "the router serving requests")
         yield fleet
     finally:
         for t in fleet._threads:
