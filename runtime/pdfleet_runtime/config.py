@@ -30,10 +30,14 @@ __all__ = [
     "DRAIN_ANNOTATION",
     "ENGINE_PORT",
     "GATE_FAILURE_REASONS",
+    "GROUP_LEADER_ENV",
+    "GROUP_MEMBER_ENV",
+    "GROUP_PORT",
     "HTTP_PORT",
     "READINESS_GATE",
     "SERVED_NAME_PATTERN",
     "ConfigError",
+    "GroupConfig",
     "Role",
     "RuntimeConfig",
     "StagingConfig",
@@ -47,6 +51,10 @@ HTTP_PORT = 8080  # /healthz, /readyz, /metrics
 ADMIN_PORT = 8081  # POST|DELETE /drain, on 127.0.0.1 only: the exec preStop hook (``pdfleet-runtime drain``)
 BOOTSTRAP_PORT = 8998  # prefill only: where decode ranks register and send requests
 ENGINE_PORT = 17000  # first engine port; rank r of a pod uses ENGINE_PORT + r
+GROUP_PORT = 8997  # replica groups (nodesPerReplica > 1): ranks of one replica across its pods, same role only
+# Per pod of a replica group (the operator sets them; the ConfigMap is the role's, shared by every member):
+GROUP_MEMBER_ENV = "PDFLEET_GROUP_MEMBER"  # this pod's place in its group, 0 = the leader (serves HTTP)
+GROUP_LEADER_ENV = "PDFLEET_GROUP_LEADER"  # the leader's pod name; DNS <leader>.<group.service>.<ns>.svc
 READINESS_GATE = "pdfleet.io/transfer-path"  # pod condition set after a verified canary transfer
 SERVED_NAME_PATTERN = r"^[A-Za-z0-9._:/@+-]+$"  # spec.model.servedName, checked at admission too
 # Reasons of a False transfer-path condition that mean the pod's path is broken (the operator fails
@@ -103,6 +111,20 @@ class StagingConfig(_Model):
     on_cpu: bool = Field(False, description="Stage on host pools too (tests; CPU pools keep the direct write).")
 
 
+class GroupConfig(_Model):
+    """One replica across ``nodes`` pods (``nodesPerReplica``): member m holds the replica's ranks
+    ``[m * world / nodes, (m + 1) * world / nodes)``. Member 0, the leader, serves HTTP and (prefill) the
+    bootstrap for the whole replica; the others run only their ranks. Which member a pod is comes from
+    its environment (``GROUP_MEMBER_ENV``, ``GROUP_LEADER_ENV``), since every member reads this file.
+    Group messages are signed with a key of this role only (``secretPath``, a Secret mounted into the
+    role's pods only), so the other role's pods, which hold the deployment key, cannot speak for a rank."""
+
+    nodes: int = Field(ge=2, le=64, description="Pods (nodes) per replica.")
+    service: DnsName = Field(description="Headless Service of the role's groups (publishNotReadyAddresses).")
+    port: int = Field(GROUP_PORT, ge=1, le=65535, description="Where group members talk to each other.")
+    secret_path: Path = Field(description="File holding the role's group key.")
+
+
 class RuntimeConfig(_Model):
     """Everything one pod's runtime needs to start; written by the operator per role."""
 
@@ -142,6 +164,8 @@ class RuntimeConfig(_Model):
         None, description="GPU index of each local rank (rank i on cuda:placement[i]); several ranks may share a "
         "device. Unset: rank i on cuda:i.")
     staging: StagingConfig = Field(default_factory=StagingConfig, description="The staged GPU path.")
+    group: GroupConfig | None = Field(
+        None, description="Set when a replica spans several pods (nodesPerReplica > 1); unset: one pod per replica.")
     served_model_name: str | None = Field(
         None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN,
         description="The model name the worker API answers as (OpenAI ``model``, /v1/models); the deployment's "
@@ -155,12 +179,24 @@ class RuntimeConfig(_Model):
                            ("bootstrapPort", self.bootstrap_port)):
             if self.engine_port <= port <= last_engine:
                 raise ValueError(f"{name} {port} overlaps the engine ports {self.engine_port}-{last_engine}")
-        if len({self.http_port, self.admin_port, self.bootstrap_port}) < 3:
-            raise ValueError("httpPort, adminPort and bootstrapPort must differ")
-        if self.placement is not None and len(self.placement) != self.shape.world:
-            raise ValueError(f"placement lists {len(self.placement)} GPUs for {self.shape.world} local ranks: give one "
+        ports = [self.http_port, self.admin_port, self.bootstrap_port] + ([self.group.port] if self.group else [])
+        if len(set(ports)) < len(ports):
+            raise ValueError("httpPort, adminPort, bootstrapPort and group.port must differ")
+        if self.group is not None:
+            if self.engine_port <= self.group.port <= last_engine:
+                raise ValueError(f"group.port {self.group.port} overlaps the engine ports {self.engine_port}-{last_engine}")
+            if self.shape.world % self.group.nodes:
+                raise ValueError(f"group.nodes {self.group.nodes} does not divide the replica's {self.shape.world} ranks "
+                                 "(tensor x pipeline): every member holds the same number of ranks")
+        if self.placement is not None and len(self.placement) != self.local_world:
+            raise ValueError(f"placement lists {len(self.placement)} GPUs for {self.local_world} local ranks: give one "
                              "GPU index per rank (tensor x pipeline), or leave it unset for rank i on cuda:i")
         return self
+
+    @property
+    def local_world(self) -> int:
+        """Ranks one pod holds: the replica's world, or its share of it in a group."""
+        return self.shape.world // (self.group.nodes if self.group else 1)
 
     def device_of(self, rank: int) -> str:
         """The device local rank ``rank`` places its pools and staging region on."""
