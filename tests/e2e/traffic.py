@@ -161,8 +161,11 @@ class Fleet:
 
     def diagnose(self) -> str:
         keep = ("readiness", "drain", "ERROR", "WARNING", "Traceback", "failed")
-        logs = "\n".join(f"--- {n}\n" + "\n".join([ln for ln in t.splitlines() if any(k in ln for k in keep)][-15:])
-                         for n, t in self.runner.all_logs().items())
+        def tail(name: str, text: str) -> list[str]:
+            if name.startswith(f"{NAME}-router-"):  # the router's own words on workers and circuits
+                return text.splitlines()[-40:]
+            return [ln for ln in text.splitlines() if any(k in ln for k in keep)][-15:]
+        logs = "\n".join(f"--- {n}\n" + "\n".join(tail(n, t)) for n, t in self.runner.all_logs().items())
         pods = self.cluster.kubectl("-n", self.ns, "get", "pods", "-o", "wide", "-L", "pdfleet.io/revision").stdout
         return f"runner errors {self.runner.errors[-3:]}; last answer: {self.last_problem}\n{pods}\nstatus {json.dumps(self.status())}\n{logs}"
 
