@@ -289,7 +289,8 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "lower parallelism.pipeline to at most the model's number of layers"),
     _r("kv-heads-tp", "TP and KV heads must divide one another",
        "a rank holds max(1, H/TP) whole KV heads; heads cannot be split across ranks, and when TP > H "
-       "each head is replicated on exactly TP/H ranks",
+       "each head is replicated on exactly TP/H ranks (with attention DP, TP here is the attention TP: "
+       "TP / attention DP, as SGLang shards heads)",
        "pick a TP that divides the KV head count or is a multiple of it"),
     _r("linear-heads-tp", "linear-attention heads must be divisible by TP",
        "linear-attention (Mamba/GDN) state is sharded by head along one axis; a rank must own whole heads",
@@ -396,7 +397,7 @@ def _pos_int(x: object) -> int | None:
 class _Ctx:
     """Inputs read once and checked for type, so each rule is a few comparisons."""
 
-    __slots__ = ("backend", "inp", "layout", "matrix", "protocol", "shapes")
+    __slots__ = ("attn_dp", "backend", "inp", "layout", "matrix", "protocol", "shapes")
 
     def __init__(self, inp: MatrixInput, matrix: Matrix) -> None:
         self.inp = inp
@@ -406,11 +407,22 @@ class _Ctx:
         self.protocol = LinkProtocol(inp.protocol) if inp.protocol in _PROTOCOLS else None
         # role -> (tp, pp) when both are readable
         self.shapes: dict[str, tuple[int, int] | None] = {}
+        self.attn_dp: dict[str, int] = {}
         for role, _ in _ROLES:
             shape = getattr(inp, role, None)
             tp = _pos_int(getattr(shape, "tensor", None))
             pp = _pos_int(getattr(shape, "pipeline", None))
             self.shapes[role] = (tp, pp) if tp and pp else None
+            # attention DP groups inside TP (SGLang's attn_dp_size); 1 when unset or not dividing TP (a rule says why)
+            dp = _pos_int(getattr(shape, "data", 1)) or 1
+            self.attn_dp[role] = dp if tp and tp % dp == 0 else 1
+
+    def attn_tp(self, role: str) -> int:
+        """The attention TP size of ``role``: TP / attention DP. KV heads and linear-attention heads are
+        sharded over it (SGLang's attn_tp_size), not over the whole TP."""
+        shape = self.shapes[role]
+        assert shape is not None
+        return shape[0] // self.attn_dp[role]
 
     def violation(self, rule_id: str, message: str, *paths: str) -> Violation:
         rule = self.matrix.rules[rule_id]
@@ -510,24 +522,28 @@ def _check_layout_shapes(c: _Ctx) -> Iterator[Violation]:
         shape = c.shapes[role]
         if shape is None:
             continue
-        tp, pp = shape
+        pp = shape[1]
         if _pos_int(lay.num_layers) and pp > lay.num_layers:
             yield c.violation("pp-layers", f"{role} PP {pp} exceeds the layout's {lay.num_layers} layers",
                               f"{prefix}.parallelism.pipeline", lay.path("num_layers"))
+        # heads are sharded over the attention TP (TP / attention DP), so that is the size the rules check
+        tp, dp = c.attn_tp(role), c.attn_dp[role]
+        what = f"{role} TP {tp}" if dp == 1 else f"{role} attention TP {tp} (TP {shape[0]} / attention DP {dp})"
+        paths = (f"{prefix}.parallelism.tensor",) + ((f"{prefix}.parallelism.data",) if dp > 1 else ())
         h = _pos_int(lay.kv_heads)
         if mha_kv and h:
             if h % tp and tp % h:
-                yield c.violation("kv-heads-tp", f"{role} TP {tp} and {h} KV heads do not divide one another",
-                                  f"{prefix}.parallelism.tensor", lay.path("kv_heads"))
+                yield c.violation("kv-heads-tp", f"{what} and {h} KV heads do not divide one another",
+                                  *paths, lay.path("kv_heads"))
             elif tp > h:
                 yield c.violation("warn-kv-heads-replicated",
-                                  f"{role} TP {tp} > {h} KV heads: each head is stored on {tp // h} ranks",
-                                  f"{prefix}.parallelism.tensor", lay.path("kv_heads"))
+                                  f"{what} > {h} KV heads: each head is stored on {tp // h} ranks",
+                                  *paths, lay.path("kv_heads"))
         bad = sorted({n for n in lay.linear_heads if _pos_int(n) and n % tp})
         if bad:
             yield c.violation("linear-heads-tp",
-                              f"{role} TP {tp} does not divide linear-attention head counts {bad}",
-                              f"{prefix}.parallelism.tensor", lay.path("linear_heads"))
+                              f"{what} does not divide linear-attention head counts {bad}",
+                              *paths, lay.path("linear_heads"))
 
 
 def _check_qsa_page(c: _Ctx) -> Iterator[Violation]:
@@ -553,15 +569,19 @@ def _check_pools(c: _Ctx) -> Iterator[Violation]:
         reqs, toks, gib = _pos_int(shape.max_requests), _pos_int(shape.kv_tokens), shape.gpu_memory_gib
         if not reqs or not toks or type(gib) not in (int, float) or not math.isfinite(gib) or gib <= 0:
             continue
+        # with attention DP each of the dp groups holds its share of the replica's requests and KV tokens,
+        # its heads sharded over the attention TP (MLA's latent KV, replicated over TP, shrinks by dp)
+        dp = c.attn_dp[role]
         try:
-            need = lay.pool_bytes(tp_pp[0], tp_pp[1], reqs, toks)
+            need = lay.pool_bytes(c.attn_tp(role), tp_pp[1], -(-reqs // dp), -(-toks // dp))
         except ValueError:  # LayoutError: a shape the layout cannot split; the shape rules say why
             continue
         have = gib * _GIB * c.matrix.gpu_memory_fraction
         if need > have:
+            at = f"tp{tp_pp[0]}xpp{tp_pp[1]}" + (f" with attention DP {dp}" if dp > 1 else "")
             yield c.violation(
                 "pool-fits-gpu",
-                f"{role} pools need {need / _GIB:.1f} GiB per GPU at tp{tp_pp[0]}xpp{tp_pp[1]} "
+                f"{role} pools need {need / _GIB:.1f} GiB per GPU at {at} "
                 f"with {toks} KV "
                 f"tokens and {reqs} requests; {have / _GIB:.1f} GiB "
                 f"({c.matrix.gpu_memory_fraction:.0%} of {gib:g} GiB) is available",

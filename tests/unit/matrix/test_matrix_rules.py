@@ -303,3 +303,32 @@ def test_parallel_cells_name_admission_rules_and_print() -> None:
             assert f"no [{cell.rule}]" in text
     assert {c.feature for c in PARALLEL_CELLS if c.engine == "pdfleet" and not c.supported} == {
         "attention-dp", "expert-parallel", "multi-node"}
+
+
+def sglang(layout: LayoutFacts, p: RoleInput, d: RoleInput) -> MatrixInput:
+    return replace(inp(layout, p=p, d=d), engine="sglang")
+
+
+def test_head_rules_shard_over_the_attention_tp_with_attention_dp() -> None:
+    # TP 6 does not divide LLaMA's 8 KV heads; with attention DP 3 the attention TP is 2, which does
+    six = sglang(LLAMA, RoleInput(6), RoleInput(2))
+    assert [v.rule for v in evaluate_rule("kv-heads-tp", six)] == ["kv-heads-tp"]
+    assert not evaluate_rule("kv-heads-tp", sglang(LLAMA, RoleInput(6, data=3), RoleInput(2)))
+    # TP 12 with DP 2: attention TP 6 still does not divide 8 heads, and the message says which size it checked
+    (v,) = evaluate_rule("kv-heads-tp", sglang(LLAMA, RoleInput(12, data=2), RoleInput(2)))
+    assert "attention TP 6 (TP 12 / attention DP 2)" in v.message
+    assert "spec.prefill.parallelism.data" in v.paths
+    # linear-attention heads (16, 32) are not divisible by 64, but by attention TP 64 / 4 = 16
+    assert evaluate_rule("linear-heads-tp", sglang(HYBRID, RoleInput(64), RoleInput(16)))
+    assert not evaluate_rule("linear-heads-tp", sglang(HYBRID, RoleInput(64, data=4), RoleInput(16)))
+
+
+def test_pools_with_attention_dp_hold_each_groups_share() -> None:
+    # MLA's latent KV is replicated over TP: a TP-8 rank holds all of it, unless attention DP splits the
+    # replica's tokens over 8 groups of one rank each
+    big = RoleInput(8, kv_tokens=1 << 22, max_requests=64)
+    assert [v.rule for v in evaluate_rule("pool-fits-gpu", sglang(MLA, big, RoleInput(8)))] == ["pool-fits-gpu"]
+    assert not evaluate_rule("pool-fits-gpu", sglang(MLA, replace(big, data=8), RoleInput(8)))
+    # sharded MHA KV: attention DP moves heads into tokens, so the per-GPU bytes stay the same
+    assert LLAMA.pool_bytes is not None
+    assert LLAMA.pool_bytes(8, 1, 64, 1 << 20) == LLAMA.pool_bytes(4, 1, 32, 1 << 19)
