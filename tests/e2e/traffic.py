@@ -190,8 +190,6 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns, **manifest_kw)))
         fleet.wait(fleet.available, 180, "Available through real runtimes' gates")
-        # sglang-router 0.3.2 checks a discovered worker that did not answer /health yet again only every
-        # --worker-startup-check-interval (30 s by default): give it two more of those on a loaded host.
         fleet.wait(fleet.router_ready, 120, "the router serving requests")
         yield fleet
     finally:

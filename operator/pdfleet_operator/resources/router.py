@@ -63,6 +63,10 @@ HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 1
 # A worker whose /health fails is skipped by every router within this bound: the failed checks, the
 # last one's timeout, and one interval of phase between the drain and the router's check loop.
 ROUTER_DROP_BOUND_S = HEALTH_INTERVAL_S * (HEALTH_FAILURES + 1) + HEALTH_TIMEOUT_S
+# A discovered worker (Running and Ready, so past its gate) whose first registration probe fails (a slow
+# /health on a busy node) is probed again after this many seconds; 0.3.2's default, 30 s, left a new
+# pod out of the router for half a minute or more after it was Ready.
+STARTUP_CHECK_S = 1
 
 
 def worker_port(spec: PDDeploymentSpec) -> int:
@@ -110,6 +114,7 @@ def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> l
         "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
         "--health-failure-threshold", str(HEALTH_FAILURES),
         "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
+        "--worker-startup-check-interval", str(STARTUP_CHECK_S),
         "--control-plane-api-keys", f"$({KEYS_ENV})",
     ]
 
