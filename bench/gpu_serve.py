@@ -17,7 +17,7 @@ into a few large blocks (both paths then move near the copy's speed, and the com
 Chunk signals go through the engine (an 8-byte landed write per chunk, a freed read when the ring is
 full), as between nodes; no shared memory.
 
-GB/s = request bytes / (the prefill's state ready (its first rank's) -> the decode knowing every byte is
+GB/s = request bytes / (the prefill's state ready (its last rank's, with tp 2) -> the decode knowing every byte is
 in place: the last staged chunk scattered, or the direct write's status), both ``time.monotonic()`` of
 one host, read from the pods' logs. Every byte is checked by the decode after that window
 (``mismatchedBytes``). Beside them: a torch copy of the same number of bytes as one block from the
@@ -66,12 +66,13 @@ def _config(role: str, args: argparse.Namespace, staging: dict[str, Any], tp: in
         placement=None if args.device == "cpu" else gpus, staging=StagingConfig(**staging))
 
 
-def _first_times(log: str, pattern: str) -> dict[str, float]:
-    """Per request, the earliest time a line of ``pattern`` gives (a tp 2 prefill logs one per rank)."""
-    out: dict[str, float] = {}
+def _times(log: str, pattern: str, pick: Any = max) -> dict[str, float]:
+    """Per request, the time lines of ``pattern`` give (``pick`` of them: a tp 2 prefill logs one per rank,
+    and a request's state is ready when its last rank's is)."""
+    seen: dict[str, list[float]] = {}
     for m in re.finditer(pattern, log):
-        out[m.group(1)] = min(out.get(m.group(1), float("inf")), float(m.group(2)))
-    return out
+        seen.setdefault(m.group(1), []).append(float(m.group(2)))
+    return {k: pick(v) for k, v in seen.items()}
 
 
 def _copy_name(args: argparse.Namespace) -> str:
@@ -113,7 +114,8 @@ def _med(xs: list[float]) -> float | None:
 
 def _timeline_summary(ids: list[str], ready: dict[str, float], landed: dict[str, float], pre_log: str,
                       dec_log: str) -> dict[str, Any]:
-    """Where each timed staged request's window went, from the pods' timeline lines (medians, ms)."""
+    """Where each timed staged request's window went, from the pods' timeline lines (medians, ms): per chunk
+    over every leg; fill / link / drain of the leg that ended last (one leg with tp 1 -> 1)."""
     from pdfleet_runtime.protocol.staged_timeline import parse
 
     sends: dict[str, list[Any]] = {}
@@ -149,10 +151,10 @@ def _timeline_summary(ids: list[str], ready: dict[str, float], landed: dict[str,
             for k in range(ss[0].n_chunks):
                 if (x := ss[0].at("done", k)) is not None and (y := rs[0].at("scatter", k)) is not None:
                     per_chunk["notice"].append(y - x)
-        first_post = min(s.at("post", 0) for s in ss)
-        last_done = max(s.at("done", s.n_chunks - 1) for s in ss)
+        last = max(ss, key=lambda s: s.at("done", s.n_chunks - 1))  # tp 2: the leg that ended last
+        first_post, last_done = last.at("post", 0), last.at("done", last.n_chunks - 1)
         fill, link, drain = first_post - t_ready, last_done - first_post, t_end - last_done
-        for k, v in (("to_send", min(s.start for s in ss) - t_ready), ("fill", fill), ("link", link),
+        for k, v in (("to_send", last.start - t_ready), ("fill", fill), ("link", link),
                      ("drain", drain), ("serial", fill + drain), ("window", t_end - t_ready)):
             parts[k].append(v)
         if example is None:  # the first timed request's chunk times, relative to its state ready (ms)
@@ -200,8 +202,9 @@ def _measure(label: str, pre: Any, pod: Any, path: str, tokens: int, args: argpa
             ids.append(rid)
             bodies.append(body)
     pre_log, dec_log = pre.log(), pod.log()
-    ready = _first_times(pre_log, r"request (\S+): filled \d+ tokens of seeded state; state ready at ([\d.]+)")
-    landed = _first_times(dec_log, r"request (\S+) <- \S+: success.*; (?:staged|direct), landed at ([\d.]+)")
+    ready_re = r"request (\S+): filled \d+ tokens of seeded state; state ready at ([\d.]+)"
+    ready, first_ready = _times(pre_log, ready_re), _times(pre_log, ready_re, min)
+    landed = _times(dec_log, r"request (\S+) <- \S+: success.*; (?:staged|direct), landed at ([\d.]+)")
     took = [landed[i] - ready[i] for i in ids]
     nbytes = int(bodies[0]["bytes"])
     med = statistics.median(took)
@@ -212,7 +215,8 @@ def _measure(label: str, pre: Any, pod: Any, path: str, tokens: int, args: argpa
     res = {"bytes": nbytes, "seconds": took, "median_s": med, "gbps": nbytes / med / 1e9,
            "engine_write_s": [float(b["writeSeconds"]) for b in bodies],
            "request_s": [float(b["seconds"]) for b in bodies],
-           "mismatched_bytes": sum(int(b["mismatchedBytes"]) for b in bodies), "paths_seen": sorted(kinds)}
+           "mismatched_bytes": sum(int(b["mismatchedBytes"]) for b in bodies), "paths_seen": sorted(kinds),
+           "ready_spread_s": [ready[i] - first_ready[i] for i in ids]}  # tp 2: the first rank's lead
     print(f"  {tokens:>7} tokens {label:7s} {res['gbps']:8.1f} GB/s  median {med * 1e3:8.3f} ms  "
           f"mismatched {res['mismatched_bytes']}  (request s {[round(x, 2) for x in res['request_s']]})", flush=True)
     if path == "staged":
