@@ -57,7 +57,7 @@ def _config(role: str, args: argparse.Namespace, staging: dict[str, Any], tp: in
     from pdfleet_runtime.layouts import LayoutRef
     from pdfleet_runtime.records import ParallelShape
 
-    tokens = max(args.tokens)
+    tokens = max(args.tokens + (args.hetero_tokens or [] if args.hetero else []))
     return RuntimeConfig(
         deployment="bench", namespace="default", role=role, runtime_version="0.1.0", layout=LayoutRef(preset=LAYOUT),
         shape=ParallelShape(tp), peer_shape=ParallelShape(peer_tp), backend=args.engine, protocol=args.protocol,
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdfleet_runtime.server.local import LocalPod
 
     work = Path(tempfile.mkdtemp(prefix="gpu-serve-"))
-    staged_cfg: dict[str, Any] = {"thresholdBytes": 0}
+    staged_cfg: dict[str, Any] = {"thresholdBytes": 0, "minChunks": args.min_chunks}
     if args.device == "cpu":
         staged_cfg |= {"onCpu": True, "slotMib": 16}
     pg, dg = (args.prefill_gpu,), (args.decode_gpu,)
@@ -272,11 +272,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"staged/copy {size['staged_over_copy']:.3f}", flush=True)
             out["sizes"].append(size)
         out["staged_metrics"] = _staged_stats(pre.log())
+        if args.hetero:
+            _stop([pre, *dec.values()], logs)
+            out["hetero"] = _hetero(args, work, staged_cfg, logs)
     finally:
         _stop([pre, *dec.values()], logs)
-    if args.hetero:
-        out["hetero"] = _hetero(args, work, staged_cfg, logs)
-    _write_logs(args, logs)
+        _write_logs(args, logs)
     return out
 
 
@@ -327,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-gpu", type=int, default=0, help="the decode pods' GPU (two GPUs: 1)")
     parser.add_argument("--hetero", action="store_true", help="also prefill tp 2 -> decode tp 1, staged (Mooncake)")
     parser.add_argument("--hetero-tokens", type=int, nargs="+", default=None, help="sizes for --hetero (--tokens)")
+    parser.add_argument("--min-chunks", type=int, default=4,
+                        help="staging.minChunks: a small request still splits into about this many chunks")
     parser.add_argument("--protocol", default=None, help="default nvlink on cuda, tcp on cpu")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -351,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "gpu_serve", "engine": args.engine, "protocol": args.protocol, "layout": LAYOUT,
               "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "date": stamp, "seconds": time.time() - t0, "byte_exact": ok, "placement": where,
+              "min_chunks": args.min_chunks,
               "prefill_gpu": args.prefill_gpu, "decode_gpu": args.decode_gpu,
               "machine": {"host": platform.node(), "python": platform.python_version(), "device": args.device},
               "reps": args.reps, "results": res}
