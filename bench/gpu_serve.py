@@ -121,9 +121,11 @@ def _timeline_summary(ids: list[str], ready: dict[str, float], landed: dict[str,
     sends: dict[str, list[Any]] = {}
     recvs: dict[str, list[Any]] = {}
     for t in parse(pre_log):
-        sends.setdefault(t.request, []).append(t)
+        if t.side == "send":
+            sends.setdefault(t.request, []).append(t)
     for t in parse(dec_log):
-        recvs.setdefault(t.request, []).append(t)
+        if t.side == "receive":
+            recvs.setdefault(t.request, []).append(t)
     per_chunk: dict[str, list[float]] = {k: [] for k in ("gather", "post", "queue", "write", "land", "signal",
                                                          "notice", "scatter")}
     parts: dict[str, list[float]] = {k: [] for k in ("to_send", "fill", "link", "drain", "serial", "window")}
