@@ -362,7 +362,8 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
     the gather end. At most ``lookahead`` chunks are gathered and not yet posted, and one chunk is
     posted per turn of the loop: chunk k+1's gather is queued before chunk k's post, which may block
     for the copy (Mooncake), so the GPU gathers while the link copies. ``trace`` collects
-    ``(chunk, step, perf_counter)``. ``freed()`` is read only when the ring looks full (across nodes it
+    ``(chunk, step, perf_counter)``: gather queued, post, posted, done (write seen done), landed
+    (signalled). ``freed()`` is read only when the ring looks full (across nodes it
     is a remote read). ``abort()`` true stops the send (``Aborted``) between chunks: what landed
     stays landed, nothing more is posted. Returns the number of chunks.
     """
@@ -402,6 +403,8 @@ def send(plan: StagePlan, arena: torch.Tensor, ring: StagingRing, post: Writer, 
             progressed = True
         while inflight and inflight[0][1]():
             k, _ = inflight.popleft()
+            if trace is not None:
+                trace.append((k, "done", time.perf_counter()))
             k_landed += 1
             signals.set_landed(base + k_landed)
             if trace is not None:

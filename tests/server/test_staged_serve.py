@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet_runtime.config import StagingConfig
+from pdfleet_runtime.protocol.staged_timeline import parse
 from tests.server.harness import Pod, config, metric
 
 pytestmark = pytest.mark.slow
@@ -52,6 +53,11 @@ def test_large_requests_go_staged_small_ones_direct_every_byte_checked(tmp_path:
     assert re.search(r"request s1 <- \S+: success.*; direct, landed at", log), log[-3000:]
     assert re.search(r"request s2 <- \S+: success.*; staged, landed at", log), log[-3000:]
     assert re.search(r"request s0: filled 1024 tokens of seeded state; state ready at", pre.log())
+    # Each staged leg's per-chunk timeline, one line per side (bench/gpu_serve.py summarises them).
+    timelines = {(t.side, t.request): t for t in parse(pre.log() + dec.log())}
+    assert {("send", "s0"), ("receive", "s0"), ("send", "s2"), ("receive", "s2")} <= set(timelines), timelines.keys()
+    assert ("send", "s1") not in timelines  # the direct request has none
+    assert timelines["send", "s0"].n_chunks == timelines["receive", "s0"].n_chunks >= 128
 
     # The pod's /metrics: the ranks' staged counters, summed, moved by exactly the two staged requests (the
     # canary loop's small transfers may add direct ones meanwhile).

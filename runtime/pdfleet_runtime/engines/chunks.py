@@ -13,7 +13,8 @@ Per backend, the fastest calls measured in ``bench/gpu_transfer.py`` (docs/gpu.m
 
 - Mooncake: ``transfer_sync_write`` blocks for the copy (``nvlink_intra`` queues it on the legacy
   default stream): chunk posts run in order on one worker thread bound to the GPU (``_Poster``), each
-  done when an event after the queued copy is reached; words are written and read synchronously.
+  done when an event after the queued copy is reached (its ``stamps``: when the worker's blocking
+  write started and returned, for the timeline); words are written and read synchronously.
 - NIXL: chunks through prepared slot lists (one ``prep_xfer_dlist`` per ring cut and chunk size on each
   side, ``make_prepped_xfer`` per chunk); words and odd-sized last chunks through ``initialize_xfer``.
 - Local (tests, CPU): ``memmove`` in this process, through the engine's checked ``submit`` for posts.
@@ -29,6 +30,7 @@ import ctypes
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -98,25 +100,38 @@ class _Poster:
 
             torch.cuda.set_device(torch.device(self._gpu))
         while (item := self._q.get()) is not None:
-            fn, box = item
+            fn, posted = item
+            posted.stamps["write"] = time.perf_counter()
             try:
-                box["done"] = fn()
+                posted.box["done"] = fn()
             except BaseException as e:  # handed to the sender's done()
-                box["error"] = e
+                posted.box["error"] = e
+            posted.stamps["written"] = time.perf_counter()
 
     def submit(self, fn: Callable[[], Done]) -> Done:
-        box: dict[str, Any] = {}
-        self._q.put((fn, box))
-
-        def done() -> bool:
-            if "error" in box:
-                raise box["error"]
-            return "done" in box and bool(box["done"]())
-        return done
+        posted = _Posted()
+        self._q.put((fn, posted))
+        return posted
 
     def close(self) -> None:
         self._q.put(None)
         self._thread.join(5)
+
+
+class _Posted:
+    """A chunk write queued on the poster: ``done()``, and ``stamps`` (perf_counter) of when the worker
+    started the blocking write and when it returned, for the leg's timeline (``staged_timeline``)."""
+
+    __slots__ = ("box", "stamps")
+
+    def __init__(self) -> None:
+        self.box: dict[str, Any] = {}
+        self.stamps: dict[str, float] = {}
+
+    def __call__(self) -> bool:
+        if "error" in self.box:
+            raise self.box["error"]
+        return "done" in self.box and bool(self.box["done"]())
 
 
 def _after_queued(gpu: str | None) -> Done:

@@ -573,7 +573,8 @@ class PrefillRank:
                 prepared = self._prepare_staged(dec, blocks, lane)
             t0 = time.monotonic()
             chunks = st.send_prepared(link, prepared, abort=lambda: self._ended(request_id),
-                                      timeout_s=self.settings.write_timeout_s)
+                                      timeout_s=self.settings.write_timeout_s, request=request_id,
+                                      where=f"rank {self.me} -> {dec.peer}")
         except EngineError:
             raise
         except (RuntimeError, TimeoutError, ValueError) as e:  # staging.Aborted, StagingError, a stalled ring

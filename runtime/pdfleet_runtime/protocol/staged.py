@@ -25,13 +25,16 @@ there. This module makes it part of a rank:
   fence, as for a direct write (``protocol/decode.py``).
 
 The costs of each signal (the landed write, the freed read) are kept in ``StagedMetrics``'
-histograms; ``bench/gpu_serve.py`` reports them.
+histograms; each leg's per-chunk timeline (``staged_timeline``) is kept (the last few per side, in
+``timelines``) and logged once when the leg ends; ``bench/gpu_serve.py`` reports both.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -42,6 +45,7 @@ import torch
 
 from pdfleet_runtime import staging
 from pdfleet_runtime.engines.chunks import ChunkLink
+from pdfleet_runtime.protocol.staged_timeline import Timeline
 
 __all__ = ["HEADER_WORDS", "READY_DIRECT", "READY_STAGED", "DecodeStaging", "Histogram", "Lane", "Layout",
            "Path", "PrefillStaging", "Prepared", "StagedMetrics", "StagingError", "StagingRegion", "choose_path"]
@@ -54,6 +58,9 @@ _SIGNAL_STRIDE = 64
 _LANDED, _FREED, _READY = 0, 1, 2
 COUNT_WORDS = 8192
 """Constant words a prefill region holds (signal values 0..8191: the most chunks one request may have)."""
+KEPT_TIMELINES = 8
+"""Timelines of the last legs kept per side (``timelines``), besides the one log line per leg."""
+log = logging.getLogger(__name__)
 
 
 class StagingError(RuntimeError):
@@ -251,6 +258,7 @@ class DecodeStaging:
         self._held: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
         self._poll = _Poller(arena.device)
+        self.timelines: deque[Timeline] = deque(maxlen=KEPT_TIMELINES)
 
     def announce(self) -> dict[str, int]:
         """What the decode's registration says of its region (``StagingModel`` fields)."""
@@ -288,6 +296,9 @@ class DecodeStaging:
         (0 when the source wrote directly). Raises ``staging.Aborted``, ``TimeoutError`` or ``StagingError``."""
         lay, region = self.layout, self.region
         ready_w = region.words(lay.word(lane, _READY))
+        with self._lock:
+            request = next((r for r, ls in self._held.items() if lane in ls), "-")
+        timeline = Timeline.begin("receive", request, f"lane {lane}")
         deadline = time.monotonic() + timeout_s
         while (ready := self._poll.read(ready_w)) == 0:
             if abort():
@@ -299,9 +310,15 @@ class DecodeStaging:
             return 0
         if ready != READY_STAGED:
             raise StagingError(f"lane {lane}: ready word {ready} is neither staged nor direct")
+        timeline.mark("table")
         plan = self._plan(lane)
+        timeline.mark("plan")
+        trace: list[tuple[int, str, float]] = []
         staging.receive(plan, self.arena, region.ring(lay.ring(lane)), _ReceiverSignals(self, lane),
-                        timeout_s=max(0.001, deadline - time.monotonic()), abort=abort)
+                        timeout_s=max(0.001, deadline - time.monotonic()), abort=abort, trace=trace)
+        timeline.mark("end")
+        timeline.add_trace(trace)
+        _keep(self.timelines, timeline)
         self.metrics.count(Path.STAGED, plan.bytes)
         return plan.bytes
 
@@ -365,6 +382,7 @@ class PrefillStaging:
         self.counts_offset, self.readback_offset = base, base + COUNT_WORDS * _WORD
         region.words(self.counts_offset, COUNT_WORDS).copy_(torch.arange(COUNT_WORDS, dtype=torch.int64))
         self._poll = _Poller(arena.device)
+        self.timelines: deque[Timeline] = deque(maxlen=KEPT_TIMELINES)
         if arena.is_cuda:
             torch.cuda.synchronize(arena.device)
 
@@ -419,20 +437,32 @@ class PrefillStaging:
         return Prepared(plan, lane, total)
 
     def send_prepared(self, link: ChunkLink, prepared: Prepared, *, abort: Callable[[], bool],
-                      timeout_s: float = 30.0, trace: list[tuple[int, str, float]] | None = None) -> int:
-        """The chunks of a prepared request, each with its landed count. Returns the chunks."""
+                      timeout_s: float = 30.0, trace: list[tuple[int, str, float]] | None = None,
+                      request: str = "-", where: str = "") -> int:
+        """The chunks of a prepared request, each with its landed count. Returns the chunks. Its timeline
+        (``request``, ``where``: what the log line names) is kept and logged once, when every chunk landed."""
         lane, plan = prepared.lane, prepared.plan
+        timeline = Timeline.begin("send", request, where)
+        trace = [] if trace is None else trace
         ring = self.region.ring(self.layout.ring(0))
         if hasattr(link, "ring"):
             link.ring(ring.address(0), lane.ring, ring.slots, ring.slot_bytes)  # NIXL: prepared slot lists
         posted: dict[int, float] = {}
+        writes: list[tuple[int, dict[str, float]]] = []
 
         def post(k: int, address: int, nbytes: int) -> Callable[[], bool]:
             posted[k] = time.perf_counter()
-            return link.post(address, lane.ring + (k % ring.slots) * ring.slot_bytes, nbytes)
+            done = link.post(address, lane.ring + (k % ring.slots) * ring.slot_bytes, nbytes)
+            if (stamps := getattr(done, "stamps", None)) is not None:  # Mooncake: the poster's blocking write
+                writes.append((k, stamps))
+            return done
 
         signals = _SenderSignals(self, link, lane, posted)
         chunks = staging.send(plan, self.arena, ring, post, signals, timeout_s=timeout_s, abort=abort, trace=trace)
+        timeline.mark("end")
+        trace.extend((k, step, t) for k, stamps in writes for step, t in stamps.items())
+        timeline.add_trace(trace)
+        _keep(self.timelines, timeline)
         self.metrics.count(Path.STAGED, prepared.total)
         return chunks
 
@@ -480,6 +510,13 @@ class _SenderSignals:
 
     def set_freed(self, n: int) -> None:
         raise AssertionError("the receiver sets freed")
+
+
+def _keep(timelines: deque[Timeline], timeline: Timeline) -> None:
+    """Keep a finished leg's timeline and log it: one line per leg and side, never one per chunk."""
+    timelines.append(timeline)
+    if log.isEnabledFor(logging.INFO):
+        log.info("%s", timeline.line())
 
 
 def _wait(done: Callable[[], bool], timeout_s: float = 30.0) -> None:

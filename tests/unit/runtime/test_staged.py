@@ -28,6 +28,7 @@ from pdfleet_runtime.protocol.staged import (
     StagingRegion,
     choose_path,
 )
+from pdfleet_runtime.protocol.staged_timeline import parse
 
 SLOT = 4096
 
@@ -229,3 +230,35 @@ def _catch(errors: list[BaseException], fn) -> None:
         fn()
     except BaseException as e:
         errors.append(e)
+
+
+def test_each_leg_keeps_and_logs_one_ordered_timeline_per_side(caplog):
+    pre, dec, link, _, _ = _pair(slots=2)
+    src, dst, length = _blocks()
+    (lane,) = dec.grant("r-1", int(length.sum()), 1)
+    addr = pre.lane(_Announce(dec.announce()), lane)
+    t = threading.Thread(target=lambda: dec.receive(lane, abort=lambda: False, timeout_s=20))
+    with caplog.at_level("INFO", logger="pdfleet_runtime.protocol.staged"):
+        t.start()
+        prepared = pre.prepare(link, addr, src, dst, length, slot_bytes=SLOT, min_chunks=4)
+        chunks = pre.send_prepared(link, prepared, abort=lambda: False, timeout_s=20, request="r-1", where="to dec")
+        t.join(20)
+    sent, got = pre.timelines[-1], dec.timelines[-1]
+    assert (sent.side, sent.request, sent.where, got.side, got.request) == ("send", "r-1", "to dec", "receive", "r-1")
+    assert sent.n_chunks == got.n_chunks == chunks > 2
+    for k in range(chunks):
+        stamps = [sent.at(s, k) for s in ("gather", "post", "posted", "done", "landed")]
+        assert None not in stamps and stamps == sorted(stamps), (k, stamps)
+        assert got.at("scatter", k) <= got.at("freed", k)
+        assert got.at("scatter", k) >= sent.at("done", k)  # the decode scatters a chunk only after its write ended
+        if k:
+            assert sent.at("landed", k) >= sent.at("landed", k - 1) and got.at("freed", k) >= got.at("freed", k - 1)
+    assert sent.at("write", 0) is None  # the in-process engine has no poster thread (Mooncake's stamps)
+    assert got.marks["table"] <= got.marks["plan"] <= got.at("scatter", 0) - got.start <= got.marks["end"]
+    assert sent.marks["end"] >= sent.at("landed", chunks - 1) - sent.start
+    # One log line per leg and side (never one per chunk), read back whole.
+    lines = [r.getMessage() for r in caplog.records if "staged timeline" in r.getMessage()]
+    assert len(lines) == 2, lines
+    back = {tl.side: tl for tl in parse("\n".join(lines))}
+    assert back["send"].request == "r-1" and back["send"].n_chunks == chunks
+    assert back["receive"].at("freed", chunks - 1) == pytest.approx(got.at("freed", chunks - 1), abs=1e-6)
