@@ -78,9 +78,9 @@ CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
         inp(p=RoleInput(4, 1, nodes_per_replica=2)),
         "spec.prefill.parallelism.nodesPerReplica",
     ),
-    "reserved-nodes-per-replica": (
+    "builtin-no-multi-node": (
         inp(d=RoleInput(2, nodes_per_replica=2)),
-        inp(d=RoleInput(2)),
+        replace(inp(d=RoleInput(2, nodes_per_replica=2)), engine="sglang"),
         "spec.decode.parallelism.nodesPerReplica",
     ),
     "tp-divisible": (
