@@ -92,8 +92,8 @@ def _group_env(leader: str, member: int) -> list[dict]:
 def _with_group(pod_spec: dict, container: dict, spec: PDDeploymentSpec, name: str, role: Role, leader: str,
                 member: int) -> None:
     """A member of a multi-node group: DNS under the group's Service, the contract's env, one member per
-    node (required anti-affinity against its own group), and for the built-in runtime the group port and
-    the role's group key."""
+    node (required anti-affinity against its own group), the role's group key, and for the built-in
+    runtime the group port."""
     pod_spec["subdomain"] = group_service_name(name, role)
     container["env"][:0] = _group_env(leader, member)
     term = {"labelSelector": {"matchLabels": {LABEL_GROUP: leader}}, "topologyKey": HOSTNAME_TOPOLOGY}
@@ -101,12 +101,11 @@ def _with_group(pod_spec: dict, container: dict, spec: PDDeploymentSpec, name: s
     anti = affinity.setdefault("podAntiAffinity", {})
     anti["requiredDuringSchedulingIgnoredDuringExecution"] = [
         *anti.get("requiredDuringSchedulingIgnoredDuringExecution", []), term]
-    if spec.engine is not None and spec.engine.kind is EngineKind.SGLANG:
-        return  # the engines rendezvous over --dist-init-addr and NCCL (resources.engine)
-    container["ports"].append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
     container["volumeMounts"].append({"name": "group-auth", "mountPath": GROUP_SECRET_MOUNT, "readOnly": True})
     pod_spec["volumes"].append(
         {"name": "group-auth", "secret": {"secretName": group_secret_name(name, role), "defaultMode": 0o400}})
+    if spec.engine is None or spec.engine.kind is not EngineKind.SGLANG:  # SGLang's ranks meet over NCCL instead
+        container["ports"].append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
 
 
 def _env(rs: RoleSpec, role: Role) -> list[dict]:

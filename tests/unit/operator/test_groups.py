@@ -147,7 +147,9 @@ def test_sglang_members_get_their_node_rank_and_only_the_leader_the_bootstrap_an
         assert cmd[cmd.index("--dist-init-addr") + 1] == f"qwen-prefill-{rev[:6]}-0.qwen-prefill-group.ns.svc:5000"
         assert ("sglang.ai/bootstrap-port" in pod["metadata"]["annotations"]) is (m == 0)
         assert engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
-        assert "group-auth" not in {v["name"] for v in pod["spec"]["volumes"]}  # NCCL, not the runtime's group port
+        agent = next(c for c in pod["spec"]["containers"] if c["name"] == "runtime")
+        assert env(agent)["PDFLEET_GROUP_MEMBER"] == str(m)  # the agent beside it knows its node rank
+        assert "group" not in {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}  # NCCL instead
     children = {(c["kind"], c["metadata"]["name"]): c for c in desired_children(OWNER, spec)}
     assert children["Service", "g-decode-group"]["spec"]["ports"][0]["port"] == 5000
 
