@@ -6,7 +6,8 @@ operations, ``server.group``) and the member relays its ranks' results and repor
 is one envelope of ``auth`` (sender, incarnation, nonce, timestamp, recipient), sealed and opened by
 a ``Codec`` holding the group key (``group.secretPath``: a Secret of this role only), so a pod of the
 other role, which holds the deployment key, can neither join nor speak for a rank; replays, stale
-and misdirected frames are refused as on the bootstrap. Only ``GroupJoin`` may be unaddressed.
+and misdirected frames are refused as on the bootstrap. Only ``GroupJoin``, and the refusal of a frame
+that could not be read, may be unaddressed.
 
 Frame: a 4-byte big-endian length, the 64 hex characters of the envelope's signature, the envelope.
 A length over ``messages.MAX_MESSAGE_BYTES`` is refused before a byte of the body is read, and a body must
@@ -209,7 +210,7 @@ class GroupLink:
         if self.peer is not None and (env.to is None or Recipient(name=env.sender, boot=env.boot) != self.peer):
             raise ProtocolError(RefusalCode.WRONG_RECIPIENT, f"frame from {env.sender} (boot {env.boot}) on the link "
                                 f"of {self.peer.name} (boot {self.peer.boot}), or not addressed")
-        if self.peer is None and env.to is None and not isinstance(opened.body, GroupJoin):
+        if self.peer is None and env.to is None and not isinstance(opened.body, GroupJoin | Refusal):
             raise ProtocolError(RefusalCode.WRONG_RECIPIENT, f"a {opened.body.type} frame must name its recipient")
         return opened
 

@@ -258,7 +258,8 @@ class PodServer:
             return web.json_response({"error": f"the pod is draining ({self.drain.phase.value}): no new requests"},
                                      status=503)
         if self.launcher is None or self.launcher.up < self.opts.config.shape.world:
-            return web.json_response({"error": "rank processes are not up"}, status=503)
+            lost = self.launcher.lost if isinstance(self.launcher, GroupRanks) else []
+            return web.json_response({"error": "; ".join(lost) or "rank processes are not up"}, status=503)
         try:
             body = await request.json() if request.can_read_body else {}
             tokens = int(body.get("tokens", self.opts.canary_tokens))
@@ -283,7 +284,7 @@ class PodServer:
         o = self.opts
         while True:
             self._recheck.clear()  # first: a recheck asked for during this round starts the next one at once
-            if self.drain.serving:
+            if self.drain.serving and not self._group_incomplete():
                 try:
                     endpoints = await asyncio.to_thread(self.resolver.resolve)
                 except ResolveError as e:
@@ -307,6 +308,12 @@ class PodServer:
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)
+
+    def _group_incomplete(self) -> bool:
+        """A group leader whose members are not all joined (or one is lost): a canary would say nothing about
+        the transfer path (readiness says WaitingForGroup or GroupMemberLost instead)."""
+        ranks = self.launcher
+        return isinstance(ranks, GroupRanks) and bool(ranks.waiting or ranks.lost)
 
     async def _gate_loop(self) -> None:
         last: tuple[bool, str] | None = None

@@ -167,7 +167,8 @@ class GroupRanks:
         missing = [m for m in range(1, nodes) if m not in self.members or len(self.members[m].ready) < local]
         if not missing:
             return ""
-        return f"group members {', '.join(map(str, missing))} of {nodes - 1} have not joined with all their ranks"
+        return (f"group member{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} (of members 1-{nodes - 1}) "
+                "not joined with all ranks up yet")
 
     def member_addresses(self) -> set[str]:
         """The addresses joined members connect from: their ranks may say rank-only things to the bootstrap."""
@@ -245,8 +246,8 @@ class GroupRanks:
             async with asyncio.timeout(self.settings.join_s):
                 opened = await link.recv()
             reply_to = opened.envelope.nonce
-            member = self._admit(opened.body, link)
             link.peer = Recipient(name=opened.envelope.sender, boot=opened.envelope.boot)
+            member = self._admit(opened.body, link)
             await link.send(self._welcome(), reply_to=reply_to)
         except ProtocolError as e:
             self.refused += 1

@@ -111,12 +111,14 @@ class MemberServer:
                 await self._send_event(self.first + h.spec.local_index, h.info)
             self.joined = True
             log.info("group member %d: %d ranks up, joined to %s", self.opts.group_member, len(specs), self.leader)
-            done, _ = await asyncio.wait([reader, beat, loop.create_task(stop.wait())],
-                                         return_when=asyncio.FIRST_COMPLETED)
+            stopped = loop.create_task(stop.wait())
+            self._tasks.update((reader, beat, stopped))
+            done, _ = await asyncio.wait([reader, beat, stopped], return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
                 log.info("stopping: serving the leader until it goes (budget %ds)", self.cfg.drain_timeout_seconds)
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(TimeoutError, LeaderLost):
                     await asyncio.wait_for(asyncio.shield(reader), self.cfg.drain_timeout_seconds)
+                log.info("stopped: the leader went, or the budget ran out")
             else:
                 for t in done:
                     t.result()  # raises LeaderLost
@@ -130,6 +132,7 @@ class MemberServer:
             gate.cancel()
             for t in list(self._tasks):
                 t.cancel()
+            await asyncio.gather(gate, *self._tasks, return_exceptions=True)
             if self.link is not None:
                 self.link.close()
             if self._runner is not None:
