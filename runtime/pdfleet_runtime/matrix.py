@@ -264,12 +264,6 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "every pod of a replica group holds tensor x pipeline / nodesPerReplica GPUs (SGLang: "
        "(tp_size x pp_size) % nnodes == 0, checked at start)",
        "set nodesPerReplica to a divisor of tensor x pipeline (8 GPUs per node: tensor x pipeline / 8)"),
-    _r("builtin-no-multi-node", "the built-in runtime does not run a replica across nodes yet",
-       "the operator runs replica groups (one pod per node, created, drained and restarted as a unit), but "
-       "the built-in runtime's ranks across a group's pods are not merged yet (see issue-30r); SGLang "
-       "replicas across nodes are admitted",
-       "set parallelism.nodesPerReplica to 1 (a TP x PP that fits one node), or run SGLang "
-       "(spec.engine.kind: sglang)"),
     _r("builtin-no-attention-dp", "the built-in runtime has no attention data parallelism",
        "the pdfleet runtime's planner and wire protocol address ranks by (TP, PP) only: there is no DP rank, so "
        "no mapping of a decode DP rank to the prefill DP rank that holds a request's state",
@@ -457,7 +451,7 @@ def _check_layout(c: _Ctx) -> Iterator[Violation]:
 
 def _check_nested(c: _Ctx) -> Iterator[Violation]:
     """Attention DP and EP nest inside TP; a replica's GPUs split evenly over its nodes; the built-in
-    runtime has neither DP nor EP, nor (until its ranks span pods: issue-30r) a replica across nodes."""
+    runtime has neither DP nor EP."""
     for role, prefix in _ROLES:
         shape = getattr(c.inp, role, None)
         tp_pp = c.shapes[role]
@@ -477,9 +471,6 @@ def _check_nested(c: _Ctx) -> Iterator[Violation]:
                                   f"{role} nodesPerReplica {nodes} does not divide TP x PP = {tp * pp}",
                                   f"{par}.nodesPerReplica", f"{par}.tensor")
         if c.inp.engine == "pdfleet":
-            if nodes and nodes > 1:
-                yield c.violation("builtin-no-multi-node", f"{role} nodesPerReplica={nodes} on the built-in runtime",
-                                  f"{par}.nodesPerReplica", "spec.engine.kind")
             if data and data > 1:
                 yield c.violation("builtin-no-attention-dp", f"{role} data={data} on the built-in runtime",
                                   f"{par}.data", "spec.engine.kind")
@@ -642,7 +633,7 @@ def _check_warnings(c: _Ctx) -> Iterator[Violation]:
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"input-invalid"}), _check_inputs),
     (frozenset({"layout-unresolved"}), _check_layout),
-    (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus", "builtin-no-multi-node",
+    (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus",
                 "builtin-no-attention-dp", "builtin-no-expert-parallel"}), _check_nested),
     (frozenset({"tp-divisible", "pp-match"}), _check_tp_pp),
     (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "warn-kv-heads-replicated"}),

@@ -8,8 +8,8 @@
   more than replicas + 1 groups, never fewer than ``replicas`` ready groups, every old group drained
   through its leader once and deleted as a whole.
 
-SGLang is the engine because the built-in runtime's ranks across pods are not merged yet
-(``builtin-no-multi-node``); the orchestration is the same for both.
+The orchestration is the same for both engines; tests/e2e/test_groups_runtimes.py runs real built-in
+runtime groups through the router.
 """
 
 from __future__ import annotations

@@ -245,8 +245,7 @@ class Parallelism(ApiModel):
         description="Nodes one replica spans: a group of nodesPerReplica pods, one per node, each with "
         "tensor x pipeline / nodesPerReplica GPUs (SGLang --nnodes/--node-rank/--dist-init-addr), created, "
         "drained and restarted as a unit; only the first pod serves HTTP and is routed to. Must divide "
-        "tensor x pipeline. Default 1; above 1 needs spec.engine.kind sglang for now (the built-in runtime's "
-        "ranks across pods are not merged yet).",
+        "tensor x pipeline. Default 1.",
     )
 
 

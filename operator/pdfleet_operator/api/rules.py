@@ -92,8 +92,7 @@ def _role_override_ok(o: Obj) -> bool:
 
 
 def _builtin_ok(o: Obj, field: str) -> bool:
-    """The built-in runtime has no attention DP or EP (nor replicas across nodes yet): ``field`` > 1 only with
-    another engine."""
+    """The built-in runtime has no attention DP or EP: ``field`` > 1 only with another engine."""
     return _engine_kind(o) != "pdfleet" or all(o[r]["parallelism"][field] == 1 for r in ("prefill", "decode"))
 
 
@@ -170,16 +169,6 @@ CEL_RULES: tuple[CelRule, ...] = (
         "parallelism.expert > 1 needs spec.engine.kind sglang: the built-in runtime has no expert parallelism",
         lambda o: _builtin_ok(o, "expert"),
         ".prefill.parallelism.expert",
-    ),
-    CelRule(
-        "builtin-no-multi-node",
-        ("spec",),
-        "(has(self.engine) && self.engine.kind != 'pdfleet') || "
-        "(self.prefill.parallelism.nodesPerReplica == 1 && self.decode.parallelism.nodesPerReplica == 1)",
-        "parallelism.nodesPerReplica > 1 needs spec.engine.kind sglang: the built-in runtime's ranks across a "
-        "group's pods are not merged yet (issue-30r)",
-        lambda o: _builtin_ok(o, "nodesPerReplica"),
-        ".prefill.parallelism.nodesPerReplica",
     ),
     CelRule(
         "rollout-surge-range",

@@ -43,9 +43,10 @@ PARALLEL_CELLS: tuple[ParallelCell, ...] = (
     ParallelCell("pdfleet", "expert-parallel", None, False,
                  "the runtime moves attention and linear state only; it has no MoE layers",
                  "builtin-no-expert-parallel"),
-    ParallelCell("pdfleet", "multi-node", None, False,
-                 "the operator runs replica groups, but the runtime's ranks across a group's pods are not merged "
-                 "yet (issue-30r)", "builtin-no-multi-node"),
+    *(ParallelCell("pdfleet", "multi-node", b, True,
+                   "a replica group: member m runs ranks [m * local, (m + 1) * local); the leader serves HTTP and "
+                   "the bootstrap and drives its members' ranks over the group channel (signed with the role's "
+                   "group key)") for b in (Backend.MOONCAKE, Backend.NIXL)),
     *(ParallelCell(_SGLANG, "attention-dp", b, True,
                    f"every state type, per DP rank: the shared bootstrap routes by prefill_dp_rank ({_COMMON})")
       for b in (Backend.MOONCAKE, Backend.NIXL, Backend.MORI)),
