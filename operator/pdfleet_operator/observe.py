@@ -1,7 +1,7 @@
 """Observe: read a PDDeployment's children into a ``plan.Snapshot`` (reads only).
 
 Pods are found by the deployment label and identified by their identity annotation
-(``role/revision/index``), so a pod whose role or revision labels were edited away is still
+(``role/revision/index``, plus ``/member/nodes`` for a pod of a multi-node group), so a pod whose role or revision labels were edited away is still
 recognised and its labels restored.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
@@ -22,8 +23,12 @@ from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN_CANCELLED,
     CONDITION_DRAINED,
     LABEL_COMPAT,
+    LABEL_GROUP,
     LABEL_INDEX,
+    LABEL_MEMBER,
     LABEL_ROUTABLE,
+    group_pod_name,
+    group_secret_name,
     router_secret_name,
     secret_name,
 )
@@ -31,19 +36,30 @@ from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 from pdfleet_operator.resources.revisions import parse_revisions
 from pdfleet_runtime.config import READINESS_GATE, drain_of
 
-__all__ = ["observe", "observe_nodes", "observed_pod", "secret_exists", "snapshot_of"]
+__all__ = ["observe", "observe_nodes", "observed_pod", "secret_exists", "snapshot_of", "with_group_secrets"]
+
+
+def _identity(value: str) -> tuple[Role, str, int, int, int] | None:
+    """(role, revision, index, member, nodes) from ``role/revision/index[/member/nodes]``."""
+    parts = value.split("/")
+    if len(parts) not in (3, 5) or parts[0] not in {r.value for r in Role} or not all(x.isdigit() for x in parts[2:]):
+        return None
+    member, nodes = (int(parts[3]), int(parts[4])) if len(parts) == 5 else (0, 1)
+    if nodes < 1 or member >= nodes:
+        return None
+    return Role(parts[0]), parts[1], int(parts[2]), member, nodes
 
 
 def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
     """One pod as the planner sees it; None when it is not ours or carries no identity."""
     meta = pod.get("metadata") or {}
-    if not any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or ()):
+    owner = next((ref for ref in meta.get("ownerReferences") or () if ref.get("uid") == owner_uid), None)
+    if owner is None:
         return None
-    identity = (meta.get("annotations") or {}).get(ANNOTATION_IDENTITY, "")
-    parts = identity.split("/")
-    if len(parts) != 3 or parts[0] not in {r.value for r in Role} or not parts[2].isdigit():
+    identity = _identity((meta.get("annotations") or {}).get(ANNOTATION_IDENTITY, ""))
+    if identity is None:
         return None
-    role, revision, index = Role(parts[0]), parts[1], int(parts[2])
+    role, revision, index, member, nodes = identity
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     drain_started = _epoch(annotations.get(ANNOTATION_DRAIN))
@@ -51,7 +67,9 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         labels.get(LABEL_ROLE) == role.value
         and labels.get(LABEL_REVISION) == revision
         and labels.get(LABEL_INDEX) == str(index)
+        and labels.get(LABEL_MEMBER) == str(member)
         and labels.get(LABEL_ROUTABLE) == ("false" if drain_started is not None else "true")
+        and (nodes == 1 or labels.get(LABEL_GROUP) == group_pod_name(owner.get("name", ""), role, revision, index, 0))
     )
     conditions = (pod.get("status") or {}).get("conditions") or ()
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -81,6 +99,9 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         running_since=running_since,
         compat=labels.get(LABEL_COMPAT, ""),
         scheduled=bool((pod.get("spec") or {}).get("nodeName")),
+        member=member,
+        group_size=nodes,
+        failed=status.get("phase") == "Failed",
     )
 
 
@@ -112,8 +133,16 @@ def snapshot_of(owner: Owner, pods: Iterable[Mapping], revisions: Iterable[Mappi
                     revisions=parse_revisions(owned), router_secret_exists=router_secret_exists)
 
 
+def with_group_secrets(snapshot: Snapshot, owner: Owner, roles: Iterable[Role], exists) -> Snapshot:
+    """The snapshot with the group key Secrets of ``roles`` (the grouped ones) looked up by ``exists(name)``:
+    single-node roles cost no call."""
+    found = frozenset(r for r in roles if exists(group_secret_name(owner.name, r)))
+    return replace(snapshot, group_secrets=found)
+
+
 def observe(api: ApiClient, owner: Owner) -> Snapshot:
-    """The snapshot from fresh lists (a Reconciler without watched state: tests, tools)."""
+    """The snapshot from fresh lists (a Reconciler without watched state: tests, tools); group key Secrets
+    are looked up by ``with_group_secrets``."""
     core = CoreV1Api(api)
     selector = f"{LABEL_DEPLOYMENT}={owner.name}"
     pods = json.loads(core.list_namespaced_pod(owner.namespace, label_selector=selector,

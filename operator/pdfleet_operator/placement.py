@@ -31,6 +31,7 @@ class Problem(StrEnum):
     NO_MATCHING_NODES = "NoMatchingNodes"
     INSUFFICIENT_GPUS_PER_NODE = "InsufficientGPUsPerNode"
     POOL_EXCEEDS_GPU_MEMORY = "PoolExceedsGPUMemory"
+    TOO_FEW_NODES_FOR_GROUP = "TooFewNodesForGroup"
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def check_placement(spec: PDDeploymentSpec, nodes: Iterable[NodeFacts]) -> list[
         rs = role_spec(spec, role)
         if rs.replicas == 0:
             continue
-        need = rs.parallelism.tensor * rs.parallelism.pipeline
+        need, nodes_per_replica = rs.parallelism.gpus_per_pod, rs.parallelism.nodes_per_replica
         candidates = [n for n in nodes if _matches(rs, n)]
         if not candidates:
             sel = ", ".join(f"{k}={v}" for k, v in (rs.node_selector or {}).items()) or "(none)"
@@ -118,11 +119,20 @@ def check_placement(spec: PDDeploymentSpec, nodes: Iterable[NodeFacts]) -> list[
             continue
         most = max(n.gpus for n in candidates)
         if most < need:
+            where = "on one node" if nodes_per_replica == 1 else f"per node ({nodes_per_replica} nodes per replica)"
             problems.append(PlacementProblem(
                 role, Problem.INSUFFICIENT_GPUS_PER_NODE,
                 f"one {role.value} replica needs {need} GPUs (tensor {rs.parallelism.tensor} x pipeline "
-                f"{rs.parallelism.pipeline}) on one node, but matching nodes have at most {most}; lower "
+                f"{rs.parallelism.pipeline}) {where}, but matching nodes have at most {most}; lower "
                 f"spec.{role.value}.parallelism or add larger nodes"))
+            continue
+        fit = sum(n.gpus >= need for n in candidates)
+        if fit < nodes_per_replica:
+            problems.append(PlacementProblem(
+                role, Problem.TOO_FEW_NODES_FOR_GROUP,
+                f"one {role.value} replica spans {nodes_per_replica} nodes (one pod per node, {need} GPUs each), "
+                f"but only {fit} matching node(s) have {need} GPUs: its pods would pend; add nodes or lower "
+                f"spec.{role.value}.parallelism.nodesPerReplica"))
             continue
         pool = _pool_bytes(spec, rs)
         sizes = [m for n in candidates if n.gpus >= need and (m := n.gpu_memory_bytes) is not None]

@@ -8,6 +8,10 @@ reconcile. Pods are created once under deterministic names and replaced, never p
 Pod replacement here is the simple surge rule of a Deployment (create new-revision pods within
 ``replicas + maxSurge``, remove old ones while ready pods stay at or above ``replicas -
 maxUnavailable``); drains and the rollout step planner refine it (rollout issues).
+
+A replica spanning nodes is a group of pods planned as one unit (``groups``): created together,
+drained through its leader, deleted together, restarted as a unit when it breaks; the budgets
+count groups. A single-node replica is a group of one, planned exactly as a pod.
 """
 
 from __future__ import annotations
@@ -18,24 +22,33 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pdfleet_operator.api.constants import API_VERSION, KIND, Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
+from pdfleet_operator.groups import groups_of, units
+from pdfleet_operator.resources.engine import group_service
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
     ANNOTATION_DRAIN_CANCELLED,
+    LABEL_GROUP,
     LABEL_ROUTABLE,
+    group_pod_name,
+    group_secret_name,
+    owner_labels,
+    role_selector,
     router_secret_name,
     secret_name,
 )
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
-from pdfleet_operator.resources.policy import network_policy, pod_disruption_budget
+from pdfleet_operator.resources.policy import group_network_policy, network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.router import router_children, router_secret, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
-from pdfleet_operator.resources.secret import auth_secret, missing_key_in_use
+from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use
 from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
+from pdfleet_runtime.config import GROUP_PORT
+from pdfleet_runtime.engine_rules.sglang import DIST_INIT_PORT
 
 __all__ = [
     "DRAIN_CANCEL_SETTLE_S",
@@ -47,6 +60,8 @@ __all__ = [
     "budgets",
     "desired_children",
     "drain_metadata",
+    "group_pods_running",
+    "grouped_roles",
     "plan",
     "spec_targets",
 ]
@@ -106,6 +121,9 @@ class ObservedPod:
     running_since: float | None = None  # epoch seconds the pod started running; None: not running
     compat: str = ""  # the pdfleet.io/compat label
     scheduled: bool = True  # spec.nodeName is set (False: stuck Pending, no container ever ran)
+    member: int = 0  # its place in its replica group (0: the leader; every single-node pod is one)
+    group_size: int = 1  # the pods of its group (nodesPerReplica of the revision it was made from)
+    failed: bool = False  # phase Failed (evicted, or its containers ended and will not restart)
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,7 @@ class Snapshot:
     secret_exists: bool = False
     revisions: Mapping[tuple[Role, str], PDDeploymentSpec] = field(default_factory=dict)
     router_secret_exists: bool = False
+    group_secrets: frozenset[Role] = frozenset()  # roles whose group key Secret exists (read for grouped roles only)
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,12 @@ def _owned(obj: dict, owner: Owner) -> dict:
 Targets = Mapping[Role, tuple[str, PDDeploymentSpec]]
 
 
+def grouped_roles(spec: PDDeploymentSpec, snapshot: Snapshot | None = None) -> set[Role]:
+    """Roles whose replicas span nodes in the spec, or that still run pods of such groups (a rollout)."""
+    out = {role for role in Role if role_spec(spec, role).parallelism.nodes_per_replica > 1}
+    return out | {p.role for p in (snapshot.pods if snapshot else ()) if p.group_size > 1 and not p.deleting}
+
+
 def spec_targets(spec: PDDeploymentSpec) -> dict[Role, tuple[str, PDDeploymentSpec]]:
     """Each role rolling towards the spec's own revision (no rollback in progress)."""
     return {role: (role_revision(spec, role), spec) for role in Role}
@@ -152,9 +177,10 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
     n, ns = owner.name, owner.namespace
     targets = targets or spec_targets(spec)
     objs = [runtime_service_account(n, ns), runtime_role(n, ns, pod_names), runtime_role_binding(n, ns)]
+    grouped = grouped_roles(spec, snapshot)
     for role in Role:
         rs = role_spec(spec, role)
-        ranks = rs.parallelism.tensor * rs.parallelism.pipeline
+        ranks = rs.parallelism.tensor * rs.parallelism.pipeline // rs.parallelism.nodes_per_replica
         configs = {targets[role][0]: targets[role][1]}
         for pod in snapshot.pods if snapshot else ():
             stored = snapshot.revisions.get((role, pod.revision)) if snapshot else None
@@ -162,11 +188,23 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
                 configs.setdefault(pod.revision, stored)
         for revision, rev_spec in sorted(configs.items()):
             objs.append(_runtime_configmap(n, ns, rev_spec, role, revision))
-        objs.append(headless_service(n, ns, role, ranks))
+        objs.append(headless_service(n, ns, role, ranks, leaders_only=role in grouped))
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
-    objs.append(network_policy(n, ns, worker_port(spec)))
+        if role in grouped:
+            objs += _group_children(n, ns, spec, role)
+    objs.append(network_policy(n, ns, worker_port(spec), groups=bool(grouped)))
     objs += router_children(n, ns, spec)
     return [_owned(o, owner) for o in objs]
+
+
+def _group_children(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> list[dict]:
+    """A grouped role's headless group Service (members reach their leader before any is Ready) and the
+    NetworkPolicy opening the group port between its pods."""
+    sglang = spec.engine is not None and spec.engine.kind is EngineKind.SGLANG
+    port = ("dist-init", DIST_INIT_PORT) if sglang else ("group", GROUP_PORT)
+    svc = group_service(name, namespace, role, role_selector(name, role), port)
+    svc["metadata"]["labels"] = owner_labels(name)
+    return [svc, group_network_policy(name, namespace, role)]
 
 
 _CONFIGMAPS: dict[tuple[str, str, str, str, str], dict] = {}
@@ -221,7 +259,8 @@ def _role_pod_actions(
     target: tuple[str, PDDeploymentSpec], peers: list[ObservedPod],
 ) -> list[Action]:
     """Budgets, replicas, drains and pause come from the user's spec; the pods built come from the
-    target revision's spec (the spec itself, or the stable revision's while rolling back)."""
+    target revision's spec (the spec itself, or the stable revision's while rolling back). The step
+    planner sees each replica group as one unit; its steps act on every member (``groups``)."""
     rs = role_spec(spec, role)
     revision, target_spec = target
     surge, unavailable = budgets(spec, rs.replicas)
@@ -229,24 +268,36 @@ def _role_pod_actions(
     actions: list[Action] = []
     for p in pods:
         if not p.labels_ok and not p.deleting:
-            labels = runtime_pod(owner.name, owner.namespace, target_spec, role, p.revision, p.index)["metadata"]["labels"]
+            labels = runtime_pod(owner.name, owner.namespace, target_spec, role, p.revision, p.index,
+                                 p.member)["metadata"]["labels"]
+            if p.group_size > 1:
+                labels[LABEL_GROUP] = group_pod_name(owner.name, role, p.revision, p.index, 0)
             if p.drain_started is not None:
                 labels[LABEL_ROUTABLE] = "false"
             actions.append(Action(ActionKind.PATCH_LABELS, "v1", "Pod", p.name, body=labels, reason="labels edited"))
-    views = [PodView(p.name, p.revision, p.index, p.ready and not _settling(p, now), p.deleting, p.drain_started,
-                     p.drained, p.scheduled) for p in pods]
-    hold = _compat_hold(role, target_spec, pods, peers)
+    groups = {g.unit.name: g for g in groups_of(pods)}
+    for g in groups.values():
+        if g.broken:  # a half group holds GPUs and serves nothing: restart it as a unit
+            actions += [Action(ActionKind.DELETE, "v1", "Pod", m.name, reason=f"group restart: {g.broken}")
+                        for m in g.live]
+    views = [PodView(u.name, u.revision, u.index, u.ready and not _settling(u, now), u.deleting, u.drain_started,
+                     u.drained, u.scheduled) for u in (g.unit for g in groups.values())]
+    hold = _compat_hold(role, target_spec, units(pods), units(peers))
     if hold:
         return [*actions, Action(ActionKind.HOLD, "v1", "Pod", "", reason=hold)]
     steps = plan_steps(views, replicas=rs.replicas, revision=revision, surge=surge, unavailable=unavailable,
                        drain_timeout=spec.rollout.drain_timeout_seconds, now=now, paused=spec.rollout.paused,
                        canary=spec.rollout.canary_replicas if rolling_forward else None)
+    nodes = role_spec(target_spec, role).parallelism.nodes_per_replica
     for s in steps:
         if s.kind is StepKind.CREATE:
             assert s.index is not None
-            body = _owned(runtime_pod(owner.name, owner.namespace, target_spec, role, revision, s.index), owner)
-            actions.append(Action(ActionKind.CREATE, "v1", "Pod", body["metadata"]["name"], body=body,
-                                  reason=f"{role.value} {s.reason}"))
+            for member in range(nodes):  # a group's pods are created together, in one pass
+                body = _owned(runtime_pod(owner.name, owner.namespace, target_spec, role, revision, s.index, member),
+                              owner)
+                actions.append(Action(ActionKind.CREATE, "v1", "Pod", body["metadata"]["name"], body=body,
+                                      reason=f"{role.value} {s.reason}" + (f", member {member} of {nodes}"
+                                                                           if nodes > 1 else "")))
         elif s.kind is StepKind.START_DRAIN:
             actions.append(Action(ActionKind.PATCH_META, "v1", "Pod", s.pod or "", body=drain_metadata(now),
                                   reason=f"drain started ({s.reason}): unroutable, finishing in-flight transfers"))
@@ -255,8 +306,12 @@ def _role_pod_actions(
                                   body=drain_metadata(now, cancel=True),
                                   reason=f"drain cancelled ({s.reason}): routable again"))
         else:
-            actions.append(Action(ActionKind.DELETE, "v1", "Pod", s.pod or "",
-                                  reason=("FORCED after the drain deadline" if s.forced else "drained")))
+            g = groups[s.pod or ""]
+            why = "FORCED after the drain deadline" if s.forced else "drained"
+            # The leader's drain covers the group's ranks: the group goes as a unit, leader last.
+            actions += [Action(ActionKind.DELETE, "v1", "Pod", m.name, reason=why if len(g.members) == 1
+                               else f"{why}: group of {g.unit.name}")
+                        for m in sorted(g.live, key=lambda m: -m.member)]
     return actions
 
 
@@ -278,6 +333,11 @@ def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedP
 def pods_running(snapshot: Snapshot) -> int:
     """Pods that may hold the transfer key (every observed pod not being deleted)."""
     return sum(not p.deleting for p in snapshot.pods)
+
+
+def group_pods_running(snapshot: Snapshot, role: Role) -> int:
+    """Pods of the role's multi-node groups that may hold its group key."""
+    return sum(p.role is role and p.group_size > 1 and not p.deleting for p in snapshot.pods)
 
 
 def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0,
@@ -307,6 +367,11 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
         body = _owned(auth_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", secret_name(owner.name), body=body,
                               reason="per-deployment transfer authentication key"))
+    for role in sorted(grouped_roles(spec, snapshot)):
+        if role not in snapshot.group_secrets and not group_pods_running(snapshot, role):
+            body = _owned(group_secret(owner.name, owner.namespace, role), owner)
+            actions.append(Action(ActionKind.CREATE, "v1", "Secret", group_secret_name(owner.name, role), body=body,
+                                  reason=f"{role.value} replica groups' key (rank messages between their pods)"))
     if spec.router is not None and not snapshot.router_secret_exists:
         body = _owned(router_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", router_secret_name(owner.name), body=body,

@@ -31,11 +31,23 @@ from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERS
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.apply import Outcome, Writer
 from pdfleet_operator.metrics import METRICS
-from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of
+from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
 from pdfleet_operator.placement import check_placement, node_facts
-from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan, pods_running
+from pdfleet_operator.plan import (
+    ActionKind,
+    Owner,
+    Snapshot,
+    group_pods_running,
+    grouped_roles,
+    plan,
+    pods_running,
+)
 from pdfleet_operator.resources.names import router_secret_name, secret_name
-from pdfleet_operator.resources.secret import AUTH_SECRET_MISSING, missing_key_in_use
+from pdfleet_operator.resources.secret import (
+    AUTH_SECRET_MISSING,
+    missing_group_key_in_use,
+    missing_key_in_use,
+)
 from pdfleet_operator.rollout_state import (
     decide_rollouts,
     next_wake,
@@ -223,13 +235,18 @@ class Reconciler:
             raise
         return json.loads(body.data)
 
-    def _observe(self, owner: Owner, view: View | None) -> Snapshot:
+    def _observe(self, owner: Owner, view: View | None, spec: PDDeploymentSpec) -> Snapshot:
         if view is None:
-            return observe(self._api, owner)
-        return snapshot_of(
-            owner, view.of("Pod"), view.of("ControllerRevision"),
-            secret_exists=self._secret_exists(owner.namespace, secret_name(owner.name)),
-            router_secret_exists=self._secret_exists(owner.namespace, router_secret_name(owner.name)))
+            snapshot = observe(self._api, owner)
+        else:
+            snapshot = snapshot_of(
+                owner, view.of("Pod"), view.of("ControllerRevision"),
+                secret_exists=self._secret_exists(owner.namespace, secret_name(owner.name)),
+                router_secret_exists=self._secret_exists(owner.namespace, router_secret_name(owner.name)))
+        grouped = grouped_roles(spec, snapshot)
+        if not grouped:
+            return snapshot
+        return with_group_secrets(snapshot, owner, grouped, lambda n: self._secret_exists(owner.namespace, n))
 
     def _pass(self, namespace: str, name: str, view: View | None) -> PassResult:
         obj = self._read(namespace, name, view)
@@ -250,11 +267,15 @@ class Reconciler:
                                       "observedGeneration": meta.get("generation", 0)}]
             self._write_status(owner, old_status, {"conditions": admission})
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
-        snapshot = self._observe(owner, view)
+        snapshot = self._observe(owner, view, spec)
         problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
         if (why := missing_key_in_use(name, snapshot.secret_exists, pods_running(snapshot))) is not None:
             admission = with_degraded(admission, AUTH_SECRET_MISSING, why, meta.get("generation", 0))
+        for role in sorted(grouped_roles(spec, snapshot) - snapshot.group_secrets):
+            if running := group_pods_running(snapshot, role):
+                admission = with_degraded(admission, AUTH_SECRET_MISSING, missing_group_key_in_use(name, role, running),
+                                          meta.get("generation", 0))
         now = time.time()
         decisions = decide_rollouts(spec, snapshot, old_status.get("rollout") or {}, now)
         targets = rollout_targets(spec, snapshot, decisions)

@@ -13,6 +13,10 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
   (the commit point; until then the previous stable revision stays);
 * canary hold: with ``canaryReplicas`` set and old pods left, the new revision stops there.
 
+A replica group counts as one unit (``groups.units``: ready when every member is); failures are
+read from every member, except a leader's lost member (``GROUP_MEMBER_LOST``), which restarts its
+group rather than failing the revision.
+
 Failed revisions are remembered only while the spec still names them: a spec change clears the
 memory, so a revision is not tried again until the spec changes. The stable revision is never marked
 failed (there is no rollout towards it).
@@ -26,6 +30,7 @@ from datetime import UTC, datetime
 
 from pdfleet_operator.api.constants import ConditionType, Role, RolloutPhase
 from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.groups import GROUP_MEMBER_LOST, units
 from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S, ObservedPod, Snapshot
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
@@ -90,7 +95,7 @@ def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeou
     for p in pods:
         if p.revision != revision or p.deleting:
             continue
-        if p.gate == "False" and p.gate_reason in GATE_FAILURE_REASONS:
+        if p.gate == "False" and p.gate_reason in GATE_FAILURE_REASONS and p.gate_reason != GROUP_MEMBER_LOST:
             return f"pod {p.name} failed its transfer-path gate" + (f" ({p.gate_message})" if p.gate_message else "")
         if p.gate != "True" and p.running_since is not None and now - p.running_since > gate_timeout:
             return f"pod {p.name}'s transfer-path gate stayed unknown for {now - p.running_since:.0f}s"
@@ -109,8 +114,10 @@ def decide(
     progress_deadline: float,
     canary: int | None,
     can_roll_back_to: set[str],
+    members: Sequence[ObservedPod] | None = None,
 ) -> RoleDecision:
-    """One role's bookkeeping for this pass; ``can_roll_back_to`` are revisions whose spec is stored."""
+    """One role's bookkeeping for this pass; ``can_roll_back_to`` are revisions whose spec is stored.
+    ``pods`` are the role's replicas (groups as units); ``members`` every pod, for failures (default: pods)."""
     prev = previous or {}
     stable = prev.get("stableRevision")
     failed = tuple(r for r in prev.get("failedRevisions") or () if r == spec_revision)
@@ -133,7 +140,8 @@ def decide(
     # fails its gate or restarts is an outage of the running revision (not ready, counted as such), not a
     # failed revision, which would stay Degraded and block nothing but the user's next spec change.
     if target == spec_revision and spec_revision != stable and spec_revision not in failed and not complete:
-        failure = _failure(pods, spec_revision, now, min(GATE_TIMEOUT_CAP, progress_deadline))
+        failure = _failure(pods if members is None else members, spec_revision, now,
+                           min(GATE_TIMEOUT_CAP, progress_deadline))
         if failure is None and now - last_progress > progress_deadline:
             failure = f"no progress for {now - last_progress:.0f}s (progressDeadlineSeconds {progress_deadline:.0f})"
         if failure is not None:
@@ -174,11 +182,13 @@ def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: Mappin
     out = {}
     for role in Role:
         rs = role_spec(spec, role)
+        pods = [p for p in snapshot.pods if p.role is role]
         out[role] = decide(
             previous.get(role.value),
             spec_revision=role_revision(spec, role),
             replicas=rs.replicas,
-            pods=[p for p in snapshot.pods if p.role is role],
+            pods=units(pods),
+            members=pods,
             now=now,
             progress_deadline=float(spec.rollout.progress_deadline_seconds),
             canary=spec.rollout.canary_replicas,

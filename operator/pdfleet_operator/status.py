@@ -13,6 +13,7 @@ from datetime import datetime
 
 from pdfleet_operator.api.constants import ConditionStatus, ConditionType, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, shapes_text
+from pdfleet_operator.groups import units
 from pdfleet_operator.placement import PlacementProblem
 from pdfleet_operator.plan import ObservedPod, budgets
 from pdfleet_operator.resources.names import role_selector
@@ -26,15 +27,16 @@ __all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "w
 @dataclass(frozen=True)
 class RoleCounts:
     desired: int
-    replicas: int  # live pods, all revisions
+    replicas: int  # live replicas (pods, or groups of pods), all revisions
     ready: int
-    updated: int  # live pods on the current revision
+    updated: int  # live replicas on the current revision
     updated_ready: int
 
 
 def role_counts(spec: PDDeploymentSpec, role: Role, pods: Iterable[ObservedPod]) -> RoleCounts:
+    """Replicas, not pods: a group spanning nodes counts once, ready only when every member is."""
     revision = role_revision(spec, role)
-    live = [p for p in pods if p.role is role and not p.deleting]
+    live = [p for p in units(p for p in pods if p.role is role) if not p.deleting]
     return RoleCounts(
         desired=role_spec(spec, role).replicas,
         replicas=len(live),

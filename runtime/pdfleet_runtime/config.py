@@ -61,7 +61,8 @@ SERVED_NAME_PATTERN = r"^[A-Za-z0-9._:/@+-]+$"  # spec.model.servedName, checked
 # a rollout on them); any other reason (Starting, WaitingForCanary, NoPeerFound, ...) means "not yet"
 # and only counts against the gate timeout. server.readiness.Problem holds every reason.
 GATE_FAILURE_REASONS = frozenset(
-    {"RankProcessDied", "PeerIncompatible", "BelowThroughputFloor", "BytesMismatched", "TransfersFailing"}
+    {"RankProcessDied", "PeerIncompatible", "BelowThroughputFloor", "BytesMismatched", "TransfersFailing",
+     "GroupMemberLost"}
 )
 DRAIN_ANNOTATION = "pdfleet.io/drain-started"  # set by the operator (epoch seconds): stop admitting, drain
 DRAINED_CONDITION = "pdfleet.io/drained"  # set by the runtime once a drained pod has nothing in flight

@@ -264,11 +264,6 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "every pod of a replica group holds tensor x pipeline / nodesPerReplica GPUs (SGLang: "
        "(tp_size x pp_size) % nnodes == 0, checked at start)",
        "set nodesPerReplica to a divisor of tensor x pipeline (8 GPUs per node: tensor x pipeline / 8)"),
-    _r("reserved-nodes-per-replica", "multi-node replicas are not run yet",
-       "a replica spanning several nodes needs the operator's replica groups (pods of a group, a headless "
-       "Service for --dist-init-addr, group rollouts); they are not built yet, though the fields and the "
-       "SGLang rendering are",
-       "set parallelism.nodesPerReplica to 1 (or omit it); use a TP x PP that fits one node"),
     _r("builtin-no-attention-dp", "the built-in runtime has no attention data parallelism",
        "the pdfleet runtime's planner and wire protocol address ranks by (TP, PP) only: there is no DP rank, so "
        "no mapping of a decode DP rank to the prefill DP rank that holds a request's state",
@@ -468,7 +463,7 @@ def _check_layout(c: _Ctx) -> Iterator[Violation]:
 
 def _check_nested(c: _Ctx) -> Iterator[Violation]:
     """Attention DP and EP nest inside TP; a replica's GPUs split evenly over its nodes; the built-in
-    runtime has neither DP nor EP; multi-node groups are not run yet."""
+    runtime has neither DP nor EP."""
     for role, prefix in _ROLES:
         shape = getattr(c.inp, role, None)
         tp_pp = c.shapes[role]
@@ -487,10 +482,6 @@ def _check_nested(c: _Ctx) -> Iterator[Violation]:
                 yield c.violation("nodes-divide-gpus",
                                   f"{role} nodesPerReplica {nodes} does not divide TP x PP = {tp * pp}",
                                   f"{par}.nodesPerReplica", f"{par}.tensor")
-        if nodes and nodes > 1:
-            yield c.violation("reserved-nodes-per-replica",
-                              f"{role} nodesPerReplica={nodes}: multi-node replica groups are not built yet",
-                              f"{par}.nodesPerReplica")
         if c.inp.engine == "pdfleet":
             if data and data > 1:
                 yield c.violation("builtin-no-attention-dp", f"{role} data={data} on the built-in runtime",
@@ -662,7 +653,7 @@ def _check_warnings(c: _Ctx) -> Iterator[Violation]:
 CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"input-invalid"}), _check_inputs),
     (frozenset({"layout-unresolved"}), _check_layout),
-    (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus", "reserved-nodes-per-replica",
+    (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus",
                 "builtin-no-attention-dp", "builtin-no-expert-parallel"}), _check_nested),
     (frozenset({"tp-divisible", "pp-match"}), _check_tp_pp),
     (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "warn-kv-heads-replicated"}),

@@ -49,9 +49,11 @@ CONCURRENCY = 4  # client requests in flight at once: every decode pod has trans
 ROUTER_PORT, ROUTER_METRICS_PORT = 30000, 29000  # spec.router's defaults
 
 
-def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, **rollout: Any) -> dict:
-    """``decode`` pods carry ``ROLLOUT_MARK=mark`` (change it to roll them); ``rollout`` overrides the budgets."""
-    role = {"parallelism": {"tensor": 1}, "image": IMAGE}
+def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, nodes: int = 1, **rollout: Any) -> dict:
+    """``decode`` pods carry ``ROLLOUT_MARK=mark`` (change it to roll them); ``rollout`` overrides the budgets;
+    ``nodes`` > 1: every replica is a group of that many pods (tensor ``nodes``, one rank per pod)."""
+    parallelism = {"tensor": 1} if nodes == 1 else {"tensor": nodes, "nodesPerReplica": nodes}
+    role = {"parallelism": parallelism, "image": IMAGE}
     pool = {"maxConcurrentRequests": 8, "kvTokensPerReplica": 2048}
     return {
         "apiVersion": "pdfleet.io/v1alpha1", "kind": "PDDeployment",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.config import GroupConfig, RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.server.local import LocalPod, free_offset, http, metric
@@ -17,10 +17,12 @@ LAYOUT = "llama-dense"
 
 
 def config(role: str, *, layout: str | dict[str, Any] = LAYOUT, tp: int = 1, peer_tp: int = 1, requests: int = 4,
-           tokens: int = 512, drain_s: int = 20, backend: str = "mooncake") -> RuntimeConfig:
+           tokens: int = 512, drain_s: int = 20, backend: str = "mooncake", pp: int = 1, peer_pp: int = 1,
+           group: GroupConfig | None = None) -> RuntimeConfig:
     ref = LayoutRef(preset=layout) if isinstance(layout, str) else LayoutRef(inline=layout)
     return RuntimeConfig(deployment="srv", namespace="default", role=role, runtime_version="0.1.0", layout=ref,
-                         shape=ParallelShape(tp), peer_shape=ParallelShape(peer_tp), backend=backend,
+                         shape=ParallelShape(tp, pp), peer_shape=ParallelShape(peer_tp, peer_pp), group=group,
+                         backend=backend,
                          protocol="tcp", max_concurrent_requests=requests, kv_tokens=tokens,
                          prefill_service="srv-prefill", secret_path=Path("/nonexistent"),
                          drain_timeout_seconds=drain_s, device="cpu")

@@ -14,7 +14,6 @@ from typing import Any
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.resources.engine import group_member, launch_command
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.validation import validate_object
 from tests.sglang.harness import CHECK_ONLY
@@ -27,11 +26,9 @@ def role_case(obj: dict, role: Role, model_dirs: dict[str, Path], home: Path, no
     """One role's engine check; ``node_rank`` picks the member of a multi-node replica group."""
     spec = PDDeploymentSpec.model_validate(validate_object(obj).spec)
     name = obj["metadata"]["name"]
-    pod = runtime_pod(name, "default", spec, role, "check", 0)
+    pod = runtime_pod(name, "default", spec, role, "check", 0, node_rank)  # the member pod the operator creates
     (engine,) = [c for c in pod["spec"]["containers"] if c["name"] == "engine"]
     argv = list(engine["command"][3:])
-    if node_rank:
-        argv = launch_command(name, spec, role, group_member(name, "default", role, "check", 0, node_rank))[3:]
     argv[argv.index("--model-path") + 1] = str(model_dirs[spec.model.layout.preset or ""])
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
     for e in engine["env"]:

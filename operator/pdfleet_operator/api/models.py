@@ -243,8 +243,9 @@ class Parallelism(ApiModel):
         ge=1,
         le=64,
         description="Nodes one replica spans: a group of nodesPerReplica pods, one per node, each with "
-        "tensor x pipeline / nodesPerReplica GPUs (SGLang --nnodes/--node-rank/--dist-init-addr). Must divide "
-        "tensor x pipeline. Default 1; values above 1 are refused for now (multi-node groups are not built).",
+        "tensor x pipeline / nodesPerReplica GPUs (SGLang --nnodes/--node-rank/--dist-init-addr), created, "
+        "drained and restarted as a unit; only the first pod serves HTTP and is routed to. Must divide "
+        "tensor x pipeline. Default 1.",
     )
 
 

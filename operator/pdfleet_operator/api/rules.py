@@ -152,15 +152,6 @@ CEL_RULES: tuple[CelRule, ...] = (
         ".nodesPerReplica",
     ),
     CelRule(
-        "reserved-nodes-per-replica",
-        _ROLES,
-        "self.nodesPerReplica == 1",
-        "nodesPerReplica > 1 is not run yet: multi-node replica groups (pods of a group, their Service and "
-        "rollouts) are not built; use a tensor x pipeline that fits one node",
-        lambda o: o["nodesPerReplica"] == 1,
-        ".nodesPerReplica",
-    ),
-    CelRule(
         "builtin-no-attention-dp",
         ("spec",),
         "(has(self.engine) && self.engine.kind != 'pdfleet') || "

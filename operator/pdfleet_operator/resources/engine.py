@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pdfleet_operator.api.constants import LABEL_REVISION, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
-from pdfleet_operator.resources.names import LABEL_INDEX, group_pod_name, group_service_name
+from pdfleet_operator.resources.names import LABEL_INDEX, LABEL_MEMBER, group_pod_name, group_service_name
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import ADMIN_PORT
 from pdfleet_runtime.engine_rules import table_env
@@ -93,14 +93,16 @@ def group_member(deployment: str, namespace: str, role: Role, revision: str, ind
     return GroupMember(member, f"{leader}.{service}.{namespace}.svc:{DIST_INIT_PORT}")
 
 
-def group_service(deployment: str, namespace: str, role: Role, selector: dict[str, str]) -> dict:
-    """The headless Service of a role's replica groups (created by the group orchestration, not yet built):
-    no cluster IP, not-ready addresses published, the rendezvous port named."""
+def group_service(deployment: str, namespace: str, role: Role, selector: dict[str, str],
+                  port: tuple[str, int] = ("dist-init", DIST_INIT_PORT)) -> dict:
+    """The headless Service of a role's replica groups: no cluster IP, not-ready addresses published (the
+    members rendezvous before any is Ready), the rendezvous port named (SGLang's ``--dist-init-addr``, or
+    the built-in runtime's group port)."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": group_service_name(deployment, role), "namespace": namespace},
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": dict(selector),
-                 "ports": [{"name": "dist-init", "port": DIST_INIT_PORT, "protocol": "TCP"}]},
+                 "ports": [{"name": port[0], "port": port[1], "targetPort": port[1], "protocol": "TCP"}]},
     }
 
 
@@ -259,11 +261,11 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     if settings.host_ipc or spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True
     member = None
-    if rs.parallelism.nodes_per_replica > 1:  # this pod is its group's first (member pods: orchestration)
-        meta = pod["metadata"]
+    meta = pod["metadata"]
+    if rs.parallelism.nodes_per_replica > 1:  # this pod's node rank in its group and the group's first pod
         member = group_member(name, meta["namespace"], role, meta["labels"][LABEL_REVISION],
-                              int(meta["labels"][LABEL_INDEX]), 0)
+                              int(meta["labels"][LABEL_INDEX]), int(meta["labels"][LABEL_MEMBER]))
     pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security, member), agent]
-    if role is Role.PREFILL:
+    if role is Role.PREFILL and (member is None or member.node_rank == 0):  # the leader's bootstrap serves the group
         pod["metadata"]["annotations"][ANNOTATION_BOOTSTRAP_PORT] = str(BOOTSTRAP_PORT)
     return pod

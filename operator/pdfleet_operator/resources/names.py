@@ -16,11 +16,15 @@ __all__ = [
     "ANNOTATION_DRAIN_CANCELLED",
     "CONDITION_DRAINED",
     "LABEL_COMPAT",
+    "LABEL_GROUP",
     "LABEL_INDEX",
+    "LABEL_MEMBER",
     "LABEL_ROUTABLE",
     "MANAGED_BY",
     "config_name",
     "group_pod_name",
+    "group_policy_name",
+    "group_secret_name",
     "group_service_name",
     "owner_labels",
     "pod_labels",
@@ -34,6 +38,11 @@ __all__ = [
 ]
 
 LABEL_INDEX = f"{GROUP}/index"
+# A pod's place in its replica group: "0" is the leader (every single-node pod is its own group's leader);
+# the router and the role's Service select leaders only where a role's replicas span nodes.
+LABEL_MEMBER = f"{GROUP}/group-member"
+# The leader's pod name, on every pod of a multi-node group: the members' anti-affinity selects it.
+LABEL_GROUP = f"{GROUP}/group"
 # Routers send new requests only to pods labelled routable=true; a drain sets it false first.
 LABEL_ROUTABLE = f"{GROUP}/routable"
 # The pod's compatibility key (resources.revision.compat_key): decode pairs only with equal keys.
@@ -103,6 +112,16 @@ def group_pod_name(deployment: str, role: Role, revision: str, index: int, membe
     return base if member == 0 else _fit(f"{deployment}-{role.value}-{revision[:6]}-{index}-m{member}")
 
 
+def group_secret_name(deployment: str, role: Role) -> str:
+    """The role's group key (item ``key``): signs rank messages between the pods of its groups only."""
+    return _fit(f"{deployment}-{role.value}-group-auth", 253)
+
+
+def group_policy_name(deployment: str, role: Role) -> str:
+    """The NetworkPolicy opening the group port between the role's pods."""
+    return _fit(f"{deployment}-{role.value}-group", 253)
+
+
 def owner_labels(deployment: str) -> dict[str, str]:
     return {LABEL_DEPLOYMENT: deployment, "app.kubernetes.io/managed-by": MANAGED_BY}
 
@@ -111,12 +130,13 @@ def role_selector(deployment: str, role: Role) -> dict[str, str]:
     return {LABEL_DEPLOYMENT: deployment, LABEL_ROLE: role.value}
 
 
-def pod_labels(deployment: str, role: Role, revision: str, index: int) -> dict[str, str]:
+def pod_labels(deployment: str, role: Role, revision: str, index: int, member: int = 0) -> dict[str, str]:
     return {
         **owner_labels(deployment),
         LABEL_ROLE: role.value,
         LABEL_REVISION: revision,
         LABEL_INDEX: str(index),
+        LABEL_MEMBER: str(member),
         LABEL_ROUTABLE: "true",
         "app.kubernetes.io/name": "pdfleet-runtime",
         "app.kubernetes.io/component": role.value,

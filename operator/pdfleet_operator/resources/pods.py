@@ -8,27 +8,47 @@ neither controller lets another writer do.
 
 from __future__ import annotations
 
+import copy
+
 from pdfleet_operator.api.constants import GROUP, Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RoleSpec
 from pdfleet_operator.resources.engine import with_sglang
 from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
+    LABEL_GROUP,
     config_name,
+    group_pod_name,
+    group_secret_name,
+    group_service_name,
     pod_labels,
-    pod_name,
     secret_name,
     service_account_name,
     service_name,
 )
 from pdfleet_operator.resources.revision import compat_key
-from pdfleet_operator.resources.runtime_config import CONFIG_FILE, CONFIG_MOUNT, SECRET_MOUNT
-from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT, READINESS_GATE
+from pdfleet_operator.resources.runtime_config import (
+    CONFIG_FILE,
+    CONFIG_MOUNT,
+    GROUP_SECRET_MOUNT,
+    SECRET_MOUNT,
+)
+from pdfleet_runtime.config import (
+    BOOTSTRAP_PORT,
+    ENGINE_PORT,
+    GROUP_LEADER_ENV,
+    GROUP_MEMBER_ENV,
+    GROUP_PORT,
+    HTTP_PORT,
+    READINESS_GATE,
+)
 from pdfleet_runtime.links import LinkProtocol
 
-__all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "PRESTOP_DRAIN", "role_spec", "runtime_pod"]
+__all__ = ["ANNOTATION_IDENTITY", "GPU_RESOURCE", "HOSTNAME_TOPOLOGY", "PRESTOP_DRAIN", "identity", "role_spec",
+           "runtime_pod"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 ANNOTATION_IDENTITY = f"{GROUP}/identity"
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 RUNTIME_UID = 1000
 PRESTOP_DRAIN = ["pdfleet-runtime", "drain", "--wait", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"]
 # Time past the drain budget for the process to flush logs and exit after the drain.
@@ -57,6 +77,35 @@ def _resources(spec: PDDeploymentSpec, rs: RoleSpec) -> dict:
     for kind in ("limits", "requests"):
         res.setdefault(kind, {}).update(extended)
     return res
+
+
+def identity(role: Role, revision: str, index: int, member: int = 0, nodes: int = 1) -> str:
+    """``role/revision/index``; a pod of a multi-node group adds ``/member/nodes`` (its group's size)."""
+    base = f"{role.value}/{revision}/{index}"
+    return base if nodes == 1 else f"{base}/{member}/{nodes}"
+
+
+def _group_env(leader: str, member: int) -> list[dict]:
+    return [{"name": GROUP_MEMBER_ENV, "value": str(member)}, {"name": GROUP_LEADER_ENV, "value": leader}]
+
+
+def _with_group(pod_spec: dict, container: dict, spec: PDDeploymentSpec, name: str, role: Role, leader: str,
+                member: int) -> None:
+    """A member of a multi-node group: DNS under the group's Service, the contract's env, one member per
+    node (required anti-affinity against its own group), the role's group key, and for the built-in
+    runtime the group port."""
+    pod_spec["subdomain"] = group_service_name(name, role)
+    container["env"][:0] = _group_env(leader, member)
+    term = {"labelSelector": {"matchLabels": {LABEL_GROUP: leader}}, "topologyKey": HOSTNAME_TOPOLOGY}
+    affinity = pod_spec.setdefault("affinity", {})
+    anti = affinity.setdefault("podAntiAffinity", {})
+    anti["requiredDuringSchedulingIgnoredDuringExecution"] = [
+        *anti.get("requiredDuringSchedulingIgnoredDuringExecution", []), term]
+    container["volumeMounts"].append({"name": "group-auth", "mountPath": GROUP_SECRET_MOUNT, "readOnly": True})
+    pod_spec["volumes"].append(
+        {"name": "group-auth", "secret": {"secretName": group_secret_name(name, role), "defaultMode": 0o400}})
+    if spec.engine is None or spec.engine.kind is not EngineKind.SGLANG:  # SGLang's ranks meet over NCCL instead
+        container["ports"].append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
 
 
 def _env(rs: RoleSpec, role: Role) -> list[dict]:
@@ -89,10 +138,14 @@ def _security(spec: PDDeploymentSpec) -> dict:
     }
 
 
-def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str, index: int) -> dict:
+def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str, index: int,
+                member: int = 0) -> dict:
+    """Replica ``index``'s pod; with nodesPerReplica N > 1, member ``member`` (0 = the leader) of its group
+    of N pods, each with its share of the replica's ranks (``RuntimeConfig.local_world``)."""
     rs = role_spec(spec, role)
-    ranks = rs.parallelism.tensor * rs.parallelism.pipeline
-    pod = pod_name(name, role, revision, index)
+    nodes = rs.parallelism.nodes_per_replica
+    ranks = rs.parallelism.tensor * rs.parallelism.pipeline // nodes
+    pod = group_pod_name(name, role, revision, index, member)
     ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
@@ -152,16 +205,21 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     if rs.tolerations:
         pod_spec["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in rs.tolerations]
     if rs.affinity:
-        pod_spec["affinity"] = rs.affinity
+        pod_spec["affinity"] = copy.deepcopy(rs.affinity)
+    labels = {**pod_labels(name, role, revision, index, member), LABEL_COMPAT: compat_key(spec, role)}
+    if nodes > 1:
+        leader = group_pod_name(name, role, revision, index, 0)
+        labels[LABEL_GROUP] = leader
+        _with_group(pod_spec, container, spec, name, role, leader, member)
     obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod,
             "namespace": namespace,
-            "labels": {**pod_labels(name, role, revision, index), LABEL_COMPAT: compat_key(spec, role)},
+            "labels": labels,
             # Identity survives a user editing the labels away; observe restores them from it.
-            "annotations": {ANNOTATION_IDENTITY: f"{role.value}/{revision}/{index}"},
+            "annotations": {ANNOTATION_IDENTITY: identity(role, revision, index, member, nodes)},
         },
         "spec": pod_spec,
     }

@@ -26,6 +26,7 @@ import secrets
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_ROLE, Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterSpec
 from pdfleet_operator.resources.names import (
+    LABEL_MEMBER,
     MANAGED_BY,
     owner_labels,
     router_name,
@@ -91,8 +92,12 @@ def endpoint_url(deployment: str, namespace: str, router: RouterSpec) -> str:
     return f"http://{router_name(deployment)}.{namespace}.svc:{router.port}"
 
 
-def _selector(deployment: str, role: Role) -> str:
-    return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value}"
+def _selector(deployment: str, role: Role, spec: PDDeploymentSpec) -> str:
+    """The role's pods; where its replicas span nodes, each group's leader only (the worker the router sends
+    to: the members serve no worker API)."""
+    rs = spec.prefill if role is Role.PREFILL else spec.decode
+    leaders = f" {LABEL_MEMBER}=0" if rs.parallelism.nodes_per_replica > 1 else ""
+    return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value}{leaders}"
 
 
 def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
@@ -109,8 +114,8 @@ def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> l
         "--service-discovery",
         "--service-discovery-namespace", namespace,
         "--service-discovery-port", str(worker_port(spec)),
-        "--prefill-selector", *_selector(deployment, Role.PREFILL).split(),
-        "--decode-selector", *_selector(deployment, Role.DECODE).split(),
+        "--prefill-selector", *_selector(deployment, Role.PREFILL, spec).split(),
+        "--decode-selector", *_selector(deployment, Role.DECODE, spec).split(),
         "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
         "--health-failure-threshold", str(HEALTH_FAILURES),
         "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),

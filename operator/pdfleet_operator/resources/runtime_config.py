@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.resources.names import config_name, owner_labels, service_name
+from pdfleet_operator.resources.names import config_name, group_service_name, owner_labels, service_name
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
-from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.config import GROUP_PORT, GroupConfig, RuntimeConfig
 from pdfleet_runtime.records import ParallelShape
 
-__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "runtime_config", "runtime_configmap"]
+__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "GROUP_SECRET_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "runtime_config",
+           "runtime_configmap"]
 
 CONFIG_MOUNT = "/etc/pdfleet"
 CONFIG_FILE = "runtime.yaml"
 SECRET_MOUNT = "/var/run/pdfleet/auth"
 SECRET_FILE = "key"
+GROUP_SECRET_MOUNT = "/var/run/pdfleet/group-auth"  # the role's group key (multi-node replicas), this role only
 
 
 def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> RuntimeConfig:
@@ -43,7 +45,16 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         # With routers, a drain answers /health 503 this long before it refuses work (docs/router.md).
         router_drop_seconds=ROUTER_DROP_BOUND_S if spec.router is not None else 0.0,
         served_model_name=spec.model.served_name,  # unset: the runtime answers as the deployment's name
+        group=_group(name, mine.parallelism.nodes_per_replica, role),
     )
+
+
+def _group(name: str, nodes: int, role: Role) -> GroupConfig | None:
+    """A replica across ``nodes`` pods: every member reads this file and learns its own place from its env."""
+    if nodes == 1:
+        return None
+    return GroupConfig(nodes=nodes, service=group_service_name(name, role), port=GROUP_PORT,
+                       secret_path=f"{GROUP_SECRET_MOUNT}/{SECRET_FILE}")
 
 
 def runtime_configmap(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str) -> dict:

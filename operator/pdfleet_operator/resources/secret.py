@@ -6,6 +6,11 @@ silently replaced (the new key would make new pods and running ones refuse each 
 deployment is reported ``Degraded`` (``AuthSecretMissing``) with the fix instead. Rotating the key
 is the user's step, which running pods follow: write a new ``key`` and the old one as
 ``key.previous`` (docs/security.md, Runtime; ``pdfleet_runtime.protocol.keys``).
+
+A role whose replicas span nodes also gets its own group key (``group_secret``, the same format),
+mounted into that role's pods only: rank messages inside a replica are signed with it, so a pod
+of the other role, which holds the deployment key, cannot speak for a rank. It follows the same
+rule: made only while no pod of the role's groups runs.
 """
 
 from __future__ import annotations
@@ -13,23 +18,33 @@ from __future__ import annotations
 import base64
 import secrets
 
-from pdfleet_operator.resources.names import owner_labels, secret_name
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.resources.names import group_secret_name, owner_labels, secret_name
 from pdfleet_operator.resources.runtime_config import SECRET_FILE
 
-__all__ = ["AUTH_SECRET_MISSING", "auth_secret", "missing_key_in_use"]
+__all__ = ["AUTH_SECRET_MISSING", "auth_secret", "group_secret", "missing_group_key_in_use", "missing_key_in_use"]
 
 AUTH_SECRET_MISSING = "AuthSecretMissing"
 
 
-def auth_secret(name: str, namespace: str, key: bytes | None = None) -> dict:
+def _key_secret(secret: str, deployment: str, namespace: str, key: bytes | None) -> dict:
     key = key if key is not None else secrets.token_bytes(32)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {"name": secret_name(name), "namespace": namespace, "labels": owner_labels(name)},
+        "metadata": {"name": secret, "namespace": namespace, "labels": owner_labels(deployment)},
         "data": {SECRET_FILE: base64.b64encode(key).decode()},
     }
+
+
+def auth_secret(name: str, namespace: str, key: bytes | None = None) -> dict:
+    return _key_secret(secret_name(name), name, namespace, key)
+
+
+def group_secret(name: str, namespace: str, role: Role, key: bytes | None = None) -> dict:
+    """``<deployment>-<role>-group-auth``: the key of the role's replica groups (item ``key``)."""
+    return _key_secret(group_secret_name(name, role), name, namespace, key)
 
 
 def missing_key_in_use(name: str, secret_exists: bool, pods_running: int) -> str | None:
@@ -40,3 +55,11 @@ def missing_key_in_use(name: str, secret_exists: bool, pods_running: int) -> str
             "a new key would make new pods and running ones refuse each other, so none is made. Restore the "
             "Secret with the same key (its pods hold it in memory and in their mounts), or delete the "
             "deployment's pods so that a new key is made for all of them")
+
+
+def missing_group_key_in_use(name: str, role: Role, pods_running: int) -> str:
+    """``Degraded``'s message when a role's group key is gone while its groups' pods hold it."""
+    return (f"Secret {group_secret_name(name, role)} (the {role.value} replica groups' key) is gone while "
+            f"{pods_running} pod(s) of its groups still use it: a new key would split running and new members, "
+            "so none is made. Restore the Secret with the same key, or delete the role's pods so that a new "
+            "key is made for all of them")

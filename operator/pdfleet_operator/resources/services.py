@@ -8,13 +8,17 @@ Routing of user traffic is not this Service's job.
 from __future__ import annotations
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.resources.names import owner_labels, role_selector, service_name
+from pdfleet_operator.resources.names import LABEL_MEMBER, owner_labels, role_selector, service_name
 from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT
 
 __all__ = ["headless_service"]
 
 
-def headless_service(name: str, namespace: str, role: Role, engine_ports: int) -> dict:
+def headless_service(name: str, namespace: str, role: Role, engine_ports: int, leaders_only: bool = False) -> dict:
+    """``leaders_only`` (a role whose replicas span nodes): the Service holds each group's leader only, the
+    pod that serves the worker API and the bootstrap, so peers discovering the role see one pod per
+    replica; the members are reached through the group Service."""
+    selector = role_selector(name, role) | ({LABEL_MEMBER: "0"} if leaders_only else {})
     ports = [{"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT, "protocol": "TCP"}]
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "port": BOOTSTRAP_PORT, "targetPort": BOOTSTRAP_PORT, "protocol": "TCP"})
@@ -29,7 +33,7 @@ def headless_service(name: str, namespace: str, role: Role, engine_ports: int) -
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": role_selector(name, role),
+            "selector": selector,
             "ports": ports,
         },
     }

@@ -50,7 +50,7 @@ class Agent:
     def __init__(self, opts: AgentOptions, *, gate: GateWriter | None = None) -> None:
         self.opts = opts
         self.role = opts.config.role.value
-        self.readiness = AgentReadiness(self.role, opts.failures_not_ready)
+        self.readiness = AgentReadiness(self.role, opts.failures_not_ready, group_member=opts.group_member)
         self.gate: GateWriter = gate or NoGate()
         self.drain = Drain(opts.config.drain_timeout_seconds, self._in_flight, on_change=self._set_draining,
                            on_done=lambda forced: self.drains.labels("forced" if forced else "drained").inc(),
@@ -96,7 +96,7 @@ class Agent:
         loops = [self._check_loop, self._gate_loop]
         if not isinstance(self.gate, NoGate):
             loops.append(self._pod_loop)
-        if self.role == "decode":
+        if self.role == "decode" and not self.opts.group_member:  # a member's ranks serve through its leader
             loops.append(self._canary_loop)
         self._tasks = [loop.create_task(_kept(f)) for f in loops]
         await stop.wait()
@@ -184,6 +184,9 @@ class Agent:
         self.engine_up.set(int(r.engine_up))
         if not r.engine_up:
             self.check_failures.labels("health").inc()
+            return
+        if self.opts.group_member:  # SGLang's node ranks >= 1 serve /health only (no /server_info)
+            r.config_problems = await asyncio.to_thread(self._config_problems)
             return
         try:
             code, text = await self._get("/server_info")
@@ -320,6 +323,8 @@ class Agent:
     async def _in_flight(self) -> int:
         """What the drain waits for: routers first (``router_drop_s`` from the drain's start), then the
         engine's running, queued and (prefill) in-flight requests; unreadable metrics count as busy."""
+        if self.opts.group_member:
+            return 0  # no router sends it work and its engine reports no load: the leader's drain covers it
         started = self.drain.started
         if started is not None and time.monotonic() - started < self.opts.router_drop_s:
             return 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet_runtime.agent.canary import PrefillTarget
-from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.config import GROUP_MEMBER_ENV, RuntimeConfig
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT
 from pdfleet_runtime.server.options import OptionsError
 
@@ -56,6 +56,9 @@ class AgentOptions:
     gate: bool = True
     kubeconfig: Path | None = None
     log_level: str = "INFO"
+    group_member: int = 0
+    """This pod's node rank in its replica group (``PDFLEET_GROUP_MEMBER``); 0: the leader, or one node.
+    A member's engine serves only ``/health`` (SGLang's node ranks >= 1): no canary, no load to drain."""
 
     @property
     def served_model(self) -> str:
@@ -64,7 +67,12 @@ class AgentOptions:
     @classmethod
     def build(cls, config: RuntimeConfig, environ: Mapping[str, str], **flags: object) -> AgentOptions:
         targets = flags.pop("prefill_engines", None)
-        opts = cls(config=config, engine_version=str(flags.pop("engine_version")),
+        member = environ.get(GROUP_MEMBER_ENV, "0")
+        if not member.isdigit() or (config.group is None and member != "0") or (
+                config.group is not None and int(member) >= config.group.nodes):
+            raise OptionsError(f"{GROUP_MEMBER_ENV}={member!r} is not a member of this role's groups "
+                               f"({config.group.nodes if config.group else 1} pods each)")
+        opts = cls(config=config, engine_version=str(flags.pop("engine_version")), group_member=int(member),
                    pod_name=environ.get("POD_NAME", ""), pod_namespace=environ.get("POD_NAMESPACE", config.namespace),
                    prefill_targets=parse_prefill_targets(str(targets)) if targets else (),
                    **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]

@@ -4,8 +4,10 @@ In order, the first that holds decides: draining; the engine not answering ``/he
 or down after it was up); ``/server_info`` contradicting the deployment (version, served model, role);
 the model's ``config.json`` contradicting the layout; then, decode pods only, the canary: ready once a
 canary through some prefill pod passed, until ``failures_not_ready`` canaries in a row fail. A prefill
-pod is ready once its engine passed the checks (the decode pods' canaries prove its path). The reason is
-the readiness gate condition's ``reason``, CamelCase as Kubernetes wants it.
+pod is ready once its engine passed the checks (the decode pods' canaries prove its path). A member of a
+replica group (node rank >= 1) is ready once its engine answers ``/health``: its ranks serve through the
+leader, whose checks and canary prove the replica. The reason is the readiness gate condition's
+``reason``, CamelCase as Kubernetes wants it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = ["AgentProblem", "AgentReadiness", "AgentVerdict"]
 class AgentProblem(StrEnum):
     NONE = "TransferPathVerified"
     ENGINE_VERIFIED = "EngineVerified"
+    GROUP_MEMBER = "GroupMemberUp"
     DRAINING = "Draining"
     STARTING = "EngineStarting"
     ENGINE_DOWN = "EngineUnhealthy"
@@ -42,6 +45,7 @@ class AgentVerdict:
 class AgentReadiness:
     role: str
     failures_not_ready: int = 3
+    group_member: int = 0  # node rank in the replica group; > 0: the engine serves /health only
     draining: bool = False
     engine_up: bool = False
     engine_was_up: bool = False
@@ -85,6 +89,9 @@ class AgentReadiness:
             return AgentVerdict(False, P.ENGINE_MISMATCH, "; ".join(self.engine_problems))
         if self.config_problems:
             return AgentVerdict(False, P.MODEL_CONFIG, "; ".join(self.config_problems))
+        if self.group_member:
+            return AgentVerdict(True, P.GROUP_MEMBER, f"node rank {self.group_member}'s engine answers /health "
+                                "(the group's leader serves and its checks prove the replica)")
         if self.role != "decode":
             return AgentVerdict(True, P.ENGINE_VERIFIED, "the engine answers and agrees with the deployment (its "
                                 "transfer path is proven by the decode pods' canaries)")

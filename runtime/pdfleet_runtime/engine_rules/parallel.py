@@ -32,8 +32,9 @@ class ParallelCell:
 
 _SGLANG = "sglang==0.5.23"
 _COMMON = "python/sglang/srt/disaggregation/common/conn.py"
-_NOT_BUILT = ("the operator does not run replica groups yet (pods of a group, their headless Service, "
-              "group rollouts); the fields and the SGLang rendering exist")
+_GROUPS = ("a replica group: nodesPerReplica pods, one per node, created, drained and restarted as a unit; "
+           "--nnodes/--node-rank/--dist-init-addr through the group's headless Service; only the first pod "
+           "serves HTTP and the bootstrap (docs/parallelism.md)")
 
 PARALLEL_CELLS: tuple[ParallelCell, ...] = (
     ParallelCell("pdfleet", "attention-dp", None, False,
@@ -42,12 +43,15 @@ PARALLEL_CELLS: tuple[ParallelCell, ...] = (
     ParallelCell("pdfleet", "expert-parallel", None, False,
                  "the runtime moves attention and linear state only; it has no MoE layers",
                  "builtin-no-expert-parallel"),
-    ParallelCell("pdfleet", "multi-node", None, False, _NOT_BUILT, "reserved-nodes-per-replica"),
+    *(ParallelCell("pdfleet", "multi-node", b, True,
+                   "a replica group: member m runs ranks [m * local, (m + 1) * local); the leader serves HTTP and "
+                   "the bootstrap and drives its members' ranks over the group channel (signed with the role's "
+                   "group key)") for b in (Backend.MOONCAKE, Backend.NIXL)),
     *(ParallelCell(_SGLANG, "attention-dp", b, True,
                    f"every state type, per DP rank: the shared bootstrap routes by prefill_dp_rank ({_COMMON})")
       for b in (Backend.MOONCAKE, Backend.NIXL, Backend.MORI)),
     *(ParallelCell(_SGLANG, "expert-parallel", b, True,
                    "EP shards MoE weights only; transferred state is attention/linear state, unchanged by EP")
       for b in (Backend.MOONCAKE, Backend.NIXL, Backend.MORI)),
-    ParallelCell(_SGLANG, "multi-node", None, False, _NOT_BUILT, "reserved-nodes-per-replica"),
+    *(ParallelCell(_SGLANG, "multi-node", b, True, _GROUPS) for b in (Backend.MOONCAKE, Backend.NIXL, Backend.MORI)),
 )

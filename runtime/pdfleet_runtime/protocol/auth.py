@@ -23,8 +23,9 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .keys import MIN_SECRET_BYTES, Keyring, KeyScope, SecretError, load_secret
 from .messages import (
@@ -112,7 +113,7 @@ class Opened:
 
     __slots__ = ("body", "envelope", "scope")
 
-    def __init__(self, envelope: Envelope, body: Body, scope: KeyScope = KeyScope.DEPLOYMENT) -> None:
+    def __init__(self, envelope: Envelope, body: Any, scope: KeyScope = KeyScope.DEPLOYMENT) -> None:
         self.envelope, self.body, self.scope = envelope, body, scope
 
 
@@ -126,7 +127,7 @@ class Codec:
 
     def __init__(self, secret: bytes | Keyring, sender: str, *, boot: str | None = None, max_skew_s: float = 30.0,
                  max_bytes: int = MAX_MESSAGE_BYTES, clock: Callable[[], float] = time.time,
-                 rank_key: bytes | None = None) -> None:
+                 rank_key: bytes | None = None, bodies: TypeAdapter[Any] | None = None) -> None:
         self.keys = secret if isinstance(secret, Keyring) else Keyring(secret)
         if rank_key is not None and len(rank_key) < MIN_SECRET_BYTES:
             raise SecretError(f"a rank key of at least {MIN_SECRET_BYTES} bytes is needed")
@@ -134,6 +135,8 @@ class Codec:
         self.sender, self.boot = sender, boot or new_boot_id()
         self.max_skew_s, self.max_bytes, self._clock = max_skew_s, max_bytes, clock
         self.replays = ReplayGuard(2 * max_skew_s)
+        self._bodies = bodies or _BODY
+        """The message union this codec opens: the bootstrap's (``Body``), or the group channel's."""
 
     @property
     def me(self) -> Recipient:
@@ -143,7 +146,7 @@ class Codec:
     def sign(self, raw: bytes, key: bytes | None = None) -> str:
         return hmac.new(key or self.keys.signing, raw, hashlib.sha256).hexdigest()
 
-    def seal(self, body: Body, *, reply_to: str | None = None, to: Recipient | None = None) -> tuple[bytes, str, str]:
+    def seal(self, body: BaseModel, *, reply_to: str | None = None, to: Recipient | None = None) -> tuple[bytes, str, str]:
         """The bytes to send, their signature, and the envelope's nonce (to match the reply)."""
         raw, sig, nonce, _ = self._seal(body, reply_to, to)
         return raw, sig, nonce
@@ -160,7 +163,7 @@ class Codec:
         ts = f"{self._clock():.3f}"
         return f"{ts}.{_header_mac(key or self.keys.signing, ts, length, signature)}"
 
-    def _seal(self, body: Body, reply_to: str | None, to: Recipient | None) -> tuple[bytes, str, str, bytes]:
+    def _seal(self, body: BaseModel, reply_to: str | None, to: Recipient | None) -> tuple[bytes, str, str, bytes]:
         nonce = secrets.token_hex(16)
         env = {"version": str(WIRE), "sender": self.sender, "boot": self.boot, "nonce": nonce,
                "timestamp": self._clock(), "reply_to": reply_to, "body": body.model_dump(mode="json")}
@@ -235,7 +238,7 @@ class Codec:
         if self.replays.seen(env.nonce, now):
             raise ProtocolError(RefusalCode.REPLAYED, f"nonce {env.nonce[:8]}... was already used")
         try:
-            body = _BODY.validate_python(env.body, context={"lenient": theirs.minor > WIRE.minor})
+            body = self._bodies.validate_python(env.body, context={"lenient": theirs.minor > WIRE.minor})
         except (ValidationError, ValueError, RecursionError) as e:
             raise ProtocolError(RefusalCode.MALFORMED, f"body: {_short(e)}") from None
         self.replays.remember(env.nonce, now)

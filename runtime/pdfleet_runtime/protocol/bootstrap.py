@@ -6,8 +6,9 @@ authenticated messages (registry, per-rank event logs, status fan-in; clock inje
 A message that is refused raises ``ProtocolError`` before anything is changed.
 
 Who may say what (the shell checks it): ``PrefillRegister``, ``PrefillPoll`` and ``StatusReports``
-only from this pod's own ranks, i.e. signed with the pod's rank key (``keys``) and from a loopback
-address; everything else from any holder of the deployment secret. Every message but ``Hello``
+only from this replica's own ranks, i.e. signed with the pod's rank key (``keys``) and from a loopback
+address or, in a replica group, from the address a joined member's group connection came from
+(``rank_peers``: that member proved the group key, and holds the rank key only through it); everything else from any holder of the deployment secret. Every message but ``Hello``
 must name this pod and its incarnation (``Envelope.to``). The headers are checked (declared length,
 header MAC) before a byte of the body is read, the body must arrive within ``HttpLimits.read_s``,
 and connections are capped per peer and cut when idle (``http_guard``).
@@ -367,6 +368,13 @@ class BootstrapState:
             self._sizes.pop(id(ev), None)
         self._queued -= len(events)
 
+    def fail_sources(self, sources: list[Pair], reason: str) -> None:
+        """Ranks of this replica that went away (a lost group member's): their unfinished requests fail
+        ``peer_lost`` now, not once their lease runs out."""
+        for src in sources:
+            self._fail_source(src, FailureReason.PEER_LOST, reason)
+        self._changed()
+
     def _fail_source(self, src: Pair, failure: FailureReason, reason: str) -> None:
         for (inst, rid, dst), p in self.pending.items():
             r = p.reports.get(src)
@@ -410,6 +418,8 @@ class BootstrapServer:
         self._server: asyncio.Server | None = None
         self.guard: GuardedServer | None = None
         self.refused: dict[RefusalCode, int] = {}
+        self.rank_peers: Callable[[], set[str]] = set
+        """Addresses besides loopback this replica's ranks speak from (a group leader's joined members)."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -482,9 +492,9 @@ class BootstrapServer:
                 raise ProtocolError(RefusalCode.WRONG_RECIPIENT, f"a {body.type} message must name its recipient "
                                     f"(this pod: {self.codec.sender}, boot {self.codec.boot})")
             if isinstance(body, RANK_ONLY) and (opened.scope is not KeyScope.RANK
-                                                or not is_loopback(request.remote or "")):
-                raise ProtocolError(RefusalCode.FORBIDDEN, f"{body.type} is taken only from this pod's own ranks "
-                                    "(signed with the pod's rank key, over loopback)")
+                                                or not self.rank_peer(request.remote or "")):
+                raise ProtocolError(RefusalCode.FORBIDDEN, f"{body.type} is taken only from this replica's own ranks "
+                                    "(signed with the pod's rank key, over loopback or from a joined group member)")
             before = self.state.version
             reply = self.state.handle(body)
             if self.state.version != before:
@@ -496,6 +506,16 @@ class BootstrapServer:
         except ProtocolError as e:
             self.refused[e.code] = self.refused.get(e.code, 0) + 1
             return self._reply(e.refusal(), _STATUS[e.code], reply_to, close=not read)
+
+    async def fail_sources(self, sources: list[Pair], reason: str) -> None:
+        """``BootstrapState.fail_sources``, and the long polls waiting on it answered now."""
+        self.state.fail_sources(sources, reason)
+        if self._cond is not None:
+            await self._notify()
+
+    def rank_peer(self, remote: str) -> bool:
+        """May a rank-only message come from ``remote``: loopback, or a joined group member's address."""
+        return is_loopback(remote) or remote in self.rank_peers()
 
     async def _read(self, request: web.Request) -> bytes:
         """The body, exactly its declared length, within ``read_s`` (a half-sent body is cut, not waited on)."""

@@ -74,6 +74,8 @@ class FailureReason(StrEnum):
     """The decode pod knows no prefill pod to send the request to."""
     RANK = "rank"
     """A rank process of the pod failed the call, died or did not answer."""
+    GROUP_MEMBER_LOST = "group_member_lost"
+    """A rank of the replica lives on another pod of its group (``nodesPerReplica`` > 1), and that pod went away."""
     CONFLICT = "conflict"
     """The request id is already in flight on this rank."""
 

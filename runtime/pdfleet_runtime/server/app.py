@@ -40,17 +40,19 @@ from pdfleet_runtime.protocol.discovery import (
     Resolver,
     StaticResolver,
 )
+from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 
 from .admin import start_admin
 from .drain import Drain, DrainPhase
 from .gate import GateWriter, NoGate
-from .launcher import LaunchError, RankCallError, RankLauncher
+from .group import GroupRanks
+from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .openai_api import WorkerApi
 from .options import ServeOptions
-from .pipe import LegReport, RankSpec, RankStats, StatsOp, Transport
+from .pipe import LegReport, RankStats, StatsOp, Transport
 from .readiness import Readiness
 from .routing import NOT_THE_PATH, RequestRouter, canary_result
 
@@ -95,7 +97,7 @@ class PodServer:
         self.bootstrap: BootstrapServer | None = None
         self._rank_key = new_rank_key()
         """This incarnation's rank key: its bootstrap and its own rank processes (over the pipe) hold it."""
-        self.launcher: RankLauncher | None = None
+        self.launcher: RankLauncher | GroupRanks | None = None
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
         self._admin: web.AppRunner | None = None
@@ -125,7 +127,7 @@ class PodServer:
             await self._start_http()
             log.info("%s pod %s serving HTTP on %s:%d%s", self.role.value, opts.instance, opts.bind_host,
                      self.http_port, f", bootstrap on :{self.bootstrap.port}" if self.bootstrap else "")
-            self.launcher = self.router.launcher = RankLauncher(self._specs(secret), on_report=self._on_report)
+            self.launcher = self.router.launcher = self._ranks(secret)
             await self.launcher.start()
         except (LaunchError, OSError) as e:
             log.error("cannot start: %s", e)
@@ -144,13 +146,28 @@ class PodServer:
         await self._shutdown()
         return 0
 
-    def _specs(self, secret: bytes) -> list[RankSpec]:
+    def _ranks(self, secret: bytes) -> RankLauncher | GroupRanks:
+        """This pod's rank processes; a group leader's also drive its members' ranks (``server.group``)."""
         cfg, o = self.opts.config, self.opts
         boot = ("127.0.0.1", self.bootstrap.port if self.bootstrap else o.bootstrap_port)
-        return [RankSpec(cfg, t, p, secret, o.instance, o.advertise_host, boot, o.request_timeout_s,
-                         o.write_timeout_s, o.fence_timeout_s, o.log_level, o.faults,
-                         rank_key=self._rank_key if cfg.role is Role.PREFILL else None)
-                for p in range(cfg.shape.pp) for t in range(cfg.shape.tp)]
+        rank_key = self._rank_key if cfg.role is Role.PREFILL else None
+        local = RankLauncher(rank_specs(o, secret, bootstrap=boot, rank_key=rank_key), on_report=self._on_report)
+        if cfg.group is None:
+            return local
+        keys = mounted_keys(cfg.group.secret_path, load_secret(cfg.group.secret_path))
+        ranks = GroupRanks(local, cfg, group_codec(keys, o.instance), host=o.bind_host, port=o.group_port,
+                           instance=o.instance, rank_key=rank_key,
+                           bootstrap_port=self.bootstrap.port if self.bootstrap else None,
+                           on_report=self._on_report, on_lost=self._on_member_lost)
+        if self.bootstrap is not None:
+            self.bootstrap.rank_peers = ranks.member_addresses
+        return ranks
+
+    def _on_member_lost(self, ranks: list[tuple[int, int]], why: str) -> None:
+        """A lost member's prefill ranks: what they had not finished fails now (their decodes stop waiting)."""
+        if self.bootstrap is not None:
+            task = asyncio.get_running_loop().create_task(self.bootstrap.fail_sources(ranks, why))
+            self._tasks.append(task)
 
     def _on_signal(self, sig: signal.Signals, stop: asyncio.Event) -> None:
         log.info("%s: draining (budget %ds), then exiting", sig.name, self.opts.config.drain_timeout_seconds)
@@ -241,7 +258,8 @@ class PodServer:
             return web.json_response({"error": f"the pod is draining ({self.drain.phase.value}): no new requests"},
                                      status=503)
         if self.launcher is None or self.launcher.up < self.opts.config.shape.world:
-            return web.json_response({"error": "rank processes are not up"}, status=503)
+            lost = self.launcher.lost if isinstance(self.launcher, GroupRanks) else []
+            return web.json_response({"error": "; ".join(lost) or "rank processes are not up"}, status=503)
         try:
             body = await request.json() if request.can_read_body else {}
             tokens = int(body.get("tokens", self.opts.canary_tokens))
@@ -266,7 +284,7 @@ class PodServer:
         o = self.opts
         while True:
             self._recheck.clear()  # first: a recheck asked for during this round starts the next one at once
-            if self.drain.serving:
+            if self.drain.serving and not self._group_incomplete():
                 try:
                     endpoints = await asyncio.to_thread(self.resolver.resolve)
                 except ResolveError as e:
@@ -290,6 +308,12 @@ class PodServer:
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)
+
+    def _group_incomplete(self) -> bool:
+        """A group leader whose members are not all joined (or one is lost): a canary would say nothing about
+        the transfer path (readiness says WaitingForGroup or GroupMemberLost instead)."""
+        ranks = self.launcher
+        return isinstance(ranks, GroupRanks) and bool(ranks.waiting or ranks.lost)
 
     async def _gate_loop(self) -> None:
         last: tuple[bool, str] | None = None
@@ -358,6 +382,8 @@ class PodServer:
         if self.launcher is not None:
             r.ranks_up = self.launcher.up
             r.died = list(self.launcher.died)
+            if isinstance(self.launcher, GroupRanks):
+                r.group_lost, r.group_waiting = self.launcher.lost, self.launcher.waiting
             self.metrics.ranks_up.set(r.ranks_up)
         if self.bootstrap is not None:
             r.bootstrap_registered = len(self.bootstrap.state.ranks)

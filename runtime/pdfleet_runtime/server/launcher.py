@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.protocol.states import FailureReason
+
+from .options import ServeOptions
 from .pipe import (
     Call,
     CallFailed,
@@ -37,7 +41,7 @@ from .pipe import (
     Transport,
 )
 
-__all__ = ["LaunchError", "RankCallError", "RankLauncher"]
+__all__ = ["LaunchError", "RankCallError", "RankLauncher", "rank_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,25 @@ class LaunchError(RuntimeError):
 
 
 class RankCallError(RuntimeError):
-    """A call to a rank failed: it died, timed out, or the operation raised there."""
+    """A call to a rank failed: it died, timed out, or the operation raised there. ``failure``: the kind a
+    request through it fails with (``GROUP_MEMBER_LOST`` when the rank's group member went away)."""
+
+    def __init__(self, message: str, failure: FailureReason = FailureReason.RANK) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+def rank_specs(opts: ServeOptions, secret: bytes, *, member: int = 0, instance: str | None = None,
+               bootstrap: tuple[str, int], rank_key: bytes | None = None) -> list[RankSpec]:
+    """The specs of the ranks pod ``member`` of the replica runs: global ranks ``[m * local, (m + 1) * local)``
+    in tensor x pipeline order (one pod per replica: all of them). ``instance``: the replica's protocol name
+    (a member's is its leader's); ``bootstrap``: prefill, where the ranks register (the leader's)."""
+    cfg: RuntimeConfig = opts.config
+    local = cfg.local_world
+    return [RankSpec(cfg, i % cfg.shape.tp, i // cfg.shape.tp, secret, instance or opts.instance, opts.advertise_host,
+                     bootstrap, opts.request_timeout_s, opts.write_timeout_s, opts.fence_timeout_s, opts.log_level,
+                     opts.faults, rank_key=rank_key)
+            for i in range(member * local, (member + 1) * local)]
 
 
 def _entry(conn: Connection, spec: RankSpec) -> None:

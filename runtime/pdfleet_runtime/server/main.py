@@ -7,6 +7,7 @@ import logging
 
 from .app import PodServer
 from .gate import make_gate
+from .member import MemberServer
 from .options import ServeOptions
 
 __all__ = ["serve"]
@@ -18,4 +19,6 @@ def serve(opts: ServeOptions, *, in_cluster: bool = False) -> int:
     cfg = opts.config
     gate = make_gate(opts.gate and (in_cluster or opts.kubeconfig is not None), opts.pod_namespace or cfg.namespace,
                      opts.pod_name, cfg.readiness_gate, opts.kubeconfig)
+    if opts.is_member:  # a replica group's member: its ranks only, for its leader
+        return asyncio.run(MemberServer(opts, gate=gate).run())
     return asyncio.run(PodServer(opts, gate=gate).run())

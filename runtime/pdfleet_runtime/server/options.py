@@ -13,7 +13,12 @@ exist, each named as such:
   addresses, instead of resolving the headless Service ``prefillService`` through DNS;
 - ``PDFLEET_PREFILL_ADDRESSES_FILE`` / ``--prefill-addresses-file PATH``: the same list, as a JSON list of
   ``"host:port"`` re-read on every resolve (``discovery.FileResolver``), so a harness that rewrites it
-  plays kube-dns for a fleet whose prefill pods come and go (the kwok pod runner).
+  plays kube-dns for a fleet whose prefill pods come and go (the kwok pod runner);
+- ``PDFLEET_GROUP_LEADER_ADDRESS`` (``host:port``): a group member reaches its leader's group port there,
+  instead of ``<leader>.<group.service>.<namespace>.svc:<group.port>``.
+
+A replica group's pods (``RuntimeConfig.group``) also read ``PDFLEET_GROUP_MEMBER`` (0 = the leader) and
+``PDFLEET_GROUP_LEADER`` (the leader's pod name), which the operator sets per pod.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.config import GROUP_LEADER_ENV, GROUP_MEMBER_ENV, RuntimeConfig
 from pdfleet_runtime.links import LinkProtocol
 
 __all__ = [
     "CANARY_FLOORS_GBPS",
+    "ENV_GROUP_LEADER_ADDRESS",
     "ENV_PORT_OFFSET",
     "ENV_PREFILL_ADDRESSES",
     "ENV_PREFILL_ADDRESSES_FILE",
@@ -41,6 +47,7 @@ __all__ = [
 ENV_PORT_OFFSET = "PDFLEET_PORT_OFFSET"
 ENV_PREFILL_ADDRESSES = "PDFLEET_PREFILL_ADDRESSES"
 ENV_PREFILL_ADDRESSES_FILE = "PDFLEET_PREFILL_ADDRESSES_FILE"
+ENV_GROUP_LEADER_ADDRESS = "PDFLEET_GROUP_LEADER_ADDRESS"
 
 CANARY_FLOORS_GBPS: Mapping[LinkProtocol, float] = MappingProxyType({
     # The lowest canary write throughput (engine write of the canary's bytes, GB/s) at which a pod is
@@ -134,6 +141,38 @@ class ServeOptions:
     """Harness only: this process stands in for an engine (``sglang==0.5.23``); /server_info reports that
     engine's version and says it is a stand-in (devcluster.standin)."""
     faults: FaultOptions = field(default_factory=FaultOptions)
+    group_member: int = 0
+    """This pod's place in its replica group (``PDFLEET_GROUP_MEMBER``); 0: the leader, or no group."""
+    group_leader: str = ""
+    """The leader's pod name (``PDFLEET_GROUP_LEADER``); a member reaches it through the group's Service."""
+    group_leader_address: tuple[str, int] | None = None
+    """Local-run override of where a member reaches its leader (``PDFLEET_GROUP_LEADER_ADDRESS``)."""
+    group_join_timeout_s: float = 300.0
+    """A member that cannot join its leader within this long exits non-zero (the group then restarts)."""
+
+    @property
+    def is_member(self) -> bool:
+        """A group member that is not the leader: it runs its ranks only, for its leader."""
+        return self.config.group is not None and self.group_member > 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.config.group is not None and self.group_member == 0
+
+    @property
+    def group_port(self) -> int:
+        assert self.config.group is not None
+        return self.config.group.port + self.port_offset
+
+    @property
+    def leader_address(self) -> tuple[str, int]:
+        """Where a member reaches its leader's group port."""
+        group = self.config.group
+        assert group is not None
+        if self.group_leader_address is not None:
+            return self.group_leader_address
+        ns = self.pod_namespace or self.config.namespace
+        return f"{self.group_leader}.{group.service}.{ns}.svc", group.port
 
     @property
     def http_port(self) -> int:
@@ -188,11 +227,36 @@ class ServeOptions:
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
+        opts = replace(opts, **_group_env(config, environ))
         highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.world - 1)
         if min(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
         if opts.canary_tokens < 1 or opts.canary_period_s <= 0 or opts.retry_period_s <= 0:
             raise OptionsError("canary tokens and periods must be positive")
+        if config.group is not None and not 1 <= opts.group_port <= 65535:
+            raise OptionsError(f"port offset {opts.port_offset} moves group.port outside 1-65535")
         if not 0 < opts.room_ttl_s <= 3600:
             raise OptionsError(f"--room-ttl {opts.room_ttl_s} must be in (0, 3600] seconds")
         return opts
+
+
+def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> dict[str, object]:
+    """The group fields from the pod's environment; ``OptionsError`` naming the variable and the fix."""
+    raw = environ.get(GROUP_MEMBER_ENV, "")
+    group = config.group
+    if group is None:
+        if raw not in ("", "0"):
+            raise OptionsError(f"{GROUP_MEMBER_ENV}={raw} is set but the runtime config has no group: set group "
+                               "(nodesPerReplica > 1) in the config, or leave the variable unset")
+        return {}
+    if not raw.isdigit() or int(raw) >= group.nodes:
+        raise OptionsError(f"{GROUP_MEMBER_ENV}={raw!r} must be this pod's place in its group, 0 to "
+                           f"{group.nodes - 1} (group.nodes {group.nodes}; 0 = the leader)")
+    member = int(raw)
+    leader = environ.get(GROUP_LEADER_ENV, "")
+    address = environ.get(ENV_GROUP_LEADER_ADDRESS, "")
+    parsed = parse_addresses(address, ENV_GROUP_LEADER_ADDRESS)[0] if address else None
+    if member > 0 and not leader and parsed is None:
+        raise OptionsError(f"{GROUP_MEMBER_ENV}={member} needs {GROUP_LEADER_ENV} (the leader's pod name): "
+                           f"the member reaches its leader at <leader>.{group.service}.<namespace>.svc")
+    return {"group_member": member, "group_leader": leader, "group_leader_address": parsed}

@@ -83,7 +83,13 @@ class RankSpec:
 
     @property
     def index(self) -> int:
+        """The replica's global rank index."""
         return self.pp * self.config.shape.tp + self.tp
+
+    @property
+    def local_index(self) -> int:
+        """This rank's index in its pod (a group member holds ``local_world`` consecutive global ranks)."""
+        return self.index % self.config.local_world
 
 
 @dataclass(frozen=True)

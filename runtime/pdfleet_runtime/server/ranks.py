@@ -87,7 +87,7 @@ class _Rank:
     async def main(self) -> None:
         cfg, spec = self.spec.config, self.spec
         t0 = time.perf_counter()
-        self.device = cfg.device_of(spec.index) if spec.gpu is None or cfg.device == "cpu" else f"cuda:{spec.gpu}"
+        self.device = cfg.device_of(spec.local_index) if spec.gpu is None or cfg.device == "cpu" else f"cuda:{spec.gpu}"
         if self.device != "cpu":
             # The current device is per thread: bind this one and every worker thread (engine writes, fills).
             cuda_facts.bind_thread(self.device)

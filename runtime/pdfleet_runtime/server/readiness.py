@@ -39,6 +39,10 @@ class Problem(StrEnum):
     FAILING = "TransfersFailing"
     PEER_DRAINING = "PeerDraining"
     WAITING = "WaitingForCanary"
+    WAITING_FOR_GROUP = "WaitingForGroup"
+    """A replica group's members have not all joined with their ranks up (``nodesPerReplica`` > 1)."""
+    GROUP_MEMBER_LOST = "GroupMemberLost"
+    """A member of this replica's group went away: the group serves nothing until it restarts as a unit."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ _PROBLEMS: MappingProxyType[tuple[FailureReason | None, FailureReason | None], P
     # The prefill cannot plan into these buffers: another layout or shape.
     (FailureReason.SOURCE_FAILED, FailureReason.PLAN): Problem.INCOMPATIBLE,
     (FailureReason.VERIFY, None): Problem.CORRUPT,
+    (FailureReason.GROUP_MEMBER_LOST, None): Problem.GROUP_MEMBER_LOST,
 })
 """(kind, cause) -> problem; a kind is looked up with its cause first, then alone; the rest is ``FAILING``."""
 
@@ -122,6 +127,10 @@ class Readiness:
     last_failure: str = ""
     bootstrap_registered: int = 0
     canaries_served: int = 0
+    group_lost: list[str] = field(default_factory=list)
+    """A group leader's members that went away (``server.group.GroupRanks.lost``)."""
+    group_waiting: str = ""
+    """A group leader's members not joined yet, in a sentence; '' when complete (or no group)."""
 
     # ------------------------------------------------------------------ facts
 
@@ -167,9 +176,14 @@ class Readiness:
     def verdict(self) -> Verdict:
         if self.died:
             return Verdict(False, Problem.RANK_DIED, "; ".join(self.died))
+        if self.group_lost:
+            return Verdict(False, Problem.GROUP_MEMBER_LOST, "; ".join(self.group_lost))
         if self.draining:
             return Verdict(False, Problem.DRAINING, "the pod is draining: it finishes in-flight transfers and "
                            "takes no new ones")
+        if self.ranks_up < self.ranks_total and self.group_waiting:
+            return Verdict(False, Problem.WAITING_FOR_GROUP, f"{self.ranks_up} of {self.ranks_total} ranks up: "
+                           f"{self.group_waiting}")
         if self.ranks_up < self.ranks_total:
             return Verdict(False, Problem.STARTING, f"{self.ranks_up} of {self.ranks_total} rank processes are up")
         if self.failed_in_row >= self.failures_not_ready:

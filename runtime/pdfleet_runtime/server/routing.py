@@ -21,6 +21,7 @@ from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.seeded import request_seed
 
+from .group import GroupRanks
 from .launcher import RankCallError, RankLauncher
 from .metrics import ServerMetrics
 from .pipe import TransferOp, TransferResult
@@ -76,7 +77,7 @@ class RequestRouter:
 
     def __init__(self, readiness: Readiness, metrics: ServerMetrics, recheck: asyncio.Event) -> None:
         self.readiness, self.metrics, self._recheck = readiness, metrics, recheck
-        self.launcher: RankLauncher | None = None
+        self.launcher: RankLauncher | GroupRanks | None = None
         self.endpoints: list[Endpoint] = []
         self.shunned: set[str] = set()  # prefill pods that refused a request as draining or did not answer
         self.active = 0
@@ -164,7 +165,7 @@ class RequestRouter:
             outs = [o for o in await self.launcher.call_all(op, timeout_s=timeout_s + 30.0)
                     if isinstance(o, TransferResult)]
         except RankCallError as e:
-            return SyntheticResult(rid, False, FailureReason.RANK, str(e), 0, 0.0, 0.0, -1, str(ep))
+            return SyntheticResult(rid, False, e.failure, str(e), 0, 0.0, 0.0, -1, str(ep))
         failed = [o for o in outs if not o.ok]
         mismatched = sum(max(0, o.mismatched) for o in outs)
         moved = sum(o.bytes for o in outs)

@@ -110,3 +110,33 @@ def test_the_verdict_order() -> None:
     prefill = AgentReadiness("prefill")
     prefill.engine_health(True)
     assert prefill.verdict().ready and prefill.verdict().problem is AgentProblem.ENGINE_VERIFIED
+
+
+def test_a_group_members_agent_is_ready_on_its_engines_health_alone() -> None:
+    """SGLang's node ranks >= 1 serve /health only; the leader's checks and canary prove the replica."""
+    r = AgentReadiness("decode", group_member=1)
+    assert r.verdict().problem is AgentProblem.STARTING
+    r.engine_health(True)
+    v = r.verdict()
+    assert v.ready and v.problem is AgentProblem.GROUP_MEMBER and "node rank 1" in v.reason
+    r.draining = True
+    assert not r.verdict().ready
+    leader = AgentReadiness("decode")
+    leader.engine_health(True)
+    assert leader.verdict().problem is AgentProblem.WAITING  # the leader still needs its canary
+
+
+def test_the_member_env_must_fit_the_roles_groups() -> None:
+    from pdfleet_runtime.agent.options import AgentOptions
+    from pdfleet_runtime.config import GroupConfig
+    from pdfleet_runtime.server.options import OptionsError
+    from tests.server.harness import config
+
+    cfg = config("decode", tp=2)
+    with pytest.raises(OptionsError, match="PDFLEET_GROUP_MEMBER='1'"):
+        AgentOptions.build(cfg, {"PDFLEET_GROUP_MEMBER": "1"}, engine_version="0.5.23")
+    grouped = cfg.model_copy(update={"group": GroupConfig(nodes=2, service="d-decode-group",
+                                                          secret_path="/var/run/pdfleet/group-auth/key")})
+    assert AgentOptions.build(grouped, {"PDFLEET_GROUP_MEMBER": "1"}, engine_version="0.5.23").group_member == 1
+    with pytest.raises(OptionsError):
+        AgentOptions.build(grouped, {"PDFLEET_GROUP_MEMBER": "2"}, engine_version="0.5.23")

@@ -225,7 +225,6 @@ def test_validate_is_total_on_anything(value: object) -> None:
 BREAKERS: dict[str, tuple[tuple[str, ...], object]] = {
     "builtin-no-attention-dp": (("spec", "prefill", "parallelism", "data"), 2),
     "builtin-no-expert-parallel": (("spec", "decode", "parallelism", "expert"), 4),
-    "reserved-nodes-per-replica": (("spec", "decode", "parallelism", "nodesPerReplica"), 2),
     "rollout-deadline-after-drain": (("spec", "rollout", "progressDeadlineSeconds"), 10),
     "schema": (("spec", "transfer", "bogus"), 1),
     "runtime-version-unknown": (("spec", "decode", "runtimeVersion"), "9.9.9"),

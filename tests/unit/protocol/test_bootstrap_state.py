@@ -160,6 +160,21 @@ def test_silent_prefill_rank_is_reported_lost_after_its_lease() -> None:
     assert "(1, 0)" in by_src[(1, 0)].reason
 
 
+def test_a_lost_group_members_ranks_fail_what_they_owed_at_once() -> None:
+    """A leader's prefill group lost a member (pipeline stage 1 here): its ranks' unfinished legs fail now,
+    before any lease runs out; what the others reported stands."""
+    st = ready_state(S(1, 2), S(1), FakeClock())
+    st.handle(transfer_request("r1"))
+    st.handle(StatusReports(reports=(report("r1", (0, 0)),)))
+    st.fail_sources([(0, 1)], "group member 1 lost: closed the group connection")
+    got = st.handle(StatusQuery(instance="dec", dst=RankKey(tp=0, pp=0), request_ids=("r1",)))
+    assert isinstance(got, StatusReply)
+    by_src = {r.src.pair: r for r in got.reports}
+    assert by_src[(0, 0)].state is RequestState.SUCCESS
+    assert by_src[(0, 1)].failure is FailureReason.PEER_LOST and "group member 1" in by_src[(0, 1)].reason
+    assert st.unfinished == 0
+
+
 def test_restarted_prefill_rank_fails_what_it_owed() -> None:
     st = ready_state(S(1), S(1), FakeClock())
     st.handle(transfer_request("r1"))

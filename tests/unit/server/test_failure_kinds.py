@@ -48,12 +48,12 @@ TOKENS = 32
 class InProcessRanks:
     """Stand-in for ``RankLauncher``: the decode rank's work runs here, not behind a pipe (``error``: a dead rank)."""
 
-    def __init__(self, work: DecodeRequests, error: str = "") -> None:
-        self.work, self.error = work, error
+    def __init__(self, work: DecodeRequests, error: str = "", failure: F = F.RANK) -> None:
+        self.work, self.error, self.failure = work, error, failure
 
     async def call_all(self, op: TransferOp, *, timeout_s: float) -> list[TransferResult]:
         if self.error:
-            raise RankCallError(self.error)
+            raise RankCallError(self.error, self.failure)
         return [await asyncio.wait_for(self.work.transfer(op), timeout_s)]
 
 
@@ -85,6 +85,7 @@ class Setup:
     poll: bool = True
     lease_s: float = 5.0
     dead_rank: bool = False
+    lost_member: bool = False
     unreachable: bool = False
 
 
@@ -136,8 +137,9 @@ def run(setup: Setup, body: Callable[[Pod], Awaitable[None]]) -> None:
         work = DecodeRequests(spec, dst, RequestAllocator(setup.decode_layout, dst_cap), engines[1][1])
         readiness = Readiness("decode", floor_gbps=0.0, clock=lambda: 0.0, ranks_total=1, ranks_up=1)
         router = RequestRouter(readiness, ServerMetrics("decode"), asyncio.Event())
-        router.launcher = InProcessRanks(work, "decode[0,0] exited (died; exit code -9)" if setup.dead_rank
-                                         else "")  # type: ignore[assignment]
+        router.launcher = (  # type: ignore[assignment]
+            InProcessRanks(work, "rank 1 on group member 1: member lost", F.GROUP_MEMBER_LOST) if setup.lost_member
+            else InProcessRanks(work, "decode[0,0] exited (died; exit code -9)" if setup.dead_rank else ""))
         target = Endpoint("127.0.0.1", _closed_port()) if setup.unreachable else ep
         stop = asyncio.Event()
         await prefill.register()
@@ -184,6 +186,7 @@ CASES: dict[str, tuple[Setup, F | None, F | None, int, Problem | None]] = {
     "busy_decode": (Setup(decode_tokens=64, tokens=400), F.BUSY, None, 503, None),
     "verify": (Setup(faults=FaultOptions(corrupt_received=True)), F.VERIFY, None, 502, Problem.CORRUPT),
     "rank": (Setup(dead_rank=True), F.RANK, None, 502, Problem.FAILING),
+    "group_member_lost": (Setup(lost_member=True), F.GROUP_MEMBER_LOST, None, 502, Problem.GROUP_MEMBER_LOST),
 }
 
 

@@ -105,6 +105,18 @@ def test_draining_starting_and_dead_ranks_override_a_good_canary() -> None:
     assert died.problem is Problem.RANK_DIED and "decode[1,0]" in died.reason
 
 
+def test_a_group_leader_waits_for_its_members_and_a_lost_member_is_a_failure_over_a_good_canary() -> None:
+    r = decode()
+    r.record_canary("p:1", GOOD)
+    waiting = decode(peers=r.peers, ranks_up=1, group_waiting="group members 1 of 1 have not joined").verdict()
+    assert waiting.problem is Problem.WAITING_FOR_GROUP and "1 of 2 ranks up" in waiting.reason
+    lost = decode(peers=r.peers, group_lost=["group member 1: closed the group connection"]).verdict()
+    assert lost.problem is Problem.GROUP_MEMBER_LOST and "group member 1" in lost.reason and not lost.ready
+    from pdfleet_runtime.config import GATE_FAILURE_REASONS
+
+    assert "GroupMemberLost" in GATE_FAILURE_REASONS and "WaitingForGroup" not in GATE_FAILURE_REASONS
+
+
 def test_discovery_failure_is_the_reason_when_no_peer_is_known() -> None:
     r = decode(discovery_error="cannot find prefill pods: NXDOMAIN")
     assert r.verdict().problem is Problem.NO_PEER and "NXDOMAIN" in r.verdict().reason

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.config import GroupConfig, RuntimeConfig
 from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
 from pdfleet_runtime.planner import Blocks, compile_destination
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
@@ -47,6 +47,24 @@ def test_options_take_the_local_overrides_from_the_environment_and_flags_win() -
     assert o.instance == "d-decode-abc-0" and o.advertise_host == "10.1.2.3" and o.floor == 0.05
     o = ServeOptions.build(cfg(protocol="rdma"), env, port_offset=5, floor_gbps=None, canary_tokens=8)
     assert o.http_port == 8085 and o.floor == 5.0 and o.canary_tokens == 8
+
+
+def test_a_group_members_options_come_from_its_pod_environment() -> None:
+    group = cfg(group=GroupConfig(nodes=2, service="d-decode-group", secret_path=Path("/g")))
+    env = {"PDFLEET_GROUP_MEMBER": "1", "PDFLEET_GROUP_LEADER": "d-decode-0-0", "PDFLEET_PORT_OFFSET": "3"}
+    o = ServeOptions.build(group, env)
+    assert o.is_member and not o.is_leader and o.group_port == 9000
+    assert o.leader_address == ("d-decode-0-0.d-decode-group.ns.svc", 8997)  # the leader's own port, not offset
+    o = ServeOptions.build(group, {**env, "PDFLEET_GROUP_LEADER_ADDRESS": "127.0.0.1:9100"})
+    assert o.leader_address == ("127.0.0.1", 9100)
+    assert ServeOptions.build(group, {"PDFLEET_GROUP_MEMBER": "0"}).is_leader
+    assert not ServeOptions.build(cfg(), {}).is_leader
+    for bad, says in (({"PDFLEET_GROUP_MEMBER": "2"}, "0 to 1"), ({"PDFLEET_GROUP_MEMBER": "x"}, "0 to 1"),
+                      ({"PDFLEET_GROUP_MEMBER": "1"}, "PDFLEET_GROUP_LEADER")):
+        with pytest.raises(OptionsError, match=says):
+            ServeOptions.build(group, bad)
+    with pytest.raises(OptionsError, match="has no group"):
+        ServeOptions.build(cfg(), {"PDFLEET_GROUP_MEMBER": "1"})
 
 
 def test_an_addresses_file_is_re_read_on_every_resolve_as_dns_would_answer(tmp_path: Path) -> None:
