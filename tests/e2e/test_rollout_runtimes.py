@@ -79,7 +79,7 @@ def test_decode_rollout_scaling_and_a_killed_pod_through_the_router(
             in_flight, finished = fleet.drain_log(name)
             assert in_flight >= 1, f"{name} had no transfer in flight when its drain started"
             assert finished, runner.log_of(name)[-2000:]
-            assert "admitting for 4s more" in runner.log_of(name)  # /health 503 first, the router's bound
+            assert f"admitting for {ROUTER_DROP_BOUND_S:g}s more" in runner.log_of(name)  # /health 503 first, the router's bound
         assert not fleet.forced_deletes()
         by_pod = Counter(r.pod for r in traffic.results if r.ok)
         print(f"answers per decode pod: {dict(by_pod)}")

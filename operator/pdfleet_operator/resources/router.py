@@ -60,7 +60,10 @@ ROUTER_CONTAINER = "router"
 CONTROL_PLANE_KEY = "control-plane-api-keys"  # the Secret's key: 'id:name:role:secret' for --control-plane-api-keys
 KEYS_ENV = "PDFLEET_ROUTER_CONTROL_PLANE_KEYS"
 KEY_ID, KEY_NAME = "pdfleet", "pdfleet-operator"
-HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 1
+# The check's timeout is 3 s, not 1: on a busy node a healthy worker's /health can take over a second, and
+# two slow answers in a row marked the only new prefill unhealthy while the old one drained (every request
+# then answered 503 "all circuits open or unhealthy" in the e2e suite). A draining worker answers 503 at once.
+HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 3
 # A worker whose /health fails is skipped by every router within this bound: the failed checks, the
 # last one's timeout, and one interval of phase between the drain and the router's check loop.
 ROUTER_DROP_BOUND_S = HEALTH_INTERVAL_S * (HEALTH_FAILURES + 1) + HEALTH_TIMEOUT_S
