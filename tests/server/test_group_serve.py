@@ -102,6 +102,8 @@ def test_a_prefill_group_of_two_pods_serves_a_decode_byte_exactly(tmp_path: Path
     assert metric(leader.metrics(), "pdfleet_transfers_total", role="prefill", kind="request", outcome="success") == 12
     code, health = member.get("/healthz")
     assert code == 200 and health["joined"] and health["leader"] == "pre"
+    for pod in (leader, member):  # the pod processes (not their rank processes) never load torch or an engine
+        assert pod.proc is not None and heavy_libraries(pod.proc.pid) == set(), pod.name
 
     # The leader killed (no drain): its member exits non-zero (the operator restarts the group as a unit).
     assert leader.proc is not None
@@ -156,6 +158,12 @@ def test_a_member_killed_mid_transfer_fails_the_request_and_its_leader_reports_g
     assert "group member 1" in ready["reason"], ready
     code, again = leader.synthetic(64, 20, requestId="after")  # refused at once: the group is incomplete
     assert code == 503 and "group member 1" in again["error"], again
+
+
+def heavy_libraries(pid: int) -> set[str]:
+    """Which of torch, Mooncake and NIXL the process ``pid`` has mapped (its shared libraries)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {lib for lib in ("libtorch", "mooncake", "nixl") if lib in maps}
 
 
 def forged_join(leader: Pod, cfg: RuntimeConfig) -> dict[str, Any]:
