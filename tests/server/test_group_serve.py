@@ -102,6 +102,8 @@ def test_a_prefill_group_of_two_pods_serves_a_decode_byte_exactly(tmp_path: Path
     assert metric(leader.metrics(), "pdfleet_transfers_total", role="prefill", kind="request", outcome="success") == 12
     code, health = member.get("/healthz")
     assert code == 200 and health["joined"] and health["leader"] == "pre"
+    code, drained = member.admin("POST", "/drain?wait=true")  # the preStop hook: nothing to drain on a member
+    assert code == 200 and drained["drained"] and member.readyz()["ready"] is True, drained
     for pod in (leader, member):  # the pod processes (not their rank processes) never load torch or an engine
         assert pod.proc is not None and heavy_libraries(pod.proc.pid) == set(), pod.name
 
