@@ -44,6 +44,7 @@ from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.protocol.messages import WIRE, Recipient, Refusal, RefusalCode
 
 from .admin import start_admin
+from .app import GATE_REASSERT_S
 from .gate import GateWriter, NoGate
 from .group import OPS, config_digest, dump, load
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
@@ -296,14 +297,17 @@ class MemberServer:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _gate_loop(self) -> None:
+        """The verdict into the pod's gate condition: on every change, and again every ``GATE_REASSERT_S``."""
         last: tuple[bool, str] | None = None
+        written_at = 0.0
         while True:
             ready, problem, reason = self.verdict()
-            if (ready, problem.value) != last:
+            if (ready, problem.value) != last or time.monotonic() - written_at >= GATE_REASSERT_S:
                 try:
                     await self.gate.set(ready, problem.value, reason)
-                    last = (ready, problem.value)
-                    log.info("readiness: %s (%s): %s", "ready" if ready else "not ready", problem.value, reason)
+                    if (ready, problem.value) != last:
+                        log.info("readiness: %s (%s): %s", "ready" if ready else "not ready", problem.value, reason)
+                    last, written_at = (ready, problem.value), time.monotonic()
                 except Exception as e:  # the API may be briefly unavailable: retried next tick
                     log.warning("cannot write the readiness gate: %s", e)
             await asyncio.sleep(0.25)
