@@ -6,8 +6,8 @@ port through ``PDFLEET_GROUP_LEADER_ADDRESS`` (the headless Service's DNS name i
 every synthetic request's bytes are checked on every decode rank against the seeded state, and the bytes
 moved are the closed-form count of the layout (llama-dense: 64 tokens x 32 layers x K,V x 8 heads x 128 x
 bf16, whatever the shapes). Covers issue 30's runtime acceptance: a prefill group of 2 (tp 2 x pp 2, 2 ranks
-per pod) -> a decode pod, a prefill pod -> a decode group of 2 (tp 2, one rank per pod), on Mooncake and
-NIXL; a member killed mid-transfer fails the requests it took part in, typed (a decode member's:
+per pod) -> a decode pod, a prefill pod (pp 2) -> a decode group of 2 (tp 2 x pp 2, 2 ranks per pod), on
+Mooncake and NIXL; a member killed mid-transfer fails the requests it took part in, typed (a decode member's:
 ``group_member_lost``; a prefill member's legs: ``peer_lost`` at once), and turns its leader
 ``GroupMemberLost``; a killed leader makes its member exit non-zero; a join signed with the deployment key
 (not the group key) is refused.
@@ -126,16 +126,18 @@ def test_a_prefill_group_of_two_pods_serves_a_decode_byte_exactly(tmp_path: Path
 @pytest.mark.parametrize("backend", ["mooncake", "nixl"])
 def test_a_decode_group_of_two_pods_takes_a_prefill_byte_exactly(tmp_path: Path, pods: list[Pod],
                                                                  backend: str) -> None:
-    pre = Pod(tmp_path, "pre", config("prefill", pp=2, peer_tp=2, backend=backend))
+    pre = Pod(tmp_path, "pre", config("prefill", pp=2, peer_tp=2, peer_pp=2, backend=backend))
     pods.append(pre.start())
-    dcfg = config("decode", tp=2, peer_pp=2, backend=backend, group=group_of(tmp_path))
+    dcfg = config("decode", tp=2, pp=2, peer_pp=2, backend=backend, group=group_of(tmp_path))
     leader, member = start_group(tmp_path, pods, "dec", dcfg, args=(*FAST, "--canary-period", "600"),
                                  env={"PDFLEET_PREFILL_ADDRESSES": pre.bootstrap})
     member.wait_ready(True, 180)
     leader.wait_ready(True, 180)
     assert_exact(leader, 3, "d")
-    # The member's decode rank registered with its own address for its engine, and checked its own bytes.
-    assert len([ln for ln in member.log().splitlines() if "<- " in ln and ": success" in ln]) >= 3
+    # The member's decode ranks (pipeline stage 1) registered with their own address for their engines and
+    # checked their own bytes.
+    got = [ln.split()[3] for ln in member.log().splitlines() if " <- " in ln and ": success" in ln]
+    assert got.count("decode[0,1]") >= 3 and got.count("decode[1,1]") >= 3, got
 
     # The leader killed (no drain): its member exits non-zero (the operator restarts the group as a unit).
     kill(leader)
