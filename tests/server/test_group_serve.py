@@ -6,10 +6,11 @@ port through ``PDFLEET_GROUP_LEADER_ADDRESS`` (the headless Service's DNS name i
 every synthetic request's bytes are checked on every decode rank against the seeded state, and the bytes
 moved are the closed-form count of the layout (llama-dense: 64 tokens x 32 layers x K,V x 8 heads x 128 x
 bf16, whatever the shapes). Covers issue 30's runtime acceptance: a prefill group of 2 (tp 2 x pp 2, 2 ranks
-per pod) -> a decode pod, a prefill pod -> a decode group of 2 (tp 2, one rank per pod), on Mooncake and
-NIXL; a member killed mid-transfer fails the request ``group_member_lost`` and turns its leader
-``GroupMemberLost``; a killed leader makes its member exit non-zero (at the end of the prefill group's
-test); a join signed with the deployment key (not the group key) is refused.
+per pod) -> a decode pod, a prefill pod (pp 2) -> a decode group of 2 (tp 2 x pp 2, 2 ranks per pod), on
+Mooncake and NIXL; a member killed mid-transfer fails the requests it took part in, typed (a decode member's:
+``group_member_lost``; a prefill member's legs: ``peer_lost`` at once), and turns its leader
+``GroupMemberLost``; a killed leader makes its member exit non-zero; a join signed with the deployment key
+(not the group key) is refused.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_a_prefill_group_of_two_pods_serves_a_decode_byte_exactly(tmp_path: Path
                                                                    backend: str) -> None:
     group = group_of(tmp_path)
     pcfg = config("prefill", tp=2, pp=2, backend=backend, group=group)
-    leader, member = start_group(tmp_path, pods, "pre", pcfg)
+    leader, member = start_group(tmp_path, pods, "pre", pcfg, args=("--fault-write-delay", "1"))
     dec = Pod(tmp_path, "dec", config("decode", peer_tp=2, peer_pp=2, backend=backend),
               args=(*FAST, "--canary-period", "600"), env={"PDFLEET_PREFILL_ADDRESSES": leader.bootstrap})
     pods.append(dec.start())
@@ -102,29 +103,47 @@ def test_a_prefill_group_of_two_pods_serves_a_decode_byte_exactly(tmp_path: Path
     assert metric(leader.metrics(), "pdfleet_transfers_total", role="prefill", kind="request", outcome="success") == 12
     code, health = member.get("/healthz")
     assert code == 200 and health["joined"] and health["leader"] == "pre"
+    code, drained = member.admin("POST", "/drain?wait=true")  # the preStop hook: nothing to drain on a member
+    assert code == 200 and drained["drained"] and member.readyz()["ready"] is True, drained
+    for pod in (leader, member):  # the pod processes (not their rank processes) never load torch or an engine
+        assert pod.proc is not None and heavy_libraries(pod.proc.pid) == set(), pod.name
 
-    # The leader killed (no drain): its member exits non-zero (the operator restarts the group as a unit).
-    assert leader.proc is not None
-    os.killpg(leader.proc.pid, signal.SIGKILL)
-    leader.proc.wait(10)
-    rc = member.wait(30)
-    assert rc is not None and rc != 0, member.log()[-2000:]
-    assert "leader lost" in member.log()
+    # The member killed while its ranks hold a request (every write is held 1 s): their legs fail at once at the
+    # leader's bootstrap (peer_lost, naming the member), the decode's request fails typed, the leader turns
+    # GroupMemberLost.
+    out: dict[str, Any] = {}
+    sender = threading.Thread(target=lambda: out.update(r=dec.synthetic(64, 20, requestId="doomed")), daemon=True)
+    sender.start()
+    wait_for(lambda: "request doomed: filled" in member.log(), "the member's ranks to take the request")
+    kill(member)
+    sender.join(40)
+    code, body = out["r"]
+    assert code == 502 and body["failure"] == "source_failed" and "group member 1 lost" in body["reason"], body
+    ready = leader.wait_ready(False, 20, until=lambda b: b["problem"] == "GroupMemberLost")
+    assert "group member 1" in ready["reason"], ready
 
 
 @pytest.mark.parametrize("backend", ["mooncake", "nixl"])
 def test_a_decode_group_of_two_pods_takes_a_prefill_byte_exactly(tmp_path: Path, pods: list[Pod],
                                                                  backend: str) -> None:
-    pre = Pod(tmp_path, "pre", config("prefill", pp=2, peer_tp=2, backend=backend))
+    pre = Pod(tmp_path, "pre", config("prefill", pp=2, peer_tp=2, peer_pp=2, backend=backend))
     pods.append(pre.start())
-    dcfg = config("decode", tp=2, peer_pp=2, backend=backend, group=group_of(tmp_path))
+    dcfg = config("decode", tp=2, pp=2, peer_pp=2, backend=backend, group=group_of(tmp_path))
     leader, member = start_group(tmp_path, pods, "dec", dcfg, args=(*FAST, "--canary-period", "600"),
                                  env={"PDFLEET_PREFILL_ADDRESSES": pre.bootstrap})
     member.wait_ready(True, 180)
     leader.wait_ready(True, 180)
     assert_exact(leader, 3, "d")
-    # The member's decode rank registered with its own address for its engine, and checked its own bytes.
-    assert len([ln for ln in member.log().splitlines() if "<- " in ln and ": success" in ln]) >= 3
+    # The member's decode ranks (pipeline stage 1) registered with their own address for their engines and
+    # checked their own bytes.
+    got = [ln.split()[3] for ln in member.log().splitlines() if " <- " in ln and ": success" in ln]
+    assert got.count("decode[0,1]") >= 3 and got.count("decode[1,1]") >= 3, got
+
+    # The leader killed (no drain): its member exits non-zero (the operator restarts the group as a unit).
+    kill(leader)
+    rc = member.wait(30)
+    assert rc is not None and rc != 0, member.log()[-2000:]
+    assert "leader lost" in member.log()
 
 
 def test_a_member_killed_mid_transfer_fails_the_request_and_its_leader_reports_group_member_lost(
@@ -146,9 +165,7 @@ def test_a_member_killed_mid_transfer_fails_the_request_and_its_leader_reports_g
     sender.start()
     wait_for(lambda: "doomed" in pre.log(), "the prefill to take the request")
     time.sleep(0.5)  # inside the held write
-    assert member.proc is not None
-    os.killpg(member.proc.pid, signal.SIGKILL)
-    member.proc.wait(10)
+    kill(member)
     sender.join(40)
     code, body = out["r"]
     assert code == 502 and body["failure"] == "group_member_lost", body
@@ -156,6 +173,19 @@ def test_a_member_killed_mid_transfer_fails_the_request_and_its_leader_reports_g
     assert "group member 1" in ready["reason"], ready
     code, again = leader.synthetic(64, 20, requestId="after")  # refused at once: the group is incomplete
     assert code == 503 and "group member 1" in again["error"], again
+
+
+def kill(pod: Pod) -> None:
+    """SIGKILL of the pod's process group: gone at once, no drain."""
+    assert pod.proc is not None
+    os.killpg(pod.proc.pid, signal.SIGKILL)
+    pod.proc.wait(10)
+
+
+def heavy_libraries(pid: int) -> set[str]:
+    """Which of torch, Mooncake and NIXL the process ``pid`` has mapped (its shared libraries)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {lib for lib in ("libtorch", "mooncake", "nixl") if lib in maps}
 
 
 def forged_join(leader: Pod, cfg: RuntimeConfig) -> dict[str, Any]:

@@ -118,6 +118,8 @@ class BootstrapState:
                  clock: Callable[[], float] = time.monotonic, wire: WireProtocol = WIRE) -> None:
         self.prefill, self.limits, self._clock, self.wire = prefill, limits or BootstrapLimits(), clock, wire
         self.draining = False
+        self.broken = ""
+        """Why this replica lost ranks for good (``fail_sources``); '' while whole."""
         self.ranks: dict[Pair, PrefillRegister] = {}
         self.last_seen: dict[Pair, float] = {}
         self.decodes: dict[tuple[str, Pair], DecodeRegister] = {}
@@ -280,6 +282,9 @@ class BootstrapState:
         if self.draining:
             raise ProtocolError(RefusalCode.DRAINING, f"prefill pod is draining: request {msg.request_id} refused, "
                                 "send it to another prefill pod")
+        if self.broken:
+            raise ProtocolError(RefusalCode.DRAINING, f"this prefill replica lost ranks ({self.broken}): request "
+                                f"{msg.request_id} refused, send it to another prefill pod")
         if len(self.pending) >= self.limits.max_requests:
             raise ProtocolError(RefusalCode.BUSY, f"{len(self.pending)} requests pending (maxRequests "
                                 f"{self.limits.max_requests}): request {msg.request_id} refused, retry later or "
@@ -369,10 +374,12 @@ class BootstrapState:
         self._queued -= len(events)
 
     def fail_sources(self, sources: list[Pair], reason: str) -> None:
-        """Ranks of this replica that went away (a lost group member's): their unfinished requests fail
-        ``peer_lost`` now, not once their lease runs out."""
+        """Ranks of this replica that went away for good (a lost group member's): their unfinished requests
+        fail ``peer_lost`` now, not once their lease runs out, and from now on new requests are refused
+        ``draining`` (the replica cannot serve them: the decode sends them to another prefill pod)."""
         for src in sources:
             self._fail_source(src, FailureReason.PEER_LOST, reason)
+        self.broken = self.broken or reason
         self._changed()
 
     def _fail_source(self, src: Pair, failure: FailureReason, reason: str) -> None:

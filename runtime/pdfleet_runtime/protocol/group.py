@@ -10,8 +10,9 @@ and misdirected frames are refused as on the bootstrap. Only ``GroupJoin``, and 
 that could not be read, may be unaddressed.
 
 Frame: a 4-byte big-endian length, the 64 hex characters of the envelope's signature, the envelope.
-A length over ``messages.MAX_MESSAGE_BYTES`` is refused before a byte of the body is read, and a body must
-arrive within ``read_s`` once its header did. Both sides send ``GroupBeat`` every ``beat_s``; a side
+A length over ``messages.MAX_MESSAGE_BYTES`` (over ``JOIN_BYTES`` for the first frame of a connection,
+which no key has vouched for yet) is refused before a byte of the body is read, and a body must arrive
+within ``read_s`` once its header did. Both sides send ``GroupBeat`` every ``beat_s``; a side
 that hears nothing valid for ``lease_s`` (or sees the connection close, or a frame refused) takes
 the other as gone: the leader fails what it waits for from that member and reports
 ``GroupMemberLost``, a member exits non-zero.
@@ -41,6 +42,7 @@ from .messages import Recipient, Refusal, RefusalCode, _Msg
 
 __all__ = [
     "GROUP_BODY",
+    "JOIN_BYTES",
     "GroupBeat",
     "GroupBody",
     "GroupCall",
@@ -60,6 +62,8 @@ Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9.
 Hex = Annotated[str, Field(min_length=32, max_length=64, pattern=r"^[0-9a-f]+$")]
 Kind = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z]+$")]
 _HEAD = struct.Struct("!I64s")
+JOIN_BYTES = 16 << 10
+"""The most a connection's first frame (a join, some hundred bytes) may declare."""
 
 
 class GroupJoin(_Msg):
@@ -191,14 +195,15 @@ class GroupLink:
             raise GroupClosed(f"cannot write to {self.remote}: {type(e).__name__}: {e}") from None
         return nonce
 
-    async def recv(self) -> Opened:
-        """The next authenticated frame. ``ProtocolError`` when it is refused (the link is then unusable),
-        ``GroupClosed`` when the connection ended."""
+    async def recv(self, *, limit: int | None = None) -> Opened:
+        """The next authenticated frame, at most ``limit`` bytes (default the codec's). ``ProtocolError`` when it
+        is refused (the link is then unusable), ``GroupClosed`` when the connection ended."""
+        limit = min(limit or self.codec.max_bytes, self.codec.max_bytes)
         try:
             head = await self.reader.readexactly(_HEAD.size)
             length, sig = _HEAD.unpack(head)
-            if length > self.codec.max_bytes:
-                raise ProtocolError(RefusalCode.TOO_LARGE, f"frame of {length} bytes, limit {self.codec.max_bytes}")
+            if length > limit:
+                raise ProtocolError(RefusalCode.TOO_LARGE, f"frame of {length} bytes, limit {limit}")
             async with asyncio.timeout(self.read_s):
                 raw = await self.reader.readexactly(length)
         except TimeoutError:

@@ -8,7 +8,9 @@ filled and verified), ``arena`` (a rank's seeded arena and whole-arena check, fo
 harness that drives these same rank processes), ``readiness`` (the pure verdict),
 ``routing`` (which prefill pod a request goes to, what its outcome means), ``drain`` (the drain's
 phases), ``metrics``, ``gate`` (the pod readiness-gate condition), ``app`` (HTTP, the canary loop,
-the operator's drain requests, SIGTERM), ``main``. docs/runtime-server.md describes endpoints, metrics,
+the operator's drain requests, SIGTERM), ``group`` (a replica group's leader: every rank of the replica,
+its members' over the group channel) and ``member`` (a group member pod: its ranks, for its leader),
+``main``. docs/runtime-server.md describes endpoints, metrics,
 readiness and drain.
 
 Importing this package imports neither torch nor an engine: only the rank processes do.

@@ -34,6 +34,7 @@ from pydantic import TypeAdapter, ValidationError
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.protocol.auth import Codec, ProtocolError
 from pdfleet_runtime.protocol.group import (
+    JOIN_BYTES,
     GroupBeat,
     GroupCall,
     GroupClosed,
@@ -105,6 +106,8 @@ class GroupSettings:
     join_s: float = 10.0
     call_margin_s: float = 30.0
     """A member's answer may come this long after the call's own timeout (its relay, its rank's margin)."""
+    max_joining: int = 64
+    """Connections that have not joined yet, at most (more are closed at accept)."""
 
 
 @dataclass
@@ -137,6 +140,7 @@ class GroupRanks:
         self._server: asyncio.Server | None = None
         self._ids = itertools.count(1)
         self._digest = config_digest(cfg)
+        self._joining = 0
         self.refused = 0
         """Connections refused before they joined (bad key, wrong member, another config...)."""
 
@@ -191,9 +195,11 @@ class GroupRanks:
             return await self.local.call(rank, op, timeout_s=timeout_s)
         member = self.members.get(rank // local)
         name = type(op).__name__
-        if member is None or member.lost or rank not in member.ready:
-            why = member.lost if member is not None and member.lost else "has not joined"
-            raise RankCallError(f"rank {rank} on group member {rank // local} {why}", FailureReason.GROUP_MEMBER_LOST)
+        if member is not None and member.lost:
+            raise RankCallError(f"rank {rank} on group member {member.index}: lost ({member.lost})",
+                                FailureReason.GROUP_MEMBER_LOST)
+        if member is None or rank not in member.ready:
+            raise RankCallError(f"rank {rank} on group member {rank // local} has not joined yet")
         call_id = next(self._ids)
         fut: asyncio.Future[RankResult] = asyncio.get_running_loop().create_future()
         member.calls[call_id] = fut
@@ -241,30 +247,46 @@ class GroupRanks:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = GroupLink(reader, writer, self.codec)
+        if self._joining >= self.settings.max_joining:
+            self.refused += 1
+            link.close()  # more unauthenticated connections than a group has members: closed at accept
+            return
+        self._joining += 1
+        try:
+            member = await self._join(link)
+        finally:
+            self._joining -= 1
+        if member is not None:
+            await self._read(member)
+
+    async def _join(self, link: GroupLink) -> _Member | None:
+        """The connection's join within ``join_s``, answered; the member, or None (refused and closed)."""
         reply_to = None
         try:
             async with asyncio.timeout(self.settings.join_s):
-                opened = await link.recv()
+                opened = await link.recv(limit=JOIN_BYTES)
             reply_to = opened.envelope.nonce
             link.peer = Recipient(name=opened.envelope.sender, boot=opened.envelope.boot)
-            member = self._admit(opened.body, link)
-            await link.send(self._welcome(), reply_to=reply_to)
+            member = self.members[opened.body.member] = self._admit(opened.body, link)  # taken before any await
+            try:
+                await link.send(self._welcome(), reply_to=reply_to)
+            except GroupClosed:
+                del self.members[member.index]  # it never joined: the place is free again
+                raise
         except ProtocolError as e:
             self.refused += 1
             log.warning("group connection from %s refused: %s", link.remote, e)
             await link.refuse(e, reply_to)
-            return
+            return None
         except (TimeoutError, GroupClosed) as e:
             self.refused += 1
             log.warning("group connection from %s dropped before it joined: %s", link.remote,
                         type(e).__name__ if isinstance(e, TimeoutError) else e)
             link.close()
-            return
-        self.members[member.index] = member
+            return None
         log.info("group member %d joined from %s (%s)", member.index, link.remote, opened.envelope.sender)
-        loop = asyncio.get_running_loop()
-        member.tasks = [loop.create_task(self._beat(member))]
-        await self._read(member)
+        member.tasks = [asyncio.get_running_loop().create_task(self._beat(member))]
+        return member
 
     def _admit(self, body: Any, link: GroupLink) -> _Member:
         group = self.cfg.group

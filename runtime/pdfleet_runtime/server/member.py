@@ -9,7 +9,8 @@ register and poll at the leader's bootstrap, signed with the leader's rank key; 
 with prefill pods as the leader's do, advertising this pod's own address for their engines.
 
 It serves ``/healthz``, ``/readyz`` and ``/metrics`` only (the leader serves the worker API and the
-bootstrap). Its readiness-gate condition is True once its ranks are up and joined (``WaitingForGroup``
+bootstrap), and the admin port's ``/drain`` (the preStop hook), which answers drained at once: a
+member admits nothing itself, its leader's drain covers its ranks. Its readiness-gate condition is True once its ranks are up and joined (``WaitingForGroup``
 while not). Its leader going away (the connection closes, a frame is refused, nothing heard for the
 lease) makes it exit non-zero (``EXIT_LEADER_LOST``): the operator restarts the group as a unit. On
 SIGTERM it keeps serving its leader until the leader goes or the drain budget ends, then exits 0.
@@ -42,6 +43,8 @@ from pdfleet_runtime.protocol.group import (
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.protocol.messages import WIRE, Recipient, Refusal, RefusalCode
 
+from .admin import start_admin
+from .app import GATE_REASSERT_S
 from .gate import GateWriter, NoGate
 from .group import OPS, config_digest, dump, load
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
@@ -77,6 +80,7 @@ class MemberServer:
         self._sent_died: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
+        self._admin: web.AppRunner | None = None
         self.first = opts.group_member * self.cfg.local_world
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,8 +139,9 @@ class MemberServer:
             await asyncio.gather(gate, *self._tasks, return_exceptions=True)
             if self.link is not None:
                 self.link.close()
-            if self._runner is not None:
-                await self._runner.cleanup()
+            for runner in (self._admin, self._runner):
+                if runner is not None:
+                    await runner.cleanup()
             if self.launcher is not None:
                 await self.launcher.stop(10.0)
         return code
@@ -265,6 +270,12 @@ class MemberServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.opts.bind_host, self.opts.http_port, reuse_address=True).start()
+        self._admin = await start_admin(self._drain, self._drain, self.opts.admin_port)
+
+    async def _drain(self, _: web.Request) -> web.Response:
+        return web.json_response({"phase": "drained", "drained": True, "forced": False, "inFlight": 0,
+                                  "member": self.opts.group_member,
+                                  "note": "a group member admits nothing: its leader's drain covers its ranks"})
 
     async def _healthz(self, _: web.Request) -> web.Response:
         died = self.launcher.died if self.launcher else []
@@ -286,14 +297,17 @@ class MemberServer:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _gate_loop(self) -> None:
+        """The verdict into the pod's gate condition: on every change, and again every ``GATE_REASSERT_S``."""
         last: tuple[bool, str] | None = None
+        written_at = 0.0
         while True:
             ready, problem, reason = self.verdict()
-            if (ready, problem.value) != last:
+            if (ready, problem.value) != last or time.monotonic() - written_at >= GATE_REASSERT_S:
                 try:
                     await self.gate.set(ready, problem.value, reason)
-                    last = (ready, problem.value)
-                    log.info("readiness: %s (%s): %s", "ready" if ready else "not ready", problem.value, reason)
+                    if (ready, problem.value) != last:
+                        log.info("readiness: %s (%s): %s", "ready" if ready else "not ready", problem.value, reason)
+                    last, written_at = (ready, problem.value), time.monotonic()
                 except Exception as e:  # the API may be briefly unavailable: retried next tick
                     log.warning("cannot write the readiness gate: %s", e)
             await asyncio.sleep(0.25)

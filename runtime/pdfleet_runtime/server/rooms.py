@@ -35,6 +35,12 @@ def room_of(request_id: str) -> int | None:
     return int(head) if head.isdigit() and len(head) <= 19 else None
 
 
+def _attempt(request_id: str) -> int:
+    """k of ``room-<n>.<k>`` (0 for ``room-<n>``): a decode's k-th ask for the same room (``routing.pull``)."""
+    _, dot, k = request_id.partition(".")
+    return int(k) if dot and k.isdigit() else 0
+
+
 class RoomError(Exception):
     """A room cannot be held or claimed; ``code`` is the OpenAI error code, ``status`` the HTTP status."""
 
@@ -100,9 +106,17 @@ class RoomTable:
                             f"after {self.ttl_s:g}s)", code="room_not_found", status=404)
         if r.claimed is None:
             r.claimed, r.claimant, r.request_id = self._clock(), instance, request_id
-        elif (r.claimant, r.request_id) != (instance, request_id):
+        elif r.claimant != instance:
             raise RoomError(f"bootstrap_room {room} was claimed by decode {r.claimant}", code="room_conflict",
                             status=409)
+        elif _attempt(request_id) > _attempt(r.request_id):
+            # The same decode asks again: its earlier attempt failed on some rank (one rank's claim came
+            # before the room was held and was refused, another's after). The later attempt is the one
+            # whose legs count; every rank of the decode sends it.
+            r.request_id = request_id
+        elif request_id != r.request_id:
+            raise RoomError(f"bootstrap_room {room}: attempt {request_id} of decode {instance} is older than "
+                            f"{r.request_id}", code="room_conflict", status=409)
         return r
 
     def finish(self, room: int, moved: int, failure: str = "") -> None:

@@ -173,6 +173,8 @@ def test_a_lost_group_members_ranks_fail_what_they_owed_at_once() -> None:
     assert by_src[(0, 0)].state is RequestState.SUCCESS
     assert by_src[(0, 1)].failure is FailureReason.PEER_LOST and "group member 1" in by_src[(0, 1)].reason
     assert st.unfinished == 0
+    e = refused(st, transfer_request("r2"), RefusalCode.DRAINING)  # the replica cannot serve: another pod may
+    assert "group member 1 lost" in e.reason
 
 
 def test_restarted_prefill_rank_fails_what_it_owed() -> None:

@@ -154,6 +154,10 @@ def test_a_leader_admits_one_member_of_its_config_relays_typed_calls_and_fails_t
         port = ranks._server.sockets[0].getsockname()[1]
         good = GroupJoin(member=1, role="decode", ranks=1, config_digest=config_digest(cfg), wire="1.0")
 
+        r, w = await asyncio.open_connection("127.0.0.1", port)  # a first frame bigger than any join: refused unread
+        w.write(struct.pack("!I64s", 1 << 20, b"0" * 64))
+        data = await r.read()
+        assert b'"too_large"' in data, data
         link, opened = await _member(port, good.model_copy(update={"config_digest": "1" * 64}))
         assert isinstance(opened.body, Refusal) and opened.body.code is RefusalCode.CONFLICT, opened.body
         link.close()
