@@ -38,6 +38,12 @@ from rollout_watch import PodWatch
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_operator.devcluster.standin import RuntimeStandIn
+from pdfleet_operator.resources.router import (
+    HEALTH_FAILURES,
+    HEALTH_INTERVAL_S,
+    HEALTH_TIMEOUT_S,
+    ROUTER_DROP_BOUND_S,
+)
 from pdfleet_runtime.config import READINESS_GATE
 
 SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S = 2, 0, 60
@@ -142,7 +148,9 @@ def run_size(cluster: LocalCluster, op: LocalOperator, core, n: int) -> dict:
     deployment_s, theirs = _timed_rollout(cluster, core, ns, "app=plain", n, lambda: cluster.kubectl(
         "-n", ns, "set", "image", "deployment/plain", f"runtime={V2}"), False)
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
-    return {"pods": n, "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
+    return {"pods": n, "runtime": "STAND-IN (devcluster.standin.RuntimeStandIn) on kwok pods, both fleets",
+            "load_average_after": os.getloadavg(),
+            "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
             "ratio": round(pdfleet_s / deployment_s, 3),
             "budget_violations": ours.violations[:10], "budget_ok": not ours.violations,
             "max_pods": ours.max_pods, "min_routable_ready": ours.min_routable_ready, "watch_restarts": ours.restarts,
@@ -150,6 +158,14 @@ def run_size(cluster: LocalCluster, op: LocalOperator, core, n: int) -> dict:
             "operator_cpu_seconds": round(cpu, 2), "reconcile_passes": int(passes),
             "api_calls_per_pass": round(calls / passes, 2) if passes else None,
             "pdfleet_steps": ours.breakdown(V2, ours.since), "deployment_steps": theirs.breakdown(V2, theirs.since)}
+
+
+def _print_steps(row: dict) -> None:
+    """The median seconds of each named phase, both sides (the JSON has every pod's stamps)."""
+    for side in ("pdfleet", "deployment"):
+        steps = row[f"{side}_steps"]
+        phases = {k: v for k, v in steps.items() if k != "pods"}
+        print(f"      {side} steps (median s): {json.dumps(phases)}", flush=True)
 
 
 def main() -> int:
@@ -173,7 +189,22 @@ def main() -> int:
                 "max_surge": SURGE, "max_unavailable": UNAVAILABLE}
     if args.sizes:
         print("; ".join(f"{k}: {v}" for k, v in settings.items()), flush=True)
-    rows = []
+    rows: list[dict] = []
+    out = args.out or Path("bench/results") / f"rollout-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+
+    def write() -> None:
+        """After every size, so a later size that fails (a host out of memory) keeps the earlier ones."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "benchmark": "rollout",
+            "date": datetime.now(UTC).isoformat(),
+            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+                        "load_average_at_write": os.getloadavg()},
+            "baseline": "a Deployment rolling update of the same size, surge and readiness gate",
+            "settings": settings,
+            "rows": rows,
+        }, indent=2))
+
     try:
         cluster.start()
         cluster.install_crd()
@@ -185,53 +216,59 @@ def main() -> int:
         standin.start()
         for n in args.sizes:
             rows.append(run_size(cluster, op, core, n))
+            write()
             r = rows[-1]
             print(f"{n:4d} decode pods (stand-in): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
                   f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'} "
                   f"(max {r['max_pods']} pods, min {r['min_routable_ready']} routable ready)  operator CPU "
                   f"{r['operator_cpu_seconds']}s, {r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes",
                   flush=True)
-            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
+            _print_steps(r)
         standin.stop()
         if args.real:
-            from rollout_real import RUNTIME_ARGS, WRITE_DELAY_S, run_real
+            from rollout_real import ROUTER, RUNTIME_ARGS, WRITE_DELAY_S, concurrency, run_real
 
-            settings["real_runtime"] = {"args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
-                                        "drain": "pdfleet: the drain annotation, then delete; Deployment: the "
-                                                 "preStop hook on delete (the same rendered pod)",
-                                        "traffic": "synthetic, one worker per routable ready decode pod, direct "
-                                                   "(not through the router)"}
+            settings["real_runtime"] = {
+                "max_surge": SURGE, "max_unavailable": UNAVAILABLE, "args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
+                "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill",
+                "drain": f"pdfleet: the drain annotation, then delete once drained; Deployment: the preStop hook on "
+                         f"delete (the same rendered pod); both answer /health 503 and admit for the router's drop "
+                         f"bound ({ROUTER_DROP_BOUND_S}s) first; drainTimeoutSeconds {DRAIN_TIMEOUT_S}",
+                "router": {**ROUTER, "drop_bound_s": ROUTER_DROP_BOUND_S,
+                           "health_check": f"every {HEALTH_INTERVAL_S}s, {HEALTH_FAILURES} failures, "
+                                           f"{HEALTH_TIMEOUT_S}s timeout",
+                           "both arms": "the PDDeployment's own router pod (rendered command, run by the harness); "
+                                        "its decode selector matches the Deployment's pods too"},
+                "traffic": {"client": "openai chat completions through the router's Service, max_retries 0, "
+                                      "every answer verified",
+                            "in_flight": {n: concurrency(n) for n in args.real}},
+            }
             print(f"real runtime: {settings['real_runtime']}", flush=True)
+
+        def meter() -> tuple[float, float, float]:
+            assert op.proc is not None
+            return (_cpu_seconds(op.proc.pid), _metric(op, "pdfleet_operator_api_calls_total"),
+                    _metric(op, "pdfleet_operator_reconcile_passes_total{"))
+
         for n in args.real:
-            cpu0 = _cpu_seconds(op.proc.pid) if op.proc else 0.0
-            calls0, passes0 = (_metric(op, "pdfleet_operator_api_calls_total"),
-                               _metric(op, "pdfleet_operator_reconcile_passes_total{"))
             r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
-                         drain_timeout=DRAIN_TIMEOUT_S)
-            passes = _metric(op, "pdfleet_operator_reconcile_passes_total{") - passes0
-            r["operator_cpu_seconds_whole_run"] = round(_cpu_seconds(op.proc.pid) - cpu0, 2) if op.proc else None
-            r["api_calls_per_pass"] = round((_metric(op, "pdfleet_operator_api_calls_total") - calls0) / passes, 2) if passes else None
+                         drain_timeout=DRAIN_TIMEOUT_S, meter=meter)
             rows.append(r)
-            print(f"{n:4d} decode pods (REAL runtimes): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
-                  f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'}  "
-                  f"failed requests {r['pdfleet_traffic']['failed']}+{r['deployment_traffic']['failed']} of "
-                  f"{r['pdfleet_traffic']['admitted']}+{r['deployment_traffic']['admitted']}, failed transfers "
-                  f"{r['failed_transfers_on_pods']}, forced drains {len(r['forced_drains'])}", flush=True)
-            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
+            write()
+            ours, theirs = r["pdfleet_traffic"], r["deployment_traffic"]
+            print(f"{n:4d} decode pods (REAL runtimes, through the router): pdfleet {r['pdfleet_seconds']:7.2f}s  "
+                  f"Deployment {r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets "
+                  f"{'ok' if r['budget_ok'] else 'BROKEN'} (max {r['max_pods']} pods, min {r['min_routable_ready']} "
+                  f"routable ready)  failed requests {ours['failed']}+{theirs['failed']} of "
+                  f"{ours['requests']}+{theirs['requests']}, router retries {ours['router_retries']}+"
+                  f"{theirs['router_retries']}, failed transfers {r['failed_transfers_on_pods']}, forced drains "
+                  f"{len(r['forced_drains'])}  operator CPU {r['operator_cpu_seconds']}s, "
+                  f"{r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes", flush=True)
+            _print_steps(r)
     finally:
         op.stop()
         cluster.stop()
-    result = {
-        "benchmark": "rollout",
-        "date": datetime.now(UTC).isoformat(),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "baseline": "a Deployment rolling update of the same size, surge and readiness gate",
-        "settings": settings,
-        "rows": rows,
-    }
-    out = args.out or Path("bench/results") / f"rollout-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write()
     print(f"wrote {out}")
     return 0
 
