@@ -45,8 +45,11 @@ IMAGE = "example.invalid/runtime:local"
 WRITE_DELAY_S = 0.2  # each transfer takes a while, so a pod whose drain starts has transfers in flight
 RUNTIME_ARGS = {
     "prefill": ("--fault-write-delay", str(WRITE_DELAY_S)),
-    # As the end-to-end tests: on a loaded 2-core host a canary's write is slow; its floor is not measured here.
-    "decode": ("--canary-period", "2", "--retry-period", "0.5", "--floor-gbps", "0.0002", "--canary-timeout", "30"),
+    # As the end-to-end tests (a canary's write is slow on a loaded 2-core host; its floor is not measured
+    # here), but a ready pod re-checks every 10 s, not 2: 16 pods' 8 MiB canaries every 2 s through the one
+    # prefill starved it (a gate failed and the rollout was rolled back). A new pod's first canary and a
+    # failed one's retry (0.5 s) are as before, so the gate passes as soon.
+    "decode": ("--canary-period", "10", "--retry-period", "0.5", "--floor-gbps", "0.0002", "--canary-timeout", "30"),
 }
 LOCAL_ARGS = ("--device", "cpu")  # kwok nodes have no GPU
 NAME = "roll"
@@ -76,8 +79,10 @@ def manifest(ns: str, decode: int, mark: str, surge: int, unavailable: int, drai
 
 
 def concurrency(n: int) -> int:
-    """Client requests in flight through the router: about one per decode pod, at most 16 (2 shared cores)."""
-    return max(4, min(n, 16))
+    """Client requests in flight through the router: one per decode pod, at most 8. The one prefill pod
+    writes every request's state (``WRITE_DELAY_S`` each) and every new pod's canary: at 16 in flight on a
+    host at load average ~40 a canary missed its deadline, the gate failed and the operator rolled back."""
+    return max(4, min(n, 8))
 
 
 def _wait(cond: Any, timeout: float, what: str) -> None:
@@ -166,8 +171,20 @@ def _router_serves(core: Any, ns: str, runner: Any, key: str, selector: str, n: 
     return ChatTraffic(_router_url(core, ns), NAME, timeout_s=10).once(0).ok
 
 
+def _rollout_failure(core: Any, ns: str) -> str | None:
+    """The PDDeployment's rollout message once it failed a revision (a gate failed on an overloaded host,
+    say): the arm stops at once with it instead of waiting for a revision that is being rolled back."""
+    from kubernetes.client import CustomObjectsApi
+
+    obj = CustomObjectsApi(core.api_client).get_namespaced_custom_object(
+        "pdfleet.io", "v1alpha1", ns, "pddeployments", NAME, _request_timeout=10)
+    decode = ((obj.get("status") or {}).get("rollout") or {}).get("decode") or {}
+    return decode.get("message") if decode.get("failedRevisions") else None
+
+
 def _timed_arm(core: Any, ns: str, runner: Any, key: str, selector: str, n: int, mark: str, start_roll: Any,
-               *, surge: int, unavailable: int, check: bool) -> tuple[float, dict, PodWatch]:
+               *, surge: int, unavailable: int, check: bool,
+               failure: Callable[[], str | None] = lambda: None) -> tuple[float, dict, PodWatch]:
     """One rollout under client traffic through the router: its time (until the watch shows ``n`` live
     Ready pods of ``mark``), what the traffic, the router and the pods counted, and the watch."""
     retries0 = router_retries(runner, NAME)
@@ -185,6 +202,8 @@ def _timed_arm(core: Any, ns: str, runner: Any, key: str, selector: str, n: int,
 
     def done() -> bool:
         mem.append(_mem_available_gib())
+        if len(mem) % 10 == 0 and (why := failure()):
+            raise RuntimeError(f"the rollout to {mark} failed: {why}")
         return watch.settled(n, mark=mark)
 
     _wait(done, 1800 + 60 * n, f"the rollout to {mark}")
@@ -233,7 +252,7 @@ def run_real(cluster: LocalCluster, core: Any, n: int, workdir: Path, *, surge: 
         pdfleet_s, ours, watch = _timed_arm(core, ns, runner, key, decode, n, "v2", lambda: cluster.kubectl(
             "-n", ns, "patch", "pdd", NAME, "--type=merge", "-p", json.dumps(
                 {"spec": {"decode": manifest(ns, n, "v2", surge, unavailable, drain_timeout)["spec"]["decode"]}})),
-            surge=surge, unavailable=unavailable, check=True)
+            surge=surge, unavailable=unavailable, check=True, failure=lambda: _rollout_failure(core, ns))
         cpu, calls, passes = (b - a for a, b in zip(before, meter(), strict=True))
         _wait(lambda: _pdd_done(cluster, core, ns, n, "v2"), 300, "the PDDeployment's status Complete")
         template = _template_from(next(p for p in json.loads(cluster.kubectl(
