@@ -166,6 +166,7 @@ def run_size(cluster: LocalCluster, op: LocalOperator, core, n: int) -> dict:
             "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
             "ratio": round(pdfleet_s / deployment_s, 3),
             "budget_violations": ours.violations[:10], "budget_ok": not ours.violations,
+            "floor_breaks_by_removal": ours.floor_breaks_by_removal[:10],
             "max_pods": ours.max_pods, "min_routable_ready": ours.min_routable_ready, "watch_restarts": ours.restarts,
             "deployment_max_pods_incl_terminating": theirs.max_pods,
             "operator_cpu_seconds": round(cpu, 2), "reconcile_passes": int(passes),
@@ -272,7 +273,7 @@ def main() -> int:
             print(f"{n:4d} decode pods (REAL runtimes, through the router): pdfleet {r['pdfleet_seconds']:7.2f}s  "
                   f"Deployment {r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets "
                   f"{'ok' if r['budget_ok'] else 'BROKEN'} (max {r['max_pods']} pods, min {r['min_routable_ready']} "
-                  f"routable ready)  failed requests {ours['failed']}+{theirs['failed']} of "
+                  f"routable ready, {len(r['floor_breaks_by_removal'])} by a removal)  failed requests {ours['failed']}+{theirs['failed']} of "
                   f"{ours['requests']}+{theirs['requests']}, router retries {ours['router_retries']}+"
                   f"{theirs['router_retries']}, failed transfers {r['failed_transfers_on_pods']}, forced drains "
                   f"{len(r['forced_drains'])}  operator CPU {r['operator_cpu_seconds']}s, "

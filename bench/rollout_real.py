@@ -281,6 +281,7 @@ def run_real(cluster: LocalCluster, core: Any, n: int, workdir: Path, *, surge: 
             "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
             "ratio": round(pdfleet_s / deployment_s, 3),
             "budget_violations": watch.violations[:10], "budget_ok": not watch.violations,
+            "floor_breaks_by_removal": watch.floor_breaks_by_removal[:10],
             "max_pods": watch.max_pods, "min_routable_ready": watch.min_routable_ready, "watch_restarts": watch.restarts,
             "deployment_max_pods_incl_terminating": theirs_watch.max_pods,
             "operator_cpu_seconds": round(cpu, 2), "reconcile_passes": int(passes),

@@ -54,6 +54,7 @@ class PodWatch(threading.Thread):
     pods: dict[str, Stamps] = field(default_factory=dict)
     state: dict[str, dict] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    floor_breaks_by_removal: list[str] = field(default_factory=list)  # of the violations: those a drain or delete made
     max_pods: int = 0
     min_routable_ready: int | None = None
     events: int = 0
@@ -101,6 +102,10 @@ class PodWatch(threading.Thread):
         ready = "Ready" in conds and conds["Ready"].status == "True"
         routable = labels.get("pdfleet.io/routable", "true") == "true"
         s.ip = pod.status.pod_ip or s.ip
+        before = self.state.get(name) or {}
+        # the operator took a serving pod out: a routable ready pod made unroutable or deleted by this event
+        took_out = (before.get("ready") and before.get("routable") and not before.get("deleting")
+                    and (not routable or bool(pod.metadata.deletion_timestamp) or kind == "DELETED"))
         for attr, hit in (("scheduled", "PodScheduled" in conds and conds["PodScheduled"].status == "True"),
                           ("running", pod.status.phase == "Running"),
                           ("runtime_up", GATE in conds),
@@ -121,9 +126,9 @@ class PodWatch(threading.Thread):
         else:
             self.state[name] = {"ready": ready, "routable": routable, "deleting": bool(pod.metadata.deletion_timestamp),
                                 "image": pod.spec.containers[0].image, "mark": s.mark}
-        self._check()
+        self._check(took_out=name if took_out else None)
 
-    def _check(self) -> None:
+    def _check(self, took_out: str | None = None) -> None:
         count = len(self.state)
         self.max_pods = max(self.max_pods, count)
         rr = sum(p["ready"] and p["routable"] and not p["deleting"] for p in self.state.values())
@@ -137,6 +142,8 @@ class PodWatch(threading.Thread):
             self.violations.append(f"{count} pods > replicas {self.replicas} + maxSurge {self.surge}")
         if self.whole and rr < self.replicas - self.unavailable:
             self.violations.append(f"{rr} routable ready < replicas {self.replicas} - maxUnavailable {self.unavailable}")
+            if took_out:  # the floor broken by taking a serving pod out, not by pods failing on their own
+                self.floor_breaks_by_removal.append(f"{took_out} taken out leaving {rr} routable ready")
 
     def settled(self, n: int, image: str | None = None, mark: str | None = None) -> bool:
         """``n`` live pods, all Ready, all of ``image`` (or ``ROLLOUT_MARK=mark``): what the watch last

@@ -73,3 +73,27 @@ def test_drain_stamps_from_a_runtime_log() -> None:
     assert set(got) == {"drain_started", "admission_stopped", "drain_finished"}
     assert abs(got["drain_started"] + offset - t0) < 0.01
     assert abs(got["drain_finished"] - got["drain_started"] - 4.5) < 0.01
+
+
+class _Obj:
+    def __init__(self, **kw: object) -> None:
+        self.__dict__.update(kw)
+
+
+def _pod(name: str, *, ready: bool, routable: bool = True, deleting: bool = False) -> _Obj:
+    cond = _Obj(type="Ready", status="True" if ready else "False")
+    return _Obj(metadata=_Obj(name=name, labels={"pdfleet.io/routable": "true" if routable else "false"},
+                              annotations={}, deletion_timestamp="now" if deleting else None, resource_version="1"),
+                spec=_Obj(containers=[_Obj(image="v1", env=[])]),
+                status=_Obj(conditions=[cond], pod_ip="10.0.0.1", phase="Running"))
+
+
+def test_a_floor_broken_by_pods_failing_is_told_apart_from_one_broken_by_a_drain() -> None:
+    w = PodWatch(core=None, namespace="ns", selector="x", replicas=2, surge=1, unavailable=0)
+    w._saw("ADDED", _pod("a", ready=True))
+    w._saw("ADDED", _pod("b", ready=True))
+    w._saw("MODIFIED", _pod("a", ready=False))  # its gate went false on its own: an outage
+    assert len(w.violations) == 1 and w.floor_breaks_by_removal == []
+    w._saw("MODIFIED", _pod("a", ready=True))
+    w._saw("MODIFIED", _pod("b", ready=True, routable=False))  # made unroutable: a drain below the floor
+    assert w.floor_breaks_by_removal == ["b taken out leaving 1 routable ready"]
