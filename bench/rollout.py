@@ -265,8 +265,14 @@ def main() -> int:
                     _metric(op, "pdfleet_operator_reconcile_passes_total{"))
 
         for n in args.real:
-            r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
-                         drain_timeout=DRAIN_TIMEOUT_S, meter=meter)
+            try:
+                r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
+                             drain_timeout=DRAIN_TIMEOUT_S, meter=meter)
+            except (RuntimeError, TimeoutError) as e:  # a failed rollout or a step past its time: said, kept
+                rows.append({"pods": n, "runtime": "real", "error": str(e)[:2000], "load_average": os.getloadavg()})
+                write()
+                print(f"{n:4d} decode pods (REAL runtimes): FAILED: {str(e)[:500]}", flush=True)
+                continue
             rows.append(r)
             write()
             ours, theirs = r["pdfleet_traffic"], r["deployment_traffic"]
