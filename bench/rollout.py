@@ -25,11 +25,17 @@ through the deployment's sglang-router (the same router pod for both arms), fail
 retries and failed transfers counted; the gate, drain and router settings (the router's drop bound
 included) are printed first. The JSON is rewritten after every size.
 
-Measured 2026-12-01 on the 2-core host shared with three other sessions (load average 7-31):
-``--sizes 8 32 128 --real 8`` (bench/results/rollout-20261201T175020Z.json): stand-in 8 pods 0.98x,
-32 pods 1.05x, 128 pods 1.30x (63.6 s against 49.0 s, 12.7 s operator CPU, 3.3 API calls per pass);
-real 8 pods 1.10x (137.4 s against 124.5 s), 0 failed requests of 321 + 218, router retries 0 + 2
-(the Deployment's arm), 0 failed transfers, no budget broken. See docs/design-operator.md.
+Measured 2026-12-01 on the 2-core host shared with three other sessions (load average 7-48; the
+table, the phases and what went wrong in docs/design-operator.md): stand-in 8 pods 0.98x, 32 pods
+1.05x, 128 pods 1.30x (63.6 s against 49.0 s, 12.7 s operator CPU, 3.3 API calls per pass;
+bench/results/rollout-20261201T175020Z.json); real 8 pods 1.10x (137.4 s against 124.5 s, the same
+file) and 0.92x (138.9 s against 151.3 s, rollout-20261201T183846Z.json), each with 0 failed
+requests, 0 router retries on pdfleet's side (2 on the Deployment's), 0 failed transfers, no budget
+broken. 32 real pods do not fit the host's memory (~0.7 GB a runtime pod); 16 is the largest run:
+0.93x (292.4 s against 313.5 s, rollout-20261201T184636Z.json), pdfleet's side clean (0 failed of
+888, 0 retries, 0 failed transfers), the Deployment's not (215 of 731 failed: the overloaded host
+made the router mark the one prefill unhealthy), and 0.81x in an earlier run with failures on both
+sides (rollout-20261201T181144Z.json).
 """
 
 from __future__ import annotations
