@@ -9,14 +9,33 @@ maxSurge 2, maxUnavailable 0 for both.
 
 What it reports per size (JSON rows, and a line each): both times and their ratio; from a watch of
 the pods, the budgets (pods, terminating ones included, at most replicas + maxSurge; routable ready
-pods never below replicas - maxUnavailable once whole) and where the rollout's time went (median
-seconds of each step); the operator's CPU seconds and its API calls per reconcile pass over the
-rollout (from /proc and its /metrics).
+pods never below replicas - maxUnavailable once whole); the operator's CPU seconds and its API calls
+per reconcile pass over the rollout (from /proc and its /metrics); and where the time went, by named
+phase for both sides (``rollout_watch.PodWatch.breakdown``): for a new pod created -> scheduled ->
+Running -> runtime up (its first gate write) -> gate passed -> Ready -> in the router; for an old
+pod drain requested (pdfleet's annotation; a Deployment's delete, which runs the preStop drain) ->
+drain started -> router dropped -> admission stopped -> drain finished -> drained reported ->
+deleted -> gone; and the controller's reactions (a new pod Ready -> the next drain request; an old
+pod gone -> the next create). The medians are printed; the JSON has every pod's stamps.
 
-    python bench/rollout.py [--sizes 8 32 128] [--drain-delay 0] [--real 8] [--out bench/results/rollout-<utc>.json]
+    python bench/rollout.py [--sizes 8 32 128] [--drain-delay 0] [--real 8 16] [--out bench/results/rollout-<utc>.json]
 
-``--real N``: N decode pods on real runtimes on both sides (bench/rollout_real.py), traffic flowing,
-failed requests and transfers counted; on 2 shared cores 8 fits (about 7 minutes in all).
+``--real N``: N decode pods on real runtimes on both sides (bench/rollout_real.py), client traffic
+through the deployment's sglang-router (the same router pod for both arms), failed requests, router
+retries and failed transfers counted; the gate, drain and router settings (the router's drop bound
+included) are printed first. The JSON is rewritten after every size.
+
+Measured 2026-12-01 on the 2-core host shared with three other sessions (load average 7-48; the
+table, the phases and what went wrong in docs/design-operator.md): stand-in 8 pods 0.98x, 32 pods
+1.05x, 128 pods 1.30x (63.6 s against 49.0 s, 12.7 s operator CPU, 3.3 API calls per pass;
+bench/results/rollout-20261201T175020Z.json); real 8 pods 1.10x (137.4 s against 124.5 s, the same
+file) and 0.92x (138.9 s against 151.3 s, rollout-20261201T183846Z.json), each with 0 failed
+requests, 0 router retries on pdfleet's side (2 on the Deployment's), 0 failed transfers, no budget
+broken. 32 real pods do not fit the host's memory (~0.7 GB a runtime pod); 16 is the largest run:
+0.93x (292.4 s against 313.5 s, rollout-20261201T184636Z.json), pdfleet's side clean (0 failed of
+888, 0 retries, 0 failed transfers), the Deployment's not (215 of 731 failed: the overloaded host
+made the router mark the one prefill unhealthy), and 0.81x in an earlier run with failures on both
+sides (rollout-20261201T181144Z.json).
 """
 
 from __future__ import annotations
@@ -38,6 +57,12 @@ from rollout_watch import PodWatch
 from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
 from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_operator.devcluster.standin import RuntimeStandIn
+from pdfleet_operator.resources.router import (
+    HEALTH_FAILURES,
+    HEALTH_INTERVAL_S,
+    HEALTH_TIMEOUT_S,
+    ROUTER_DROP_BOUND_S,
+)
 from pdfleet_runtime.config import READINESS_GATE
 
 SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S = 2, 0, 60
@@ -142,14 +167,25 @@ def run_size(cluster: LocalCluster, op: LocalOperator, core, n: int) -> dict:
     deployment_s, theirs = _timed_rollout(cluster, core, ns, "app=plain", n, lambda: cluster.kubectl(
         "-n", ns, "set", "image", "deployment/plain", f"runtime={V2}"), False)
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
-    return {"pods": n, "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
+    return {"pods": n, "runtime": "STAND-IN (devcluster.standin.RuntimeStandIn) on kwok pods, both fleets",
+            "load_average_after": os.getloadavg(),
+            "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
             "ratio": round(pdfleet_s / deployment_s, 3),
             "budget_violations": ours.violations[:10], "budget_ok": not ours.violations,
+            "floor_breaks_by_removal": ours.floor_breaks_by_removal[:10],
             "max_pods": ours.max_pods, "min_routable_ready": ours.min_routable_ready, "watch_restarts": ours.restarts,
             "deployment_max_pods_incl_terminating": theirs.max_pods,
             "operator_cpu_seconds": round(cpu, 2), "reconcile_passes": int(passes),
             "api_calls_per_pass": round(calls / passes, 2) if passes else None,
             "pdfleet_steps": ours.breakdown(V2, ours.since), "deployment_steps": theirs.breakdown(V2, theirs.since)}
+
+
+def _print_steps(row: dict) -> None:
+    """The median seconds of each named phase, both sides (the JSON has every pod's stamps)."""
+    for side in ("pdfleet", "deployment"):
+        steps = row[f"{side}_steps"]
+        phases = {k: v for k, v in steps.items() if k != "pods"}
+        print(f"      {side} steps (median s): {json.dumps(phases)}", flush=True)
 
 
 def main() -> int:
@@ -173,7 +209,22 @@ def main() -> int:
                 "max_surge": SURGE, "max_unavailable": UNAVAILABLE}
     if args.sizes:
         print("; ".join(f"{k}: {v}" for k, v in settings.items()), flush=True)
-    rows = []
+    rows: list[dict] = []
+    out = args.out or Path("bench/results") / f"rollout-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+
+    def write() -> None:
+        """After every size, so a later size that fails (a host out of memory) keeps the earlier ones."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "benchmark": "rollout",
+            "date": datetime.now(UTC).isoformat(),
+            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+                        "load_average_at_write": os.getloadavg()},
+            "baseline": "a Deployment rolling update of the same size, surge and readiness gate",
+            "settings": settings,
+            "rows": rows,
+        }, indent=2))
+
     try:
         cluster.start()
         cluster.install_crd()
@@ -185,53 +236,65 @@ def main() -> int:
         standin.start()
         for n in args.sizes:
             rows.append(run_size(cluster, op, core, n))
+            write()
             r = rows[-1]
             print(f"{n:4d} decode pods (stand-in): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
                   f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'} "
                   f"(max {r['max_pods']} pods, min {r['min_routable_ready']} routable ready)  operator CPU "
                   f"{r['operator_cpu_seconds']}s, {r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes",
                   flush=True)
-            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
+            _print_steps(r)
         standin.stop()
         if args.real:
-            from rollout_real import RUNTIME_ARGS, WRITE_DELAY_S, run_real
+            from rollout_real import ROUTER, RUNTIME_ARGS, WRITE_DELAY_S, concurrency, run_real
 
-            settings["real_runtime"] = {"args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
-                                        "drain": "pdfleet: the drain annotation, then delete; Deployment: the "
-                                                 "preStop hook on delete (the same rendered pod)",
-                                        "traffic": "synthetic, one worker per routable ready decode pod, direct "
-                                                   "(not through the router)"}
+            settings["real_runtime"] = {
+                "max_surge": SURGE, "max_unavailable": UNAVAILABLE, "args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
+                "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill",
+                "drain": f"pdfleet: the drain annotation, then delete once drained; Deployment: the preStop hook on "
+                         f"delete (the same rendered pod); both answer /health 503 and admit for the router's drop "
+                         f"bound ({ROUTER_DROP_BOUND_S}s) first; drainTimeoutSeconds {DRAIN_TIMEOUT_S}",
+                "router": {**ROUTER, "drop_bound_s": ROUTER_DROP_BOUND_S,
+                           "health_check": f"every {HEALTH_INTERVAL_S}s, {HEALTH_FAILURES} failures, "
+                                           f"{HEALTH_TIMEOUT_S}s timeout",
+                           "both arms": "the PDDeployment's own router pod (rendered command, run by the harness); "
+                                        "its decode selector matches the Deployment's pods too"},
+                "traffic": {"client": "openai chat completions through the router's Service, max_retries 0, "
+                                      "every answer verified",
+                            "in_flight": {n: concurrency(n) for n in args.real}},
+            }
             print(f"real runtime: {settings['real_runtime']}", flush=True)
+
+        def meter() -> tuple[float, float, float]:
+            assert op.proc is not None
+            return (_cpu_seconds(op.proc.pid), _metric(op, "pdfleet_operator_api_calls_total"),
+                    _metric(op, "pdfleet_operator_reconcile_passes_total{"))
+
         for n in args.real:
-            cpu0 = _cpu_seconds(op.proc.pid) if op.proc else 0.0
-            calls0, passes0 = (_metric(op, "pdfleet_operator_api_calls_total"),
-                               _metric(op, "pdfleet_operator_reconcile_passes_total{"))
-            r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
-                         drain_timeout=DRAIN_TIMEOUT_S)
-            passes = _metric(op, "pdfleet_operator_reconcile_passes_total{") - passes0
-            r["operator_cpu_seconds_whole_run"] = round(_cpu_seconds(op.proc.pid) - cpu0, 2) if op.proc else None
-            r["api_calls_per_pass"] = round((_metric(op, "pdfleet_operator_api_calls_total") - calls0) / passes, 2) if passes else None
+            try:
+                r = run_real(cluster, core, n, state / f"pods-{n}", surge=SURGE, unavailable=UNAVAILABLE,
+                             drain_timeout=DRAIN_TIMEOUT_S, meter=meter)
+            except (RuntimeError, TimeoutError) as e:  # a failed rollout or a step past its time: said, kept
+                rows.append({"pods": n, "runtime": "real", "error": str(e)[:2000], "load_average": os.getloadavg()})
+                write()
+                print(f"{n:4d} decode pods (REAL runtimes): FAILED: {str(e)[:500]}", flush=True)
+                continue
             rows.append(r)
-            print(f"{n:4d} decode pods (REAL runtimes): pdfleet {r['pdfleet_seconds']:7.2f}s  Deployment "
-                  f"{r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets {'ok' if r['budget_ok'] else 'BROKEN'}  "
-                  f"failed requests {r['pdfleet_traffic']['failed']}+{r['deployment_traffic']['failed']} of "
-                  f"{r['pdfleet_traffic']['admitted']}+{r['deployment_traffic']['admitted']}, failed transfers "
-                  f"{r['failed_transfers_on_pods']}, forced drains {len(r['forced_drains'])}", flush=True)
-            print(f"      steps (median s): pdfleet {r['pdfleet_steps']}  Deployment {r['deployment_steps']}", flush=True)
+            write()
+            ours, theirs = r["pdfleet_traffic"], r["deployment_traffic"]
+            print(f"{n:4d} decode pods (REAL runtimes, through the router): pdfleet {r['pdfleet_seconds']:7.2f}s  "
+                  f"Deployment {r['deployment_seconds']:7.2f}s  ratio {r['ratio']:.2f}  budgets "
+                  f"{'ok' if r['budget_ok'] else 'BROKEN'} (max {r['max_pods']} pods, min {r['min_routable_ready']} "
+                  f"routable ready, {len(r['floor_breaks_by_removal'])} by a removal)  failed requests {ours['failed']}+{theirs['failed']} of "
+                  f"{ours['requests']}+{theirs['requests']}, router retries {ours['router_retries']}+"
+                  f"{theirs['router_retries']}, failed transfers {r['failed_transfers_on_pods']}, forced drains "
+                  f"{len(r['forced_drains'])}  operator CPU {r['operator_cpu_seconds']}s, "
+                  f"{r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes", flush=True)
+            _print_steps(r)
     finally:
         op.stop()
         cluster.stop()
-    result = {
-        "benchmark": "rollout",
-        "date": datetime.now(UTC).isoformat(),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "baseline": "a Deployment rolling update of the same size, surge and readiness gate",
-        "settings": settings,
-        "rows": rows,
-    }
-    out = args.out or Path("bench/results") / f"rollout-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write()
     print(f"wrote {out}")
     return 0
 

@@ -2,44 +2,59 @@
 through the harness's kubelet (each pod in its own network namespace at its pod IP, its own
 ServiceAccount token), pair with the same real prefill pod, pass the transfer-path gate with a real
 canary transfer and drain on their own (pdfleet: the drain annotation; the Deployment: the pod's
-preStop hook, which the operator renders into both). Synthetic requests flow through every routable
-ready decode pod during both rollouts, each answer verified byte for byte.
+preStop hook, which the operator renders into both). Each drain first answers ``/health`` 503 and
+keeps admitting for the router's drop bound (``routerDropSeconds``), as rendered with ``spec.router``.
+
+Client traffic goes through a real sglang-router (0.3.2): the PDDeployment's own router pod, run by
+the harness from the operator's rendered command, reached through its Service: chat completions
+from an ``openai`` client (``tests/e2e/chat.ChatTraffic``, no client retries), every answer verified.
+The Deployment's arm uses that same router pod: its decode discovery selects
+``pdfleet.io/deployment=roll pdfleet.io/role=decode``, which the Deployment's template carries (the
+PDDeployment's own decode fleet is at zero by then), so both arms go through one router with the same
+settings. Counted per arm: failed client requests, the router's retries, failed request transfers and
+unclaimed rooms on every pod (scraped while the pods run); the router's worker set is polled to stamp
+when it added and dropped each pod (``rollout_router``).
 
 The Deployment's pod template is the operator's own decode pod (read back from the API), with a
 ServiceAccount whose Role lets any pod of the namespace set its own gate (a Deployment's pod names
 are not known beforehand, so the operator's per-pod Role cannot name them). The PDDeployment's decode
-fleet is scaled to zero first; its prefill pod, config maps and secret serve both arms.
-
-Traffic goes to the decode pods' synthetic endpoint directly, not through the router: the router
-role has not yet run against the built-in runtime's worker API here (docs/router.md: stand-in workers).
+fleet is scaled to zero first; its prefill pod, router, config maps and secret serve both arms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
+import os
 import time
-import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollout_router import PodScraper, RouterWatch, admin_key, drain_stamps, router_retries, workers
 from rollout_watch import PodWatch
 
 from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import READINESS_GATE
-from pdfleet_runtime.server.local import http
+from tests.e2e.chat import ChatTraffic
 
-__all__ = ["RUNTIME_ARGS", "run_real"]
+__all__ = ["ROUTER", "RUNTIME_ARGS", "concurrency", "run_real"]
 
 IMAGE = "example.invalid/runtime:local"
 WRITE_DELAY_S = 0.2  # each transfer takes a while, so a pod whose drain starts has transfers in flight
 RUNTIME_ARGS = {
     "prefill": ("--fault-write-delay", str(WRITE_DELAY_S)),
-    # As the end-to-end tests: on a loaded 2-core host a canary's write is slow; its floor is not measured here.
-    "decode": ("--canary-period", "2", "--retry-period", "0.5", "--floor-gbps", "0.0002", "--canary-timeout", "30"),
+    # As the end-to-end tests (a canary's write is slow on a loaded 2-core host; its floor is not measured
+    # here), but a ready pod re-checks every 10 s, not 2: 16 pods' 8 MiB canaries every 2 s through the one
+    # prefill starved it (a gate failed and the rollout was rolled back). A new pod's first canary and a
+    # failed one's retry (0.5 s) are as before, so the gate passes as soon.
+    "decode": ("--canary-period", "10", "--retry-period", "0.5", "--floor-gbps", "0.0002", "--canary-timeout", "30"),
 }
 LOCAL_ARGS = ("--device", "cpu")  # kwok nodes have no GPU
+NAME = "roll"
+ROUTER = {"image": "example.invalid/runtime:local", "prefillPolicy": "round_robin", "decodePolicy": "round_robin"}
+ROUTER_PORT = 30000  # spec.router's default
 DEPLOYMENT_LABELS = {"app": "plain", "app.kubernetes.io/managed-by": "pdfleet-operator",
                      "pdfleet.io/role": "decode", "pdfleet.io/deployment": "roll",
                      "pdfleet.io/revision": "plain", "pdfleet.io/routable": "true"}
@@ -58,76 +73,16 @@ def manifest(ns: str, decode: int, mark: str, surge: int, unavailable: int, drai
             "decode": {"replicas": decode, **role, "pool": pool, "env": [{"name": "ROLLOUT_MARK", "value": mark}]},
             "rollout": {"maxSurge": surge, "maxUnavailable": unavailable, "drainTimeoutSeconds": drain_timeout,
                         "progressDeadlineSeconds": 900},
+            "router": ROUTER,
         },
     }
 
 
-@dataclass(frozen=True)
-class Answer:
-    pod: str
-    code: int
-    body: dict
-
-    @property
-    def admitted(self) -> bool:
-        """Refused because its own drain started (a router would send it elsewhere): not a failure."""
-        return not (self.code == 503 and "draining" in str(self.body.get("error", "")))
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 200 and bool(self.body.get("ok")) and self.body.get("mismatchedBytes") == 0
-
-
-class Traffic(threading.Thread):
-    """One worker per routable ready decode pod, back to back, until stopped; every answer kept."""
-
-    def __init__(self, core: Any, ns: str, runner: Any) -> None:
-        super().__init__(daemon=True)
-        self.core, self.ns, self.runner = core, ns, runner
-        self.stop_event, self.lock = threading.Event(), threading.Lock()
-        self.answers: list[Answer] = []
-        self.routable: set[str] = set()
-        self.workers: dict[str, threading.Thread] = {}
-        self.sent = 0
-
-    def _targets(self) -> set[str]:
-        pods = self.core.list_namespaced_pod(self.ns, label_selector="pdfleet.io/role=decode,pdfleet.io/routable=true")
-        return {p.metadata.name for p in pods.items if p.metadata.deletion_timestamp is None
-                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())}
-
-    def _worker(self, name: str) -> None:
-        while not self.stop_event.is_set() and name in self.routable:
-            local = self.runner.decode_pods().get(name)
-            if local is None:
-                return
-            with self.lock:
-                self.sent += 1
-                n = self.sent
-            code, body = http("POST", local.url + "/v1/synthetic",
-                              {"tokens": 64, "timeoutS": 30, "requestId": f"bench-{n}", "seed": n}, 60)
-            with self.lock:
-                self.answers.append(Answer(name, code, body if isinstance(body, dict) else {"raw": body}))
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                self.routable = self._targets()
-            except Exception:  # a slow answer once: ask again
-                continue
-            for name in self.routable - set(self.workers):
-                self.workers[name] = threading.Thread(target=self._worker, args=(name,), daemon=True)
-                self.workers[name].start()
-            self.stop_event.wait(0.1)
-
-    def stop(self) -> dict:
-        self.stop_event.set()
-        self.join(timeout=30)
-        for w in self.workers.values():
-            w.join(timeout=60)
-        admitted = [a for a in self.answers if a.admitted]
-        failed = [a for a in admitted if not a.ok]
-        return {"requests": len(self.answers), "admitted": len(admitted), "ok": len(admitted) - len(failed),
-                "failed": len(failed), "failures": [f"{a.pod}: {a.code} {str(a.body)[:160]}" for a in failed[:5]]}
+def concurrency(n: int) -> int:
+    """Client requests in flight through the router: one per decode pod, at most 8. The one prefill pod
+    writes every request's state (``WRITE_DELAY_S`` each) and every new pod's canary: at 16 in flight on a
+    host at load average ~40 a canary missed its deadline, the gate failed and the operator rolled back."""
+    return max(4, min(n, 8))
 
 
 def _wait(cond: Any, timeout: float, what: str) -> None:
@@ -187,58 +142,127 @@ def _gate_rbac(ns: str) -> list[dict]:
     ]
 
 
-def _transfer_failures(runner: Any) -> float:
-    """Failed transfers the running pods count (/metrics): the prefill pod took part in every transfer of
-    both arms; a decode-side failure also fails its request, counted by the traffic."""
-    total = 0.0
-    for pod in [*runner.running("prefill").values(), *runner.decode_pods().values()]:
-        with urllib.request.urlopen(pod.url + "/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        for line in text.splitlines():
-            if line.startswith("pdfleet_transfer_failures_total") or (
-                    line.startswith("pdfleet_transfers_total{") and 'outcome="failed"' in line):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+def _mem_available_gib() -> float:
+    line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+    return int(line.split()[1]) / 2**20
+
+
+def _router_url(core: Any, ns: str) -> str:
+    """The router's Service (its ClusterIP: this process is in the cluster's network namespace)."""
+    return f"http://{core.read_namespaced_service(f'{NAME}-router', ns).spec.cluster_ip}:{ROUTER_PORT}"
+
+
+def _router_pod_url(runner: Any) -> str:
+    pod = next(p for p in list(runner.pods.values()) if p.name.startswith(f"{NAME}-router-") and p.started)
+    return f"http://{pod.ip}:{ROUTER_PORT}"
+
+
+def _router_serves(core: Any, ns: str, runner: Any, key: str, selector: str, n: int) -> bool:
+    """The router lists every live pod of ``selector`` healthy, and one chat completion through its Service
+    was answered and verified."""
+    ips = {p.status.pod_ip for p in core.list_namespaced_pod(ns, label_selector=selector).items
+           if p.metadata.deletion_timestamp is None and p.status.pod_ip}
+    try:
+        healthy = {u for u, ok in workers(_router_pod_url(runner), key).items() if ok}
+    except (OSError, ValueError, StopIteration):
+        return False
+    if len(ips) != n or not all(any(f"//{ip}:" in u for u in healthy) for ip in ips):
+        return False
+    return ChatTraffic(_router_url(core, ns), NAME, timeout_s=10).once(0).ok
+
+
+def _rollout_failure(core: Any, ns: str) -> str | None:
+    """The PDDeployment's rollout message once it failed a revision (a gate failed on an overloaded host,
+    say): the arm stops at once with it instead of waiting for a revision that is being rolled back."""
+    from kubernetes.client import CustomObjectsApi
+
+    obj = CustomObjectsApi(core.api_client).get_namespaced_custom_object(
+        "pdfleet.io", "v1alpha1", ns, "pddeployments", NAME, _request_timeout=10)
+    decode = ((obj.get("status") or {}).get("rollout") or {}).get("decode") or {}
+    return decode.get("message") if decode.get("failedRevisions") else None
+
+
+def _timed_arm(core: Any, ns: str, runner: Any, key: str, selector: str, n: int, mark: str, start_roll: Any,
+               *, surge: int, unavailable: int, check: bool,
+               failure: Callable[[], str | None] = lambda: None) -> tuple[float, dict, PodWatch]:
+    """One rollout under client traffic through the router: its time (until the watch shows ``n`` live
+    Ready pods of ``mark``), what the traffic, the router and the pods counted, and the watch."""
+    retries0 = router_retries(runner, NAME)
+    scraper, router = PodScraper(runner), RouterWatch(_router_pod_url(runner), key)
+    traffic = ChatTraffic(_router_url(core, ns), NAME, concurrency=concurrency(n))
+    watch = PodWatch(core, ns, selector, n, surge, unavailable, check=check)
+    for t in (scraper, router, watch):
+        t.start()
+    watch.synced.wait(30)
+    traffic.start()
+    time.sleep(3)  # traffic on every pod before the rollout starts
+    load0, mem = os.getloadavg(), [_mem_available_gib()]
+    start = watch.since = time.monotonic()
+    start_roll()
+
+    def done() -> bool:
+        mem.append(_mem_available_gib())
+        if len(mem) % 10 == 0 and (why := failure()):
+            raise RuntimeError(f"the rollout to {mark} failed: {why}")
+        return watch.settled(n, mark=mark)
+
+    _wait(done, 1800 + 60 * n, f"the rollout to {mark}")
+    took = time.monotonic() - start
+    answers = traffic.stop()
+    time.sleep(0.5)  # the last deletions reach the watch
+    for t in (router, watch):
+        t.stop()
+    failed = [a for a in answers if not a.ok]
+    counts = {"requests": len(answers), "ok": len(answers) - len(failed), "failed": len(failed),
+              "failures": [f"{a.status} {a.problem}"[:200] for a in failed[:5]],
+              "router_retries": router_retries(runner, NAME) - retries0, "router_poll_errors": router.errors,
+              "concurrency": traffic.concurrency, "load_average_start_end": [load0, os.getloadavg()],
+              "host_mem_available_gib_min": round(min(mem), 2), **scraper.stop()}
+    extra = router.stamps(watch.pods)
+    for name in watch.pods:
+        with contextlib.suppress(StopIteration, OSError):  # never started here
+            extra.setdefault(name, {}).update(drain_stamps(runner.log_of(name)))
+    counts["steps"] = watch.breakdown(None, start, extra)
+    return took, counts, watch
 
 
 def run_real(cluster: LocalCluster, core: Any, n: int, workdir: Path, *, surge: int, unavailable: int,
-             drain_timeout: int) -> dict:
+             drain_timeout: int, meter: Callable[[], tuple[float, float, float]]) -> dict:
+    """Both arms at ``n`` decode pods; ``meter`` reads the operator's (CPU seconds, API calls, passes),
+    taken around the pdfleet rollout."""
     ns = f"real-{n}"
     cluster.kubectl("create", "namespace", ns)
     _wait(lambda: cluster.kubectl("-n", ns, "get", "sa", "default", check=False).returncode == 0, 60, "namespace")
 
     def args(pod: dict) -> tuple[str, ...]:
-        return (*LOCAL_ARGS, *RUNTIME_ARGS.get(pod["metadata"]["labels"].get("pdfleet.io/role", ""), ()))
+        role = pod["metadata"]["labels"].get("pdfleet.io/role", "")
+        return (*LOCAL_ARGS, *RUNTIME_ARGS.get(role, ())) if role else ()  # a router pod: its command verbatim
 
     runner = cluster.kubelet(ns, workdir, selector="app.kubernetes.io/managed-by=pdfleet-operator",
                              extra_args=args, extra_env={"MC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
     runner.start()
+    decode = "pdfleet.io/role=decode"
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns, n, "v1", surge, unavailable, drain_timeout)))
-        _wait(lambda: _pdd_done(cluster, core, ns, n, "v1"), 900, "the PDDeployment Available on real runtimes")
-        # pdfleet arm
-        traffic, watch = Traffic(core, ns, runner), PodWatch(core, ns, "pdfleet.io/role=decode", n, surge, unavailable)
-        traffic.start()
-        watch.start()
-        watch.synced.wait(30)
-        time.sleep(3)  # traffic on every pod before the rollout starts
-        start = watch.since = time.monotonic()
-        cluster.kubectl("-n", ns, "patch", "pdd", "roll", "--type=merge", "-p", json.dumps(
-            {"spec": {"decode": manifest(ns, n, "v2", surge, unavailable, drain_timeout)["spec"]["decode"]}}))
-        _wait(lambda: _pdd_done(cluster, core, ns, n, "v2"), 1800, "the pdfleet rollout")
-        pdfleet_s = time.monotonic() - start
-        ours_traffic = traffic.stop()
-        time.sleep(0.5)
-        watch.stop()
-        ours = watch
+        _wait(lambda: _pdd_done(cluster, core, ns, n, "v1"), 900 + 60 * n, "the PDDeployment Available on real runtimes")
+        key = admin_key(core, ns, NAME)
+        # sglang-router 0.3.2 re-checks a discovered worker that did not answer yet only every 30 s
+        _wait(lambda: _router_serves(core, ns, runner, key, decode, n), 300, "the router serving every decode pod")
+        before = meter()
+        pdfleet_s, ours, watch = _timed_arm(core, ns, runner, key, decode, n, "v2", lambda: cluster.kubectl(
+            "-n", ns, "patch", "pdd", NAME, "--type=merge", "-p", json.dumps(
+                {"spec": {"decode": manifest(ns, n, "v2", surge, unavailable, drain_timeout)["spec"]["decode"]}})),
+            surge=surge, unavailable=unavailable, check=True, failure=lambda: _rollout_failure(core, ns))
+        cpu, calls, passes = (b - a for a, b in zip(before, meter(), strict=True))
+        _wait(lambda: _pdd_done(cluster, core, ns, n, "v2"), 300, "the PDDeployment's status Complete")
         template = _template_from(next(p for p in json.loads(cluster.kubectl(
-            "-n", ns, "get", "pods", "-l", "pdfleet.io/role=decode", "-o", "json").stdout)["items"]
+            "-n", ns, "get", "pods", "-l", decode, "-o", "json").stdout)["items"]
             if not p["metadata"].get("deletionTimestamp")))
         forced = [e["message"] for e in json.loads(cluster.kubectl("-n", ns, "get", "events", "-o", "json").stdout)["items"]
                   if "FORCED" in e.get("message", "")]
-        # Deployment arm: the PDDeployment keeps its prefill; its decode fleet leaves first.
-        cluster.kubectl("-n", ns, "patch", "pdd", "roll", "--type=merge", "-p", json.dumps({"spec": {"decode": {"replicas": 0}}}))
-        _wait(lambda: not [p for p in core.list_namespaced_pod(ns, label_selector="pdfleet.io/role=decode").items], 600,
+        # Deployment arm: the PDDeployment keeps its prefill and router; its decode fleet leaves first.
+        cluster.kubectl("-n", ns, "patch", "pdd", NAME, "--type=merge", "-p", json.dumps({"spec": {"decode": {"replicas": 0}}}))
+        _wait(lambda: not [p for p in core.list_namespaced_pod(ns, label_selector=decode).items], 600,
               "the PDDeployment's decode pods gone")
         deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "plain", "namespace": ns},
                       "spec": {"replicas": n, "selector": {"matchLabels": {"app": "plain"}},
@@ -246,30 +270,24 @@ def run_real(cluster: LocalCluster, core: Any, n: int, workdir: Path, *, surge: 
                                             "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}},
                                "template": template}}
         cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in [*_gate_rbac(ns), deployment]))
-        _wait(lambda: _deployment_done(cluster, ns, n), 900, "the Deployment available on real runtimes")
-        traffic, watch = Traffic(core, ns, runner), PodWatch(core, ns, "app=plain", n, surge, unavailable, check=False)
-        traffic.start()
-        watch.start()
-        watch.synced.wait(30)
-        time.sleep(3)
-        start = watch.since = time.monotonic()
-        cluster.kubectl("-n", ns, "set", "env", "deployment/plain", "ROLLOUT_MARK=p2")
-        _wait(lambda: _deployment_done(cluster, ns, n), 1800, "the Deployment rollout")
-        deployment_s = time.monotonic() - start
-        theirs_traffic = traffic.stop()
-        time.sleep(0.5)
-        watch.stop()
-        failed_transfers = _transfer_failures(runner)
+        _wait(lambda: _deployment_done(cluster, ns, n), 900 + 60 * n, "the Deployment available on real runtimes")
+        _wait(lambda: _router_serves(core, ns, runner, key, "app=plain", n), 300, "the router serving the Deployment")
+        deployment_s, theirs, theirs_watch = _timed_arm(core, ns, runner, key, "app=plain", n, "p2", lambda: cluster.kubectl(
+            "-n", ns, "set", "env", "deployment/plain", "ROLLOUT_MARK=p2"), surge=surge, unavailable=unavailable, check=False)
     finally:
         runner.shutdown()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     return {"pods": n, "runtime": "real (pdfleet-runtime serve through the harness's kubelet), both fleets",
             "pdfleet_seconds": round(pdfleet_s, 2), "deployment_seconds": round(deployment_s, 2),
             "ratio": round(pdfleet_s / deployment_s, 3),
-            "budget_violations": ours.violations[:10], "budget_ok": not ours.violations,
-            "max_pods": ours.max_pods, "min_routable_ready": ours.min_routable_ready,
-            "deployment_max_pods_incl_terminating": watch.max_pods,
-            "pdfleet_traffic": ours_traffic, "deployment_traffic": theirs_traffic,
-            "failed_transfers_on_pods": failed_transfers, "forced_drains": forced,
-            "pdfleet_steps": ours.breakdown(None, ours.since), "deployment_steps": watch.breakdown(None, watch.since),
-            "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill"}
+            "budget_violations": watch.violations[:10], "budget_ok": not watch.violations,
+            "floor_breaks_by_removal": watch.floor_breaks_by_removal[:10],
+            "max_pods": watch.max_pods, "min_routable_ready": watch.min_routable_ready, "watch_restarts": watch.restarts,
+            "deployment_max_pods_incl_terminating": theirs_watch.max_pods,
+            "operator_cpu_seconds": round(cpu, 2), "reconcile_passes": int(passes),
+            "api_calls_per_pass": round(calls / passes, 2) if passes else None,
+            "pdfleet_steps": ours.pop("steps"), "deployment_steps": theirs.pop("steps"),
+            "pdfleet_traffic": ours, "deployment_traffic": theirs, "forced_drains": forced,
+            "failed_transfers_on_pods": ours["failed_transfers"] + theirs["failed_transfers"],
+            "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill",
+            "router": {**ROUTER, "drop_bound_s": ROUTER_DROP_BOUND_S, "same router pod for both arms": True}}

@@ -2,32 +2,45 @@
 where a rollout's time went.
 
 ``PodWatch`` follows one namespace's pods of a label selector and keeps, per pod, when it was first
-seen, became Ready, was made unroutable (drain started), reported drained, got its deletion stamp and
-went. At every event it checks the budgets as the operator must keep them: pods of the fleet
+seen, scheduled, Running, when its runtime first wrote the gate and when the gate passed, Ready, the
+drain requested, reported drained, its deletion stamp and when it went. At every event it checks the budgets as the operator must keep them: pods of the fleet
 (terminating ones included) at most ``replicas + maxSurge``; routable ready pods, once the fleet was
 whole, never below ``replicas - maxUnavailable``. Imported by bench/rollout.py only.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from pdfleet_runtime.config import DRAIN_ANNOTATION
+from pdfleet_runtime.config import READINESS_GATE as GATE
+
 __all__ = ["PodWatch", "Stamps"]
 
 
 @dataclass
 class Stamps:
+    """When the watch first showed each state of one pod (time.monotonic())."""
+
     seen: float
+    scheduled: float | None = None  # PodScheduled True
+    running: float | None = None  # phase Running (kwok): the harness's kubelet starts the runtime
+    runtime_up: float | None = None  # the runtime wrote its gate condition (any status): its server runs
+    gate: float | None = None  # the gate condition True: a verified canary transfer
     ready: float | None = None
+    drain_requested: float | None = None  # pdfleet.io/drain-started annotation (the operator's drain)
     unroutable: float | None = None
     drained: float | None = None
     deleting: float | None = None
     gone: float | None = None
     image: str = ""
+    mark: str = ""  # the container's ROLLOUT_MARK env (the real-runtime arm rolls by changing it)
+    ip: str = ""
 
 
 @dataclass(eq=False)
@@ -41,6 +54,7 @@ class PodWatch(threading.Thread):
     pods: dict[str, Stamps] = field(default_factory=dict)
     state: dict[str, dict] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    floor_breaks_by_removal: list[str] = field(default_factory=list)  # of the violations: those a drain or delete made
     max_pods: int = 0
     min_routable_ready: int | None = None
     events: int = 0
@@ -81,13 +95,25 @@ class PodWatch(threading.Thread):
     def _saw(self, kind: str, pod: Any) -> None:
         now, name = time.monotonic(), pod.metadata.name
         self.events += 1
-        s = self.pods.setdefault(name, Stamps(seen=now, image=pod.spec.containers[0].image))
+        s = self.pods.setdefault(name, Stamps(seen=now, image=pod.spec.containers[0].image, mark=next(
+            (e.value for e in pod.spec.containers[0].env or () if e.name == "ROLLOUT_MARK"), "")))
         conds = {c.type: c for c in pod.status.conditions or ()}
         labels = pod.metadata.labels or {}
         ready = "Ready" in conds and conds["Ready"].status == "True"
         routable = labels.get("pdfleet.io/routable", "true") == "true"
-        if ready and s.ready is None:
-            s.ready = now
+        s.ip = pod.status.pod_ip or s.ip
+        before = self.state.get(name) or {}
+        # the operator took a serving pod out: a routable ready pod made unroutable or deleted by this event
+        took_out = (before.get("ready") and before.get("routable") and not before.get("deleting")
+                    and (not routable or bool(pod.metadata.deletion_timestamp) or kind == "DELETED"))
+        for attr, hit in (("scheduled", "PodScheduled" in conds and conds["PodScheduled"].status == "True"),
+                          ("running", pod.status.phase == "Running"),
+                          ("runtime_up", GATE in conds),
+                          ("gate", GATE in conds and conds[GATE].status == "True"),
+                          ("ready", ready),
+                          ("drain_requested", DRAIN_ANNOTATION in (pod.metadata.annotations or {}))):
+            if hit and getattr(s, attr) is None:
+                setattr(s, attr, now)
         if not routable and s.unroutable is None:
             s.unroutable = now
         if "pdfleet.io/drained" in conds and conds["pdfleet.io/drained"].status == "True" and s.drained is None:
@@ -99,10 +125,10 @@ class PodWatch(threading.Thread):
             self.state.pop(name, None)
         else:
             self.state[name] = {"ready": ready, "routable": routable, "deleting": bool(pod.metadata.deletion_timestamp),
-                                "image": pod.spec.containers[0].image}
-        self._check()
+                                "image": pod.spec.containers[0].image, "mark": s.mark}
+        self._check(took_out=name if took_out else None)
 
-    def _check(self) -> None:
+    def _check(self, took_out: str | None = None) -> None:
         count = len(self.state)
         self.max_pods = max(self.max_pods, count)
         rr = sum(p["ready"] and p["routable"] and not p["deleting"] for p in self.state.values())
@@ -116,36 +142,69 @@ class PodWatch(threading.Thread):
             self.violations.append(f"{count} pods > replicas {self.replicas} + maxSurge {self.surge}")
         if self.whole and rr < self.replicas - self.unavailable:
             self.violations.append(f"{rr} routable ready < replicas {self.replicas} - maxUnavailable {self.unavailable}")
+            if took_out:  # the floor broken by taking a serving pod out, not by pods failing on their own
+                self.floor_breaks_by_removal.append(f"{took_out} taken out leaving {rr} routable ready")
 
-    def settled(self, n: int, image: str) -> bool:
-        """``n`` live pods, all Ready, all of ``image`` (what the watch last showed: no list, no kubectl)."""
+    def settled(self, n: int, image: str | None = None, mark: str | None = None) -> bool:
+        """``n`` live pods, all Ready, all of ``image`` (or ``ROLLOUT_MARK=mark``): what the watch last
+        showed, no list, no kubectl. Terminating pods do not count (a Deployment is done when its old pods
+        are terminating, their preStop drain still running; pdfleet deletes a pod once it drained)."""
         live = [p for p in list(self.state.values()) if not p["deleting"]]
-        return len(live) == n and all(p["ready"] and p["image"] == image for p in live)
+        return len(live) == n and all(p["ready"] and (image is None or p["image"] == image)
+                                      and (mark is None or p["mark"] == mark) for p in live)
 
     def stop(self) -> None:
         self.stop_event.set()
         self.join(timeout=10)
 
-    def breakdown(self, new_image: str | None, since: float) -> dict[str, float | None]:
-        """Median seconds of each step of the rollout that started at ``since`` (monotonic); new pods are
-        those of ``new_image``, or (None) those that appeared after ``since``."""
+    def breakdown(self, new_image: str | None, since: float,
+                  extra: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        """Where the rollout that started at ``since`` (monotonic) went, by named phase: the median
+        seconds of each step of a new pod (created -> scheduled -> running -> runtime up -> gate passed ->
+        Ready -> in the router) and of an old pod (drain requested -> drain started -> router dropped ->
+        admission stopped -> drained -> deleted -> gone), and the controller's reactions between them.
+        New pods are those of ``new_image``, or (None) those that appeared after ``since``. ``extra``:
+        stamps per pod name read elsewhere (the router's worker list, the runtime's log), laid over the
+        watch's. Also each pod's stamps, in seconds from ``since``."""
         def med(xs: list[float]) -> float | None:
             return round(median(xs), 3) if xs else None
-        new = [s for s in self.pods.values() if (new_image is None or s.image == new_image) and s.seen >= since]
-        old = [s for s in self.pods.values() if (s.image != new_image if new_image else s.seen < since)
-               and s.gone is not None and s.gone >= since]
+
+        stamps = {name: {k: v for k, v in vars(s).items() if isinstance(v, float) and k != "unroutable"}
+                  | (extra or {}).get(name, {})
+                  for name, s in self.pods.items()}
+        for st in stamps.values():  # a Deployment's drain is its delete (the preStop hook runs then)
+            if "drain_requested" not in st and "deleting" in st:
+                st["drain_requested"] = st.pop("deleting")
+        new = {n: st for n, st in stamps.items()
+               if (new_image is None or self.pods[n].image == new_image) and st["seen"] >= since}
+        old = {n: st for n, st in stamps.items() if n not in new and st.get("gone") is not None and st["gone"] >= since}
+
+        def chain(group: dict[str, dict[str, float]], steps: tuple[str, ...]) -> dict[str, float | None]:
+            """Median seconds from each step to the next one a pod has (a step it lacks is skipped; a
+            negative figure: that step came first, as a Deployment's router drop before the drain)."""
+            gaps: dict[str, list[float]] = {}
+            for st in group.values():
+                have = [k for k in steps if st.get(k) is not None]
+                for a, b in itertools.pairwise(have):
+                    gaps.setdefault(f"{a}_to_{b}_s", []).append(st[b] - st[a])
+            return {k: med(v) for k, v in gaps.items()}
+
+        requests = [st["drain_requested"] for st in old.values() if st.get("drain_requested")]
         return {
             "new_pods": len(new), "old_pods_gone": len(old),
-            "created_to_ready_s": med([s.ready - s.seen for s in new if s.ready]),
-            "unroutable_to_drained_s": med([s.drained - s.unroutable for s in old if s.drained and s.unroutable]),
-            "drained_to_deleting_s": med([s.deleting - s.drained for s in old if s.deleting and s.drained]),
-            "unroutable_to_deleting_s": med([s.deleting - s.unroutable for s in old if s.deleting and s.unroutable]),
-            "deleting_to_gone_s": med([s.gone - s.deleting for s in old if s.gone and s.deleting]),
-            # the controller's reactions: a new pod ready -> the next old pod leaves routing (or is deleted,
-            # for a Deployment); an old pod gone -> the next new pod appears
-            "ready_to_next_removal_s": med(_gaps([s.ready for s in new if s.ready],
-                                                 [s.unroutable or s.deleting for s in old if s.unroutable or s.deleting])),
-            "gone_to_next_create_s": med(_gaps([s.gone for s in old if s.gone], [s.seen for s in new])),
+            "new_pod": chain(new, ("seen", "scheduled", "running", "runtime_up", "gate", "ready", "router_added")),
+            "old_pod": chain(old, ("drain_requested", "drain_started", "router_dropped", "admission_stopped",
+                                   "drain_finished", "drained", "deleting", "gone")),
+            "old_pod_request_to_gone_s": med([st["gone"] - st["drain_requested"] for st in old.values()
+                                              if st.get("drain_requested")]),
+            "new_pod_seen_to_ready_s": med([st["ready"] - st["seen"] for st in new.values() if st.get("ready")]),
+            # the controller's reactions: a new pod ready -> the next old pod's drain (pdfleet) or delete
+            # (Deployment); an old pod gone -> the next new pod created
+            "ready_to_next_drain_request_s": med(_gaps([st["ready"] for st in new.values() if st.get("ready")],
+                                                       requests)),
+            "gone_to_next_create_s": med(_gaps([st["gone"] for st in old.values()], [st["seen"] for st in new.values()])),
+            "pods": {n: {k: round(v - since, 3) for k, v in sorted(st.items(), key=lambda kv: kv[1]) if v is not None}
+                     for n, st in sorted({**old, **new}.items())},
         }
 
 
