@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pdfleet_runtime.protocol.auth import ProtocolError
+from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, TransferRequest
+
 __all__ = ["ROOM_PREFIX", "Room", "RoomError", "RoomTable", "room_of", "room_request_id"]
 
 ROOM_PREFIX = "room-"
@@ -54,7 +57,7 @@ class Room:
     claimant: str = ""
     """The decode instance that claimed it (its every rank may claim; another decode may not)."""
     request_id: str = ""
-    """The claiming transfer's request id (``room-<n>``, or ``room-<n>.<k>`` for the decode's k-th ask)."""
+    """The claiming transfer's request id (``room-<n>``: every rank of the decode claims under it)."""
     moved: int = 0
     """Bytes the prefill ranks reported written for this room (sum over legs)."""
     done: bool = False
@@ -104,6 +107,18 @@ class RoomTable:
             raise RoomError(f"bootstrap_room {room} was claimed by decode {r.claimant}", code="room_conflict",
                             status=409)
         return r
+
+    def admit(self, msg: TransferRequest) -> TransferRequest:
+        """The bootstrap's say on a decode rank's request (``BootstrapState.admit``): a room's claim gets the
+        room's state (seed, tokens) as its fill; a refused claim is ``ProtocolError`` (``unexpected``)."""
+        n = room_of(msg.request_id)
+        if n is None:
+            return msg
+        try:
+            room = self.claim(n, msg.instance, msg.request_id)
+        except RoomError as e:
+            raise ProtocolError(RefusalCode.UNEXPECTED, str(e)) from e
+        return msg.model_copy(update={"fill": SyntheticFill(seed=room.seed, tokens=room.tokens)})
 
     def finish(self, room: int, moved: int, failure: str = "") -> None:
         r = self.rooms.get(room)
