@@ -75,6 +75,7 @@ __all__ = ["DecodeRank", "DecodeSettings", "HandshakeRefused", "TransferOutcome"
 log = logging.getLogger(__name__)
 Pair = tuple[int, int]
 _SEND_ATTEMPTS = 3
+_REFUSED_PAUSE_S = 0.05
 _RELINK = frozenset({FailureReason.PEER_UNREACHABLE, FailureReason.PEER_RESTARTED})
 
 
@@ -284,11 +285,14 @@ class DecodeRank:
 
     async def transfer(self, request_id: str, indices: RequestIndices, *,
                        timeout_s: float | None = None, fill: SyntheticFill | None = None,
-                       staged_bytes: int = 0) -> TransferOutcome:
+                       staged_bytes: int = 0, wait_refused_s: float = 0.0) -> TransferOutcome:
         """Move one request's state into this rank's items ``indices``; never raises for a failed transfer.
 
         ``fill`` makes it a synthetic request: the prefill makes seeded state instead of a scheduler's.
         ``staged_bytes``: the bytes the request brings to this rank (the staged path's size test).
+        ``wait_refused_s``: a plain refusal of the request itself (not draining; the pod changed nothing,
+        e.g. it holds no room for it yet) is sent again, with the same id, for that long. Each rank
+        waits for itself, so the ranks of one decode (one pod or a group) all claim under one id.
         """
         t0 = self._clock()
         budget = timeout_s or self.settings.timeouts.transferring_s
@@ -308,27 +312,30 @@ class DecodeRank:
             idx = IndicesModel.of(indices)
             if self.staging is not None and staged_bytes:
                 lanes = self.staging.grant(request_id, staged_bytes, len(link.sources)) or ()
-            for attempt in range(_SEND_ATTEMPTS):
+            refused_until = t0 + min(wait_refused_s, budget)
+            attempt = 0
+            while True:
                 req = TransferRequest(request_id=request_id, instance=self.instance,
                                       dst=RankKey(tp=self.me[0], pp=self.me[1]), indices=idx,
                                       timeout_s=max(0.001, deadline - self._clock()), fill=fill, lanes=lanes)
-                sent = True  # from here a source may write, even if the reply is lost
+                earlier, sent = sent, True  # from here a source may write, even if the reply is lost
                 try:
                     await self._call(link, req, deadline, grace_s=0.0)
                     break
-                except ProtocolError:
-                    # Refused (draining, busy limits, ...): the pod changed nothing, so no source will
-                    # write these items and they come back at once (the caller may send the request to
-                    # another pod). Only after a first attempt: an earlier one may have been accepted.
-                    if attempt == 0:
-                        sent = False
-                    raise
+                except ProtocolError as e:
+                    # Refused (draining, busy limits, no room yet, ...): the pod changed nothing, so no
+                    # source will write these items for this send; only an earlier one may have been
+                    # accepted. Otherwise they come back at once (the caller may try another pod).
+                    sent = earlier
+                    if not await self._wait_refused(e, refused_until):
+                        raise
                 except _Failed as e:
-                    if e.undelivered and attempt == 0:
-                        sent = False  # no connection was made: the pod never saw it, nothing to fence
+                    if e.undelivered:
+                        sent = earlier  # no connection was made: the pod never saw this send
                     # Nobody accepted the request yet, so another pod may take it: a kept link to a pod that
                     # restarted or moved is dropped, the Service re-resolved and the handshake redone.
-                    if e.failure not in _RELINK or attempt == _SEND_ATTEMPTS - 1:
+                    attempt += 1
+                    if e.failure not in _RELINK or attempt == _SEND_ATTEMPTS:
                         raise
                     log.info("decode rank %s: %s; re-resolving", self.me, e.reason)
                     link = await self._ensure_link(deadline)
@@ -363,6 +370,14 @@ class DecodeRank:
         return TransferOutcome(request_id, rec.state, rec.failure, rec.reason, tuple(reports.values()),
                                self._clock() - t0, link.endpoint if link else None, cause,
                                landed_at if rec.state is RequestState.SUCCESS else 0.0, bool(lanes))
+
+    async def _wait_refused(self, e: ProtocolError, until: float) -> bool:
+        """Whether to send a refused request again (after a pause): the pod refused the request itself
+        (``unexpected``: e.g. a room it does not hold yet), not as draining, and ``until`` has not passed."""
+        if e.code is not RefusalCode.UNEXPECTED or self._clock() + _REFUSED_PAUSE_S >= until:
+            return False
+        await asyncio.sleep(_REFUSED_PAUSE_S)
+        return True
 
     async def _call(self, link: _Link, body: TransferRequest | StatusQuery, deadline: float,
                     grace_s: float | None = None) -> Reply:

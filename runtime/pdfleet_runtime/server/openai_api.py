@@ -37,15 +37,13 @@ from pdfleet_runtime.layouts import (
     resolve_layout,
     swa_pages_for_tokens,
 )
-from pdfleet_runtime.protocol.auth import ProtocolError
 from pdfleet_runtime.protocol.discovery import Endpoint as PeerEndpoint
-from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, TransferRequest
 from pdfleet_runtime.protocol.states import FailureReason
 
 from .launcher import RankCallError
 from .metrics import sglang_gauges
 from .pipe import RankStats, StatsOp
-from .rooms import RoomError, RoomTable, room_of
+from .rooms import RoomError, RoomTable
 from .worker_api import (
     ApiError,
     Endpoint,
@@ -128,7 +126,7 @@ class WorkerApi:
     def attach(self) -> None:
         """Prefill: claims of rooms go through the bootstrap's admission."""
         if self.pod.bootstrap is not None:
-            self.pod.bootstrap.state.admit = self._admit
+            self.pod.bootstrap.state.admit = self.rooms.admit
 
     # ------------------------------------------------------------------ info
 
@@ -270,17 +268,6 @@ class WorkerApi:
         failure = next((f"{rep.failure.value}: {rep.reason}" for p in pending for rep in p.reports.values()
                         if rep.failure is not None), "")
         return moved, failure, len(pending) >= want and all(p.finished is not None for p in pending)
-
-    def _admit(self, msg: TransferRequest) -> TransferRequest:
-        """A decode rank claims a room: the room's state (seed, tokens) is what the prefill ranks fill."""
-        n = room_of(msg.request_id)
-        if n is None:
-            return msg
-        try:
-            room = self.rooms.claim(n, msg.instance, msg.request_id)
-        except RoomError as e:
-            raise ProtocolError(RefusalCode.UNEXPECTED, str(e)) from e
-        return msg.model_copy(update={"fill": SyntheticFill(seed=room.seed, tokens=room.tokens)})
 
     async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
         o = self.pod.opts

@@ -103,6 +103,8 @@ class TransferOp:
     seed: int
     timeout_s: float
     verify: bool = True
+    wait_refused_s: float = 0.0
+    """A room request: how long the rank sends a refused claim again, same id (the prefill may not hold it yet)."""
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,8 @@ class DecodeRequests(_Items):
         try:
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
                 request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens),
-                staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0)
+                staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0,
+                wait_refused_s=op.wait_refused_s)
         finally:
             self.in_flight -= 1
         moved = sum(r.bytes for r in out.reports)

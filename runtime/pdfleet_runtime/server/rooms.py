@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pdfleet_runtime.protocol.auth import ProtocolError
+from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, TransferRequest
+
 __all__ = ["ROOM_PREFIX", "Room", "RoomError", "RoomTable", "room_of", "room_request_id"]
 
 ROOM_PREFIX = "room-"
@@ -33,12 +36,6 @@ def room_of(request_id: str) -> int | None:
         return None
     head = request_id[len(ROOM_PREFIX):].split(".", 1)[0]
     return int(head) if head.isdigit() and len(head) <= 19 else None
-
-
-def _attempt(request_id: str) -> int:
-    """k of ``room-<n>.<k>`` (0 for ``room-<n>``): a decode's k-th ask for the same room (``routing.pull``)."""
-    _, dot, k = request_id.partition(".")
-    return int(k) if dot and k.isdigit() else 0
 
 
 class RoomError(Exception):
@@ -60,7 +57,7 @@ class Room:
     claimant: str = ""
     """The decode instance that claimed it (its every rank may claim; another decode may not)."""
     request_id: str = ""
-    """The claiming transfer's request id (``room-<n>``, or ``room-<n>.<k>`` for the decode's k-th ask)."""
+    """The claiming transfer's request id (``room-<n>``: every rank of the decode claims under it)."""
     moved: int = 0
     """Bytes the prefill ranks reported written for this room (sum over legs)."""
     done: bool = False
@@ -106,18 +103,22 @@ class RoomTable:
                             f"after {self.ttl_s:g}s)", code="room_not_found", status=404)
         if r.claimed is None:
             r.claimed, r.claimant, r.request_id = self._clock(), instance, request_id
-        elif r.claimant != instance:
+        elif (r.claimant, r.request_id) != (instance, request_id):
             raise RoomError(f"bootstrap_room {room} was claimed by decode {r.claimant}", code="room_conflict",
                             status=409)
-        elif _attempt(request_id) > _attempt(r.request_id):
-            # The same decode asks again: its earlier attempt failed on some rank (one rank's claim came
-            # before the room was held and was refused, another's after). The later attempt is the one
-            # whose legs count; every rank of the decode sends it.
-            r.request_id = request_id
-        elif request_id != r.request_id:
-            raise RoomError(f"bootstrap_room {room}: attempt {request_id} of decode {instance} is older than "
-                            f"{r.request_id}", code="room_conflict", status=409)
         return r
+
+    def admit(self, msg: TransferRequest) -> TransferRequest:
+        """The bootstrap's say on a decode rank's request (``BootstrapState.admit``): a room's claim gets the
+        room's state (seed, tokens) as its fill; a refused claim is ``ProtocolError`` (``unexpected``)."""
+        n = room_of(msg.request_id)
+        if n is None:
+            return msg
+        try:
+            room = self.claim(n, msg.instance, msg.request_id)
+        except RoomError as e:
+            raise ProtocolError(RefusalCode.UNEXPECTED, str(e)) from e
+        return msg.model_copy(update={"fill": SyntheticFill(seed=room.seed, tokens=room.tokens)})
 
     def finish(self, room: int, moved: int, failure: str = "") -> None:
         r = self.rooms.get(room)

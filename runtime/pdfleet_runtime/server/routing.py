@@ -124,19 +124,14 @@ class RequestRouter:
                    retry_refused_s: float = 0.0) -> SyntheticResult:
         """One request whose state a prefill pod holds (a room): from that pod only, ``seed`` as given.
 
-        A plain refusal (nothing accepted, every item back) is asked again for ``retry_refused_s``: the
-        prefill may not hold the room yet; attempt k > 0 is sent as ``request_id.k`` (a rank keeps a failed id).
-        Only the last attempt counts in metrics and readiness."""
+        The prefill may not hold the room yet when a rank claims it: each rank sends its refused claim
+        again, under the same id, for ``retry_refused_s`` (``TransferOp.wait_refused_s``), so the ranks
+        of this decode (one pod or a group, whose member's ranks claim later) never split between the
+        room's id and a retry's."""
         self.active += 1
         t0 = time.perf_counter()
         try:
-            for attempt in itertools.count():
-                rid = request_id if attempt == 0 else f"{request_id}.{attempt}"
-                res = await self._through(ep, tokens, rid, seed, timeout_s, True)
-                if not (res.failure is FailureReason.REFUSED and res.cause is None and res.released
-                        and time.perf_counter() - t0 < retry_refused_s):
-                    break
-                await asyncio.sleep(0.05)
+            res = await self._through(ep, tokens, request_id, seed, timeout_s, True, wait_refused_s=retry_refused_s)
         finally:
             self.active -= 1
         res = dataclasses.replace(res, seconds=time.perf_counter() - t0)
@@ -158,9 +153,9 @@ class RequestRouter:
                  res.bytes, seconds)
 
     async def _through(self, ep: Endpoint, tokens: int, rid: str, seed: int, timeout_s: float,
-                       verify: bool) -> SyntheticResult:
+                       verify: bool, *, wait_refused_s: float = 0.0) -> SyntheticResult:
         assert self.launcher is not None
-        op = TransferOp(rid, ep.host, ep.port, tokens, seed, timeout_s, verify)
+        op = TransferOp(rid, ep.host, ep.port, tokens, seed, timeout_s, verify, wait_refused_s)
         try:
             outs = [o for o in await self.launcher.call_all(op, timeout_s=timeout_s + 30.0)
                     if isinstance(o, TransferResult)]

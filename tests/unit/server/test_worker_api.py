@@ -37,14 +37,10 @@ def test_rooms_are_bounded_expire_and_claim_once() -> None:
     with pytest.raises(RoomError) as e:
         t.claim(1, "other", "room-1")
     assert e.value.status == 409
-    # The same decode asks again (one of its ranks was refused before the room was held): the later attempt
-    # takes the room, an older one is refused, another decode still is.
-    assert t.claim(1, "dec", "room-1.1").request_id == "room-1.1"
-    assert t.claim(1, "dec", "room-1.1").request_id == "room-1.1"
-    for who, rid in (("dec", "room-1"), ("other", "room-1.2")):
-        with pytest.raises(RoomError) as e:
-            t.claim(1, who, rid)
-        assert e.value.code == "room_conflict"
+    # the same decode under another id is refused too: every rank of a decode claims under the room's one id
+    with pytest.raises(RoomError) as e:
+        t.claim(1, "dec", "room-1.1")
+    assert e.value.code == "room_conflict"
     clock.t = 6
     assert t.expire() == 1 and t.expired == 1  # room 2 unclaimed; room 1 was claimed
     with pytest.raises(RoomError) as e:
