@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster, sandbox
+from pdfleet_operator.devcluster import LocalCluster, podsandbox, sandbox
 from pdfleet_operator.devcluster.kubelet import Kubelet, wait
 from pdfleet_operator.devcluster.toolchain import PINS
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
@@ -184,3 +184,30 @@ def test_a_pod_has_only_its_own_token_and_its_role(cluster: LocalCluster, namesp
     got = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)["status"]
     assert got["user"]["username"] == f"system:serviceaccount:{namespace}:{sa}", got
     assert got["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["whoami"], got
+
+
+def test_a_stopped_pod_leaves_nothing_on_the_bridge_that_answers_for_its_ip(cluster: LocalCluster, namespace: str,
+                                                                           kubelet: Kubelet) -> None:
+    """A process that left the container's process group keeps the pod's network namespace alive after
+    ``ip netns delete``; its eth0 would go on answering for the IP kwok hands to the next pod. The
+    kubelet kills it and deletes the veth pair before it frees the IP."""
+    straggler = {"name": "main", "image": "host",
+                 "command": ["sh", "-c", "setsid sleep 3600 </dev/null >/dev/null 2>&1 & exec sleep 3600"]}
+    apply(cluster, namespace, pod("leaky", [straggler], terminationGracePeriodSeconds=1))
+    sb = started(kubelet, "leaky")
+    ns_pids = wait(lambda: (p := podsandbox._netns_pids(sb.netns)) and len(p) >= 2 and p, 30, "both sleeps up")
+    veth = f"v{sb.uid[:8]}"
+    assert podsandbox._link_exists(veth)
+    cluster.kubectl("-n", namespace, "delete", "pod", "leaky", "--wait=false")
+    wait(lambda: not sb.network_up, 60, "the pod's network taken down")
+    assert not podsandbox._link_exists(veth), sb.events
+    assert sb.ip not in podsandbox.IPS_IN_USE
+    assert not [pid for pid in ns_pids if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"], sb.events
+    assert any(e.startswith("SIGKILL straggler") for e in sb.events), sb.events
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -29,10 +29,19 @@ import pytest
 from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.traffic import manifest, running_fleet
+from tests.e2e.traffic import manifest, running_fleet, scrape
 from tests.helpers import IDENTITY
 
 pytestmark = pytest.mark.cluster
+
+
+def transfers_in_flight(url: str) -> float:
+    """The runtime's own count of transfers accepted and not finished (0 when it does not answer)."""
+    try:
+        m = scrape(url + "/metrics")
+    except OSError:
+        return 0.0
+    return sum(v for k, v in m.items() if k.startswith("pdfleet_transfers_in_flight{"))
 
 
 def test_decode_rollout_scaling_and_a_killed_pod_through_the_router(
@@ -86,9 +95,14 @@ def test_decode_rollout_scaling_and_a_killed_pod_through_the_router(
 
         # -- a decode pod killed ------------------------------------------------------------------
         victim = sorted(runner.decode_pods())[0]
+        pod = runner.decode_pods()[victim]
+        # Killed while it holds a transfer (the prefill writes slowly), so the kill has something to break.
+        fleet.wait(lambda: transfers_in_flight(pod.url) >= 1, 60, f"a transfer in flight on {victim}")
         kill_at = time.monotonic()
-        runner.decode_pods()[victim].signal(signal.SIGKILL)
-        time.sleep(ROUTER_DROP_BOUND_S + 4)
+        pod.signal(signal.SIGKILL)
+        # Every router drops the pod within the bound; the requests sent after it are served by the others
+        # (waited for, not slept: the router retries the ones the kill caught, with backoff).
+        traffic.chat.wait_answers(3, lambda a: a.started > kill_at + ROUTER_DROP_BOUND_S, timeout=90)
         answers = traffic.chat.stop()
         traffic.halt()
         failed = [a for a in answers if not a.ok]

@@ -296,8 +296,32 @@ class PodSandbox:
                 os.killpg(c.proc.pid, signal.SIGKILL)  # the group: no process of the container outlives it
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(10)
+        self._network_down()
+        with contextlib.suppress(OSError):  # what the kubelet did, beside the pod's logs (kept with a run's basetemp)
+            (self.workdir / "kubelet-events.log").write_text("\n".join(self.events) + "\n")
+
+    def _network_down(self) -> None:
+        """Free the pod's IP only once nothing on the bridge can answer for it.
+
+        A network namespace outlives ``ip netns delete`` while anything holds it: a process that left the
+        container's process group, or an orphaned TCP socket still in FIN_WAIT (up to a minute). Its eth0
+        would keep answering ARP for the IP kwok hands to the next pod, and its kernel would reset that
+        pod's connections (seen as pods whose peers got "connection refused" for tens of seconds). So the
+        stragglers are killed and the veth pair is deleted (both ends at once, synchronously) before the
+        namespace's name goes; the IP stays taken if the veth could not be deleted."""
+        if not self.network_up:
+            return
+        for pid in _netns_pids(self.netns):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                self.events.append(f"SIGKILL straggler {pid}")
+        with contextlib.suppress(RuntimeError):
+            _ip("link", "delete", self._veth)
         with contextlib.suppress(RuntimeError):
             _ip("netns", "delete", self.netns)
+        if _link_exists(self._veth):
+            self.events.append(f"veth {self._veth} still on the bridge: IP {self.ip} stays taken")
+            return
         self.network_up = False
         IPS_IN_USE.discard(self.ip)
 
@@ -319,6 +343,16 @@ class PodSandbox:
             self.events.append(f"preStop {c.name} failed: {exc!r}")
             return
         self.events.append(f"preStop {c.name} done")
+
+
+def _netns_pids(netns: str) -> list[int]:
+    """Processes still in the network namespace ``netns`` (none once it is gone)."""
+    proc = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+    return [int(p) for p in proc.stdout.split() if p.isdigit()] if proc.returncode == 0 else []
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
 
 
 def _write(path: Path, value: str | bytes, mode: int) -> None:

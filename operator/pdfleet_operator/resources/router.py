@@ -60,13 +60,16 @@ ROUTER_CONTAINER = "router"
 CONTROL_PLANE_KEY = "control-plane-api-keys"  # the Secret's key: 'id:name:role:secret' for --control-plane-api-keys
 KEYS_ENV = "PDFLEET_ROUTER_CONTROL_PLANE_KEYS"
 KEY_ID, KEY_NAME = "pdfleet", "pdfleet-operator"
-# The check's timeout is 3 s, not 1: on a busy node a healthy worker's /health can take over a second, and
+# The check's timeout is 2 s, not 1: on a busy node a healthy worker's /health can take over a second, and
 # two slow answers in a row marked the only new prefill unhealthy while the old one drained (every request
 # then answered 503 "all circuits open or unhealthy" in the e2e suite). A draining worker answers 503 at once.
-HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 3
-# A worker whose /health fails is skipped by every router within this bound: the failed checks, the
-# last one's timeout, and one interval of phase between the drain and the router's check loop.
-ROUTER_DROP_BOUND_S = HEALTH_INTERVAL_S * (HEALTH_FAILURES + 1) + HEALTH_TIMEOUT_S
+HEALTH_INTERVAL_S, HEALTH_FAILURES, HEALTH_TIMEOUT_S = 1, 2, 2
+# A worker whose /health fails is skipped by every router within this bound: one round of phase between the
+# drain and the router's check loop, then the failed checks. A round lasts the interval or, when any worker
+# the router holds does not answer, the timeout: 0.3.2's loop waits for its slowest check, and its discovery
+# never removes a pod that was not Ready when deleted (a drained pod), so unreachable workers are the usual
+# case after a rollout (the e2e suite's router logs: every worker checked every 3 s with a 3 s timeout).
+ROUTER_DROP_BOUND_S = (HEALTH_FAILURES + 1) * max(HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S)
 # A discovered worker (Running and Ready, so past its gate) whose first registration probe fails (a slow
 # /health on a busy node) is probed again after this many seconds; 0.3.2's default, 30 s, left a new
 # pod out of the router for half a minute or more after it was Ready.
