@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -20,6 +20,14 @@ def wait_until(cond: Callable[[], T], *, what: str, timeout: float = 60.0, inter
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
+def delete_namespace_and_pods(cluster: Any, ns: str, timeout: float = 120.0) -> None:
+    """Delete a module's own namespace and wait until its pods are gone: a test worker's cluster is shared
+    by every test file it runs, and pods left behind hold the GPUs the next file's pods are scheduled on."""
+    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    wait_until(lambda: cluster.kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.strip() == "",
+               what=f"namespace {ns}'s pods gone", timeout=timeout)
 
 
 IDENTITY = textwrap.dedent("""

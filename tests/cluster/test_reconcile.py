@@ -6,6 +6,7 @@ the scale subresource, survives an operator restart without duplicates, and casc
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_runtime.config import READINESS_GATE, drained_message
 from tests.cluster.conftest import OperatorProcess
-from tests.helpers import wait_until
+from tests.helpers import delete_namespace_and_pods, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -43,13 +44,14 @@ def _set_gates(cluster: LocalCluster, ns: str, status: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(cluster: LocalCluster, operator: OperatorProcess) -> str:
+def fleet(cluster: LocalCluster, operator: OperatorProcess) -> Iterator[str]:
     ns = "reconcile"
     cluster.kubectl("create", "namespace", ns)
     wait_until(lambda: cluster.kubectl("-n", ns, "get", "sa", "default", check=False).returncode == 0,
                what="default ServiceAccount")
     cluster.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
-    return ns
+    yield ns
+    delete_namespace_and_pods(cluster, ns)
 
 
 def test_pods_created_but_not_available_until_gate(cluster: LocalCluster, fleet: str) -> None:

@@ -11,6 +11,7 @@ outside ``pdfleet.io/``. A token not bound to a pod may patch nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import yaml
 from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_runtime.config import DRAINED_CONDITION, READINESS_GATE
 from tests.cluster.conftest import OperatorProcess
-from tests.helpers import wait_until
+from tests.helpers import delete_namespace_and_pods, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -50,7 +51,9 @@ def _patch_condition(cluster: LocalCluster, token: str, ns: str, pod: str, kind:
 
 
 @pytest.fixture(scope="module")
-def fleets(cluster: LocalCluster, operator: OperatorProcess) -> str:
+def fleets(cluster: LocalCluster, operator: OperatorProcess) -> Iterator[str]:
+    """Two deployments and an unrelated pod in a namespace of their own, deleted at the end: their pods
+    hold GPUs on the worker's shared cluster, which the next test file's pods may need."""
     ns = "runtime-permissions"
     cluster.kubectl("create", "namespace", ns)
     wait_until(lambda: cluster.kubectl("-n", ns, "get", "sa", "default", check=False).returncode == 0,
@@ -65,7 +68,8 @@ def fleets(cluster: LocalCluster, operator: OperatorProcess) -> str:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(app))
     for name in ("alpha", "beta"):
         wait_until(lambda name=name: len(_pods(cluster, ns, name)) == 3, what=f"{name}'s 3 pods", timeout=60)
-    return ns
+    yield ns
+    delete_namespace_and_pods(cluster, ns)
 
 
 def _token(cluster: LocalCluster, ns: str, sa: str, pod: dict | None) -> str:
