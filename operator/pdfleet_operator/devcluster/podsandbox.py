@@ -312,9 +312,10 @@ class PodSandbox:
         if not self.network_up:
             return
         for pid in _netns_pids(self.netns):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            with contextlib.suppress(OSError):
+                what = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
                 os.kill(pid, signal.SIGKILL)
-                self.events.append(f"SIGKILL straggler {pid}")
+                self.events.append(f"SIGKILL straggler {pid}: {what.strip()}")
         with contextlib.suppress(RuntimeError):
             _ip("link", "delete", self._veth)
         with contextlib.suppress(RuntimeError):
