@@ -246,10 +246,20 @@ def main() -> int:
             _print_steps(r)
         standin.stop()
         if args.real:
-            from rollout_real import ROUTER, RUNTIME_ARGS, WRITE_DELAY_S, concurrency, run_real
+            from rollout_real import (
+                BENCH_LAYOUT,
+                ROUTER,
+                RUNTIME_ARGS,
+                WRITE_DELAY_S,
+                concurrency,
+                manifest,
+                run_real,
+            )
 
+            spec = manifest("", 0, "", SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S)["spec"]
             settings["real_runtime"] = {
                 "max_surge": SURGE, "max_unavailable": UNAVAILABLE, "args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
+                "layout": BENCH_LAYOUT, "pools": {role: spec[role]["pool"] for role in ("prefill", "decode")},
                 "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill",
                 "drain": f"pdfleet: the drain annotation, then delete once drained; Deployment: the preStop hook on "
                          f"delete (the same rendered pod); both answer /health 503 and admit for the router's drop "
@@ -290,6 +300,10 @@ def main() -> int:
                   f"{theirs['router_retries']}, failed transfers {r['failed_transfers_on_pods']}, forced drains "
                   f"{len(r['forced_drains'])}  operator CPU {r['operator_cpu_seconds']}s, "
                   f"{r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes", flush=True)
+            for side in ("pdfleet", "deployment"):
+                mem = r[f"{side}_traffic"]["pod_memory"]
+                print(f"      {side} pod memory (MiB, per pod median/max; all pods at once at peak): "
+                      f"{json.dumps(mem['per_role'])}; {json.dumps(mem['peak_all_pods_at_once'])}", flush=True)
             _print_steps(r)
     finally:
         op.stop()
