@@ -40,7 +40,8 @@ failures on both sides (rollout-20261201T181144Z.json). With the bench's own sma
 itself (load average 2-28): real 8 pods 1.09x (87.9 s against 81.0 s) and 32 pods 1.31x (438.8 s
 against 334.3 s, 14.2 s operator CPU, 1.31 API calls per pass), both arms with 0 failed requests of
 1940 + 1735 and 4924 + 4077, 0 router retries, 0 failed transfers, no budget broken
-(rollout-20261201T213505Z.json).
+(rollout-20261201T213505Z.json); 32 pods again 1.09x (449.0 s against 411.4 s, the same clean
+counts over 6473 + 5507 requests, rollout-20261201T215719Z.json).
 """
 
 from __future__ import annotations
