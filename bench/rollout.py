@@ -31,11 +31,17 @@ table, the phases and what went wrong in docs/design-operator.md): stand-in 8 po
 bench/results/rollout-20261201T175020Z.json); real 8 pods 1.10x (137.4 s against 124.5 s, the same
 file) and 0.92x (138.9 s against 151.3 s, rollout-20261201T183846Z.json), each with 0 failed
 requests, 0 router retries on pdfleet's side (2 on the Deployment's), 0 failed transfers, no budget
-broken. 32 real pods do not fit the host's memory (~0.7 GB a runtime pod); 16 is the largest run:
-0.93x (292.4 s against 313.5 s, rollout-20261201T184636Z.json), pdfleet's side clean (0 failed of
-888, 0 retries, 0 failed transfers), the Deployment's not (215 of 731 failed: the overloaded host
-made the router mark the one prefill unhealthy), and 0.81x in an earlier run with failures on both
-sides (rollout-20261201T181144Z.json).
+broken. With llama-dense 32 real pods did not fit the host's memory (~0.7 GB a runtime pod); 16 was
+the largest run: 0.93x (292.4 s against 313.5 s, rollout-20261201T184636Z.json), pdfleet's side
+clean (0 failed of 888, 0 retries, 0 failed transfers), the Deployment's not (215 of 731 failed: the
+overloaded host made the router mark the one prefill unhealthy), and 0.81x in an earlier run with
+failures on both sides (rollout-20261201T181144Z.json). With the bench's own small layout
+(``rollout_real.BENCH_LAYOUT``, ~404 MiB PSS a decode pod; bench/pod_memory.py) and the host to
+itself (load average 2-28): real 8 pods 1.09x (87.9 s against 81.0 s) and 32 pods 1.31x (438.8 s
+against 334.3 s, 14.2 s operator CPU, 1.31 API calls per pass), both arms with 0 failed requests of
+1940 + 1735 and 4924 + 4077, 0 router retries, 0 failed transfers, no budget broken
+(rollout-20261201T213505Z.json); 32 pods again 1.09x (449.0 s against 411.4 s, the same clean
+counts over 6473 + 5507 requests, rollout-20261201T215719Z.json).
 """
 
 from __future__ import annotations
@@ -246,10 +252,20 @@ def main() -> int:
             _print_steps(r)
         standin.stop()
         if args.real:
-            from rollout_real import ROUTER, RUNTIME_ARGS, WRITE_DELAY_S, concurrency, run_real
+            from rollout_real import (
+                BENCH_LAYOUT,
+                ROUTER,
+                RUNTIME_ARGS,
+                WRITE_DELAY_S,
+                concurrency,
+                manifest,
+                run_real,
+            )
 
+            spec = manifest("", 0, "", SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S)["spec"]
             settings["real_runtime"] = {
                 "max_surge": SURGE, "max_unavailable": UNAVAILABLE, "args": RUNTIME_ARGS, "prefill_write_delay_s": WRITE_DELAY_S,
+                "layout": BENCH_LAYOUT, "pools": {role: spec[role]["pool"] for role in ("prefill", "decode")},
                 "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill",
                 "drain": f"pdfleet: the drain annotation, then delete once drained; Deployment: the preStop hook on "
                          f"delete (the same rendered pod); both answer /health 503 and admit for the router's drop "
@@ -290,6 +306,10 @@ def main() -> int:
                   f"{theirs['router_retries']}, failed transfers {r['failed_transfers_on_pods']}, forced drains "
                   f"{len(r['forced_drains'])}  operator CPU {r['operator_cpu_seconds']}s, "
                   f"{r['api_calls_per_pass']} API calls/pass over {r['reconcile_passes']} passes", flush=True)
+            for side in ("pdfleet", "deployment"):
+                mem = r[f"{side}_traffic"]["pod_memory"]
+                print(f"      {side} pod memory (MiB, per pod median/max; all pods at once at peak): "
+                      f"{json.dumps(mem['per_role'])}; {json.dumps(mem['peak_all_pods_at_once'])}", flush=True)
             _print_steps(r)
     finally:
         op.stop()

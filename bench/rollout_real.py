@@ -13,7 +13,9 @@ The Deployment's arm uses that same router pod: its decode discovery selects
 PDDeployment's own decode fleet is at zero by then), so both arms go through one router with the same
 settings. Counted per arm: failed client requests, the router's retries, failed request transfers and
 unclaimed rooms on every pod (scraped while the pods run); the router's worker set is polled to stamp
-when it added and dropped each pod (``rollout_router``).
+when it added and dropped each pod (``rollout_router``); every runtime pod's memory (its pod and rank
+processes' RSS, PSS and private bytes) is sampled every 10 s (``pod_memory``). The pods' layout is the
+bench's own small one (``BENCH_LAYOUT``), so 32 pods and their surge fit the host.
 
 The Deployment's pod template is the operator's own decode pod (read back from the API), with a
 ServiceAccount whose Role lets any pod of the namespace set its own gate (a Deployment's pod names
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pod_memory import MemorySampler
 from rollout_router import PodScraper, RouterWatch, admin_key, drain_stamps, router_retries, workers
 from rollout_watch import PodWatch
 
@@ -39,7 +42,7 @@ from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import READINESS_GATE
 from tests.e2e.chat import ChatTraffic
 
-__all__ = ["ROUTER", "RUNTIME_ARGS", "concurrency", "run_real"]
+__all__ = ["BENCH_LAYOUT", "LOCAL_ARGS", "ROUTER", "RUNTIME_ARGS", "concurrency", "manifest", "run_real"]
 
 IMAGE = "example.invalid/runtime:local"
 WRITE_DELAY_S = 0.2  # each transfer takes a while, so a pod whose drain starts has transfers in flight
@@ -60,6 +63,15 @@ DEPLOYMENT_LABELS = {"app": "plain", "app.kubernetes.io/managed-by": "pdfleet-op
                      "pdfleet.io/revision": "plain", "pdfleet.io/routable": "true"}
 
 
+BENCH_LAYOUT = {"inline": {"numLayers": 2, "fullAttentionLayers": {"interval": 1}, "kvHeads": 8, "headDim": 128,
+                           "pageSize": 16}}
+"""Llama-3-8B's KV shape (8 KV heads of 128, pages of 16 bf16 tokens, K and V) on 2 layers, not 32: a
+pool page is 128 KiB, not 2 MiB, so a decode pod's pools (8 requests, 2048 tokens: 136 pages) are 17 MiB,
+not 272, and 34 runtime pods fit the 2-core host's memory. Every request still moves its pages through
+the real engine, planned per layer and field, and every byte is verified; only the bytes per token
+shrink. The same manifest serves both arms (the Deployment's template is the operator's decode pod)."""
+
+
 def manifest(ns: str, decode: int, mark: str, surge: int, unavailable: int, drain_timeout: int) -> dict:
     role = {"parallelism": {"tensor": 1}, "image": IMAGE}
     pool = {"maxConcurrentRequests": 8, "kvTokensPerReplica": 2048}
@@ -67,7 +79,7 @@ def manifest(ns: str, decode: int, mark: str, surge: int, unavailable: int, drai
         "apiVersion": "pdfleet.io/v1alpha1", "kind": "PDDeployment",
         "metadata": {"name": "roll", "namespace": ns},
         "spec": {
-            "model": {"layout": {"preset": "llama-dense"}},
+            "model": {"layout": BENCH_LAYOUT},
             "transfer": {"backend": "mooncake", "protocol": "tcp"},
             "prefill": {"replicas": 1, **role, "pool": {**pool, "maxConcurrentRequests": 64}},
             "decode": {"replicas": decode, **role, "pool": pool, "env": [{"name": "ROLLOUT_MARK", "value": mark}]},
@@ -191,7 +203,8 @@ def _timed_arm(core: Any, ns: str, runner: Any, key: str, selector: str, n: int,
     scraper, router = PodScraper(runner), RouterWatch(_router_pod_url(runner), key)
     traffic = ChatTraffic(_router_url(core, ns), NAME, concurrency=concurrency(n))
     watch = PodWatch(core, ns, selector, n, surge, unavailable, check=check)
-    for t in (scraper, router, watch):
+    memory = MemorySampler(runner)
+    for t in (scraper, router, watch, memory):
         t.start()
     watch.synced.wait(30)
     traffic.start()
@@ -217,7 +230,7 @@ def _timed_arm(core: Any, ns: str, runner: Any, key: str, selector: str, n: int,
               "failures": [f"{a.status} {a.problem}"[:200] for a in failed[:5]],
               "router_retries": router_retries(runner, NAME) - retries0, "router_poll_errors": router.errors,
               "concurrency": traffic.concurrency, "load_average_start_end": [load0, os.getloadavg()],
-              "host_mem_available_gib_min": round(min(mem), 2), **scraper.stop()}
+              "host_mem_available_gib_min": round(min(mem), 2), **scraper.stop(), "pod_memory": memory.stop()}
     extra = router.stamps(watch.pods)
     for name in watch.pods:
         with contextlib.suppress(StopIteration, OSError):  # never started here

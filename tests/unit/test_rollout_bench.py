@@ -97,3 +97,62 @@ def test_a_floor_broken_by_pods_failing_is_told_apart_from_one_broken_by_a_drain
     w._saw("MODIFIED", _pod("a", ready=True))
     w._saw("MODIFIED", _pod("b", ready=True, routable=False))  # made unroutable: a drain below the floor
     assert w.floor_breaks_by_removal == ["b taken out leaving 1 routable ready"]
+
+
+def test_the_bench_manifest_is_admitted_with_small_pools_on_both_roles() -> None:
+    from rollout_real import manifest
+
+    from pdfleet_operator.api.models import PDDeploymentSpec
+    from pdfleet_operator.validation import validate_object
+    from pdfleet_runtime.layouts import rank_state_bytes, resolve_layout
+
+    m = manifest("ns", 32, "v1", 2, 0, 60)
+    verdict = validate_object(m)
+    assert verdict.admitted, verdict.violations
+    spec = PDDeploymentSpec.model_validate(m["spec"])
+    layout = resolve_layout(spec.model.layout)
+    mib = {role: rank_state_bytes(layout, 1, 1, 0, r.pool.max_concurrent_requests, r.pool.kv_tokens_per_replica) / 2**20
+           for role, r in (("prefill", spec.prefill), ("decode", spec.decode))}
+    assert mib == {"prefill": 24.0, "decode": 17.0}  # llama-dense's pages on 2 layers: 128 KiB a page
+    assert rank_state_bytes(resolve_layout("llama-dense"), 1, 1, 0, 8, 2048) / 2**20 == 272.0  # the bench before
+
+
+ROLLUP = """55d0c0000000-7ffc00000000 ---p 00000000 00:00 0                          [rollup]
+Rss:              614400 kB
+Pss:              402000 kB
+Shared_Clean:     204800 kB
+Private_Clean:      1024 kB
+Private_Dirty:    399360 kB
+Swap:                  0 kB
+"""
+
+
+def test_pod_memory_sums_a_process_tree_from_smaps_rollup() -> None:
+    from pod_memory import descendants, parse_rollup, summarize
+
+    r = parse_rollup(ROLLUP)
+    assert r["Rss"] == 614400 and r["Private_Dirty"] == 399360 and "[rollup]" not in "".join(r)
+    parents = {1: 0, 10: 1, 11: 10, 12: 11, 13: 11, 20: 1, 14: 12}  # 10 -> sh 11 -> serve's ranks 12, 13 -> 14
+    assert descendants(11, parents) == [11, 12, 13, 14]
+    pod = summarize([{"pid": 11, "rss_mib": 90.0, "pss_mib": 60.5, "private_mib": 50.0},
+                     {"pid": 12, "rss_mib": 600.0, "pss_mib": 392.6, "private_mib": 391.0}])
+    assert (pod["rss_mib"], pod["pss_mib"], pod["private_mib"]) == (690.0, 453.1, 441.0)
+
+
+def test_memory_sampler_reads_the_runtime_pods_of_a_kubelet_and_skips_the_rest() -> None:
+    import os
+
+    from pod_memory import MemorySampler
+
+    def pod(name: str, role: str | None, pid: int) -> _Obj:
+        return _Obj(name=name, started=True, proc=_Obj(pid=pid),
+                    pod={"metadata": {"labels": {"pdfleet.io/role": role} if role else {}}})
+
+    runner = _Obj(pods={"u1": pod("decode-a", "decode", os.getpid()), "u2": pod("router", None, os.getpid())})
+    sampler = MemorySampler(runner, period_s=60)
+    sampler.sample()
+    out = sampler.stop()  # never started: stop joins nothing
+    assert list(out["per_pod"]) == ["decode-a"] and out["samples"] == 1
+    me = out["per_pod"]["decode-a"]
+    assert me["processes"][0]["pid"] == os.getpid() and me["rss_mib"] >= me["private_mib"] > 0
+    assert out["peak_all_pods_at_once"]["pods"] == 1 and out["per_role"]["decode"]["pods"] == 1
