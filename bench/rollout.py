@@ -70,6 +70,7 @@ from pdfleet_operator.resources.router import (
     ROUTER_DROP_BOUND_S,
 )
 from pdfleet_runtime.config import READINESS_GATE
+from pdfleet_runtime.server.drain import ROUTER_GRACE_S
 
 SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S = 2, 0, 60
 V1, V2 = "example.invalid/rt:1", "example.invalid/rt:2"
@@ -268,8 +269,9 @@ def main() -> int:
                 "layout": BENCH_LAYOUT, "pools": {role: spec[role]["pool"] for role in ("prefill", "decode")},
                 "gate": f"{READINESS_GATE}: set by each runtime after a verified canary transfer with the prefill",
                 "drain": f"pdfleet: the drain annotation, then delete once drained; Deployment: the preStop hook on "
-                         f"delete (the same rendered pod); both answer /health 503 and admit for the router's drop "
-                         f"bound ({ROUTER_DROP_BOUND_S}s) first; drainTimeoutSeconds {DRAIN_TIMEOUT_S}",
+                         f"delete (the same rendered pod); both answer /health 503 and admit until the router has "
+                         f"failed {HEALTH_FAILURES} health checks of the pod (then a {ROUTER_GRACE_S:g}s grace), at "
+                         f"most the router's drop bound ({ROUTER_DROP_BOUND_S}s); drainTimeoutSeconds {DRAIN_TIMEOUT_S}",
                 "router": {**ROUTER, "drop_bound_s": ROUTER_DROP_BOUND_S,
                            "health_check": f"every {HEALTH_INTERVAL_S}s, {HEALTH_FAILURES} failures, "
                                            f"{HEALTH_TIMEOUT_S}s timeout",

@@ -160,6 +160,12 @@ class RuntimeConfig(_Model):
         description="A drain answers /health 503 and keeps admitting this long before it refuses new work: the "
         "bound for every router's health check to drop the pod (the operator sets it with spec.router; 0 without).",
     )
+    router_health_failures: int = Field(
+        0, ge=0, le=100,
+        description="The routers' --health-failure-threshold: once every router checking /health has been answered "
+        "503 this many times during a drain, it has dropped the pod and the window ends early (then a 1 s grace); "
+        "0: the window always lasts routerDropSeconds.",
+    )
     device: str = Field("cuda", pattern=r"^(cpu|cuda)$", description="Where the pools live.")
     placement: tuple[Annotated[int, Field(ge=0, le=255)], ...] | None = Field(
         None, description="GPU index of each local rank (rank i on cuda:placement[i]); several ranks may share a "

@@ -84,11 +84,23 @@ def test_decode_rollout_scaling_and_a_killed_pod_through_the_router(
         traffic.wait_served(4)
         c = traffic.assert_clean()  # rollout, drains, scaling: nothing failed, nothing retried
         assert len(traffic.results) >= 20, c
+        [router] = [p for p in list(runner.pods.values()) if p.name.startswith("live-router-") and p.started]
+        ends = Counter()
         for name in old | removed:
             in_flight, finished = fleet.drain_log(name)
             assert in_flight >= 1, f"{name} had no transfer in flight when its drain started"
             assert finished, runner.log_of(name)[-2000:]
-            assert f"admitting for {ROUTER_DROP_BOUND_S:g}s more" in runner.log_of(name)  # /health 503 first, the router's bound
+            # /health 503 first; admission went on until the router had failed its checks, or the bound.
+            log = runner.log_of(name)
+            waited = re.search(r"admitting until the routers checking it \(([^)]*)\) have each failed 2 checks, "
+                               rf"at most {ROUTER_DROP_BOUND_S:g}s", log)
+            assert waited and waited.group(1).split(", ") == [router.ip], (router.ip, log[-2000:])
+            ended = re.search(r"admission stopped: .*window ended by (routers|bound)", log)
+            assert ended, log[-2000:]
+            ends[ended.group(1)] += 1
+        print(f"drain windows ended by: {dict(ends)}")
+        # The real router's checks end windows (each a failure-threshold of rounds, not the whole bound).
+        assert ends["routers"] >= 1, ends
         assert not fleet.forced_deletes()
         by_pod = Counter(r.pod for r in traffic.results if r.ok)
         print(f"answers per decode pod: {dict(by_pod)}")

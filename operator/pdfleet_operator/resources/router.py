@@ -37,6 +37,7 @@ from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
 
 __all__ = [
     "CONTROL_PLANE_KEY",
+    "HEALTH_FAILURES",
     "KEYS_ENV",
     "LABEL_ROUTER",
     "ROUTER_CONTAINER",

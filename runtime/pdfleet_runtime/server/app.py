@@ -54,6 +54,7 @@ from .openai_api import WorkerApi
 from .options import ServeOptions
 from .pipe import LegReport, RankStats, StatsOp, Transport
 from .readiness import Readiness
+from .router_checks import RouterChecks
 from .routing import NOT_THE_PATH, RequestRouter, canary_result
 
 __all__ = ["GATE_REASSERT_S", "PodServer"]
@@ -85,9 +86,12 @@ class PodServer:
             else:
                 resolver = DnsResolver(cfg.prefill_service, cfg.bootstrap_port)
         self.resolver = resolver
+        self.router_checks = RouterChecks(cfg.router_health_failures, recent_s=cfg.router_drop_seconds)
+        """The routers' health checks of ``/health``, counted per caller: when every router has dropped the pod."""
+        self._pod_wake = asyncio.Event()
         self.drain = Drain(cfg.drain_timeout_seconds, self._in_flight_now, on_change=self._set_draining,
                            on_admit=self._set_admitting, leave_s=cfg.router_drop_seconds,
-                           on_done=lambda forced: self.metrics.drains.labels("forced" if forced else "drained").inc())
+                           routers=self.router_checks, on_done=self._drain_done)
         self._recheck = asyncio.Event()
         self.router = RequestRouter(self.readiness, self.metrics, self._recheck)
         self._tasks: list[asyncio.Task[None]] = []
@@ -362,7 +366,9 @@ class PodServer:
                         reported = (stamp, ok)
                     except Exception as e:
                         log.warning("cannot report drained: %s", e)
-            await asyncio.sleep(0.5)
+            self._pod_wake.clear()
+            with contextlib.suppress(TimeoutError):  # a finished drain is reported at once, not on the next tick
+                await asyncio.wait_for(self._pod_wake.wait(), 0.5)
 
     def _drained_report(self, drain: str | None, wanted: bool) -> tuple[str, bool, str, str] | None:
         """(drain, drained, reason, text) to write: False when a drain starts or is cancelled (so a report
@@ -401,9 +407,12 @@ class PodServer:
         """Leave the routers (``/health`` 503), then stop admitting (synthetic and worker requests refused;
         prefill: the bootstrap refuses new requests); idempotent."""
         if self.drain.start():
-            leave = self.drain.leave_s
+            leave, routers = self.drain.leave_s, self.router_checks.pending()
+            wait = (f"until the routers checking it ({', '.join(sorted(routers))}) have each failed "
+                    f"{self.router_checks.failures} checks, at most {leave:g}s" if routers and self.router_checks.counting
+                    else f"for {leave:g}s more")
             log.info("drain started: %d transfers in flight%s", self._in_flight_estimate(),
-                     f"; /health 503, admitting for {leave:g}s more (routers drop the pod)" if leave else "")
+                     f"; /health 503, admitting {wait} (routers drop the pod)" if leave else "")
 
     def cancel_drain(self) -> None:
         """A drain no longer wanted: take requests again (the pod becomes routable after its next check)."""
@@ -416,10 +425,18 @@ class PodServer:
         self.readiness.draining = draining
         self.metrics.draining.set(int(draining))
 
+    def _drain_done(self, forced: bool) -> None:
+        self.metrics.drains.labels("forced" if forced else "drained").inc()
+        self._pod_wake.set()
+
     def _set_admitting(self, admitting: bool) -> None:
         """The end of the routers' window: (prefill) the bootstrap refuses new requests, or takes them again."""
         if not admitting:
-            log.info("admission stopped: %d transfers in flight", self._in_flight_estimate())
+            window = self.drain.window
+            ended = f" ({window[0]:.2f}s into the drain, window ended by {window[1].value})" if window else ""
+            if window is not None:
+                self.metrics.drain_window.labels(window[1].value).observe(window[0])
+            log.info("admission stopped: %d transfers in flight%s", self._in_flight_estimate(), ended)
         if self.bootstrap is not None:
             self.bootstrap.state.drain(not admitting)
 

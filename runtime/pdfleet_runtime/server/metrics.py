@@ -56,6 +56,10 @@ class ServerMetrics:
         self.draining = Gauge("pdfleet_draining", "1 while the pod drains", registry=r)
         self.drains = Counter("pdfleet_drains", "Drains finished, by result (drained | forced: budget ran out)",
                               ["result"], registry=r)
+        self.drain_window = Histogram("pdfleet_drain_window_seconds", "How long a drain kept admitting while the "
+                                      "routers dropped the pod, by what ended it (routers: every router failed its "
+                                      "health checks, then the grace; bound: routerDropSeconds)", ["ended"],
+                                      buckets=(0.5, 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 15, 30, 60), registry=r)
         self.mismatched = Counter("pdfleet_verify_mismatched_bytes", "Bytes of synthetic requests that arrived "
                                   "different from the seeded state (decode pods)", registry=r)
         self.ranks_up = Gauge("pdfleet_rank_processes_up", "Rank processes running", registry=r)

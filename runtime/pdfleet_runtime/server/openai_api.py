@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -130,12 +131,16 @@ class WorkerApi:
 
     # ------------------------------------------------------------------ info
 
-    async def _health(self, _: web.Request) -> web.Response:
+    async def _health(self, request: web.Request | None) -> web.Response:
         """200 while serving with every rank up; 503 from the drain's first moment, so every router's health
-        check drops the pod before it refuses new work (``Drain``'s window)."""
+        check drops the pod before it refuses new work (``Drain``'s window, which counts these answers per
+        caller: ``RouterChecks``)."""
         launcher = self.pod.launcher
         up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.world
-        if not self.pod.drain.serving:
+        serving = self.pod.drain.serving
+        caller = request.remote if request is not None else None
+        self.pod.router_checks.answered(caller, serving and up, time.monotonic())
+        if not serving:
             return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")
         return web.Response(status=200 if up else 503)
 

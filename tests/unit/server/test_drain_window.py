@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from pdfleet_runtime.server.app import PodServer
-from pdfleet_runtime.server.drain import Drain, DrainPhase
+from pdfleet_runtime.server.drain import Drain, DrainPhase, WindowEnd
 from pdfleet_runtime.server.options import ServeOptions
 from tests.server.harness import config
 
@@ -78,3 +78,92 @@ def test_a_cancel_admits_again_inside_and_after_the_window() -> None:
         return [inside, *after_cancel[:2], after_cancel[2] == [], stopped, d.admitting, calls == [False, True]]
 
     assert asyncio.run(scenario()) == [True, True, True, True, False, True, True]
+
+
+class _Caller:
+    """What ``_health`` reads of a request: the caller's address."""
+
+    def __init__(self, remote: str) -> None:
+        self.remote = remote
+
+
+def _counted_server(leave_s: float, grace_s: float) -> PodServer:
+    cfg = config("decode").model_copy(update={"router_drop_seconds": leave_s, "router_health_failures": 2})
+    server = PodServer(ServeOptions(config=cfg, pod_name="d-0", pod_namespace="ns"))
+    server.drain.grace_s = grace_s
+    return server
+
+
+def test_admission_stops_once_every_router_failed_its_checks_then_the_grace() -> None:
+    server = _counted_server(leave_s=5.0, grace_s=0.2)
+    r1, r2 = _Caller("10.64.0.7"), _Caller("10.64.0.8")
+
+    async def scenario() -> dict[str, object]:
+        for r in (r1, r2):  # both routers check the serving pod
+            await server.worker._health(r)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        server.start_drain()
+        out: dict[str, object] = {}
+        assert (await server.worker._health(r1)).status == 503  # type: ignore[arg-type]
+        assert (await server.worker._health(r1)).status == 503  # type: ignore[arg-type]
+        assert (await server.worker._health(r2)).status == 503  # type: ignore[arg-type]
+        await asyncio.sleep(0.4)
+        out["r2 has failed once"] = server.drain.admitting  # r2 has not dropped the pod yet
+        await server.worker._health(r2)  # type: ignore[arg-type]
+        t_dropped = time.monotonic()
+        while server.drain.admitting and time.monotonic() - t0 < 6:
+            await asyncio.sleep(0.01)
+        out["grace"] = time.monotonic() - t_dropped
+        out["stopped at"] = time.monotonic() - t0
+        out["window"] = server.drain.window
+        await asyncio.sleep(0.1)
+        out["phase"] = server.drain.phase
+        out["metric"] = server.metrics.render().decode()
+        server.drain.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["r2 has failed once"] is True, out
+    assert 0.15 <= out["grace"] <= 0.5, out  # type: ignore[operator]
+    assert out["stopped at"] < 1.5, out  # type: ignore[operator]  # long before the 5 s bound
+    window = out["window"]
+    assert isinstance(window, tuple) and window[1] is WindowEnd.ROUTERS and window[0] < 1.5, out
+    assert out["phase"] is DrainPhase.DRAINED
+    assert 'pdfleet_drain_window_seconds_count{ended="routers"} 1.0' in out["metric"], out  # type: ignore[operator]
+
+
+def test_a_router_that_stops_checking_leaves_the_bound_to_end_the_window() -> None:
+    server = _counted_server(leave_s=0.8, grace_s=0.1)
+    r1, r2 = _Caller("10.64.0.7"), _Caller("10.64.0.8")
+
+    async def scenario() -> tuple[float, object, bool]:
+        for r in (r1, r2):
+            await server.worker._health(r)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        server.start_drain()
+        for _ in range(3):
+            await server.worker._health(r1)  # type: ignore[arg-type]  # r2 never checks again
+        while server.drain.admitting and time.monotonic() - t0 < 3:
+            await asyncio.sleep(0.01)
+        stopped = time.monotonic() - t0
+        window = server.drain.window
+        server.drain.close()
+        return stopped, window, server.drain.admitting
+
+    stopped, window, admitting = asyncio.run(scenario())
+    assert not admitting and 0.75 <= stopped <= 1.3, stopped
+    assert isinstance(window, tuple) and window[1] is WindowEnd.BOUND, window
+
+
+def test_no_router_known_keeps_the_whole_bound() -> None:
+    server = _counted_server(leave_s=0.6, grace_s=0.1)
+
+    async def scenario() -> float:
+        t0 = time.monotonic()
+        server.start_drain()  # nobody checked /health before: nothing to count
+        while server.drain.admitting and time.monotonic() - t0 < 3:
+            await asyncio.sleep(0.01)
+        server.drain.close()
+        return time.monotonic() - t0
+
+    assert 0.55 <= asyncio.run(scenario()) <= 1.2
