@@ -25,23 +25,8 @@ through the deployment's sglang-router (the same router pod for both arms), fail
 retries and failed transfers counted; the gate, drain and router settings (the router's drop bound
 included) are printed first. The JSON is rewritten after every size.
 
-Measured 2026-12-01 on the 2-core host shared with three other sessions (load average 7-48; the
-table, the phases and what went wrong in docs/design-operator.md): stand-in 8 pods 0.98x, 32 pods
-1.05x, 128 pods 1.30x (63.6 s against 49.0 s, 12.7 s operator CPU, 3.3 API calls per pass;
-bench/results/rollout-20261201T175020Z.json); real 8 pods 1.10x (137.4 s against 124.5 s, the same
-file) and 0.92x (138.9 s against 151.3 s, rollout-20261201T183846Z.json), each with 0 failed
-requests, 0 router retries on pdfleet's side (2 on the Deployment's), 0 failed transfers, no budget
-broken. With llama-dense 32 real pods did not fit the host's memory (~0.7 GB a runtime pod); 16 was
-the largest run: 0.93x (292.4 s against 313.5 s, rollout-20261201T184636Z.json), pdfleet's side
-clean (0 failed of 888, 0 retries, 0 failed transfers), the Deployment's not (215 of 731 failed: the
-overloaded host made the router mark the one prefill unhealthy), and 0.81x in an earlier run with
-failures on both sides (rollout-20261201T181144Z.json). With the bench's own small layout
-(``rollout_real.BENCH_LAYOUT``, ~404 MiB PSS a decode pod; bench/pod_memory.py) and the host to
-itself (load average 2-28): real 8 pods 1.09x (87.9 s against 81.0 s) and 32 pods 1.31x (438.8 s
-against 334.3 s, 14.2 s operator CPU, 1.31 API calls per pass), both arms with 0 failed requests of
-1940 + 1735 and 4924 + 4077, 0 router retries, 0 failed transfers, no budget broken
-(rollout-20261201T213505Z.json); 32 pods again 1.09x (449.0 s against 411.4 s, the same clean
-counts over 6473 + 5507 requests, rollout-20261201T215719Z.json).
+What it measured, run by run, and where the time went: docs/design-operator.md ("Wake-ups and
+parallelism"); every run's JSON is in bench/results.
 """
 
 from __future__ import annotations
@@ -253,6 +238,9 @@ def main() -> int:
             _print_steps(r)
         standin.stop()
         if args.real:
+            # The real arm drives the e2e suite's traffic and scrape helpers (tests/e2e): the repo
+            # root must be importable when run as `python bench/rollout.py`.
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
             from rollout_real import (
                 BENCH_LAYOUT,
                 ROUTER,
