@@ -52,8 +52,16 @@ def test_readiness_names_each_problem_and_recovers_when_fixed(tmp_path: Path, po
         return start(pods, Pod(tmp_path, name, config("prefill", layout=layout), offset=offset, args=args))
 
     def not_ready(problem: str, says: str) -> dict[str, Any]:
-        """The verdict of a check made after the last change (a stale one names another problem)."""
-        return dec.wait_ready(False, 60, until=lambda b: b.get("problem") == problem and says in b["reason"])
+        """The verdict of a check made after the last change (a stale one names another problem); when it never
+        comes, the failure shows the prefill pod's log too (an exited or slow prefill is the likely cause)."""
+        try:
+            return dec.wait_ready(False, 60, until=lambda b: b.get("problem") == problem and says in b["reason"])
+        except AssertionError as e:
+            peer = pods[-1] if pods[-1] is not dec else None
+            if peer is None:
+                raise
+            state = "running" if peer.proc is not None and peer.proc.poll() is None else "exited"
+            raise AssertionError(f"{e}\n--- {peer.name} ({state}):\n{peer.log()[-3000:]}") from None
 
     # 1. Nothing listens at the prefill's address.
     body = not_ready("PeerUnreachable", "unreachable")

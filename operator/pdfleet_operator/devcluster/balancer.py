@@ -4,9 +4,9 @@ In a real cluster the chart's webhook Service spreads the apiserver's connection
 replicas, and endpoints drop a replica that stops being ready. The local cluster has no pod network the
 apiserver can reach, so two operator processes listen on loopback ports and this balancer listens on one
 more: each new connection goes to the next backend that accepts it (a dead replica refuses, so the next
-one is tried, as endpoints without the dead pod would do). A connection whose backend dies before
-answering (or that it closes) is reset, not closed, so the apiserver sees a connection reset, which its webhook client
-retries on a new connection. TLS passes through untouched (the replicas share one serving certificate).
+one is tried, as endpoints without the dead pod would do). A connection whose backend dies (or closes it) ends
+too, and the apiserver dials again for its next call; a call in flight at that instant fails (client-go retries
+no webhook POST), as through a real Service. TLS passes through untouched (one serving certificate for both).
 """
 
 from __future__ import annotations

@@ -25,7 +25,14 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.config import ADMIN_PORT, BOOTSTRAP_PORT, HTTP_PORT, RuntimeConfig
+from pdfleet_runtime.config import (
+    ADMIN_PORT,
+    BOOTSTRAP_PORT,
+    ENGINE_PORT,
+    GROUP_PORT,
+    HTTP_PORT,
+    RuntimeConfig,
+)
 from pdfleet_runtime.lifetime import die_with_parent
 
 __all__ = ["REPO", "LocalPod", "free_offset", "http", "metric"]
@@ -34,15 +41,31 @@ REPO = Path(__file__).resolve().parents[3]
 """The source tree when run from a checkout (its runtime/ goes on the pod process's PYTHONPATH)."""
 
 
-def free_offset() -> int:
-    """A port offset whose HTTP, admin and bootstrap ports are free now and whose engine ports stay valid
-    (best effort on a shared host: random, so concurrent tests rarely pick the same)."""
+def free_offset(ranks: int = 8) -> int:
+    """A port offset whose HTTP, admin, group, bootstrap and first ``ranks`` engine ports are free now.
+
+    Every port stays below the kernel's ephemeral range: there, any process's outgoing connection (or a
+    decode's own retries to a prefill address nobody listens on yet, which can connect to itself) may take
+    the port between this check and the pod's bind. Random, so concurrent tests rarely pick the same."""
+    top = _ephemeral_low() - ENGINE_PORT - ranks
+    if top <= 2_000:
+        raise RuntimeError(f"the ephemeral port range starts at {_ephemeral_low()}: no room below it for a pod's "
+                           f"ports (engine ports start at {ENGINE_PORT}); raise net.ipv4.ip_local_port_range")
     rng = random.Random()
     for _ in range(200):
-        offset = rng.randrange(20_000, 40_000)
-        if all(_free(p + offset) for p in (HTTP_PORT, ADMIN_PORT, BOOTSTRAP_PORT)):
+        offset = rng.randrange(1_000, top)
+        ports = (HTTP_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + ranks))
+        if all(_free(p + offset) for p in ports):
             return offset
     raise RuntimeError("no free port offset")
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux's default when unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _free(port: int) -> bool:
