@@ -41,23 +41,28 @@ REPO = Path(__file__).resolve().parents[3]
 """The source tree when run from a checkout (its runtime/ goes on the pod process's PYTHONPATH)."""
 
 
-def free_offset(ranks: int = 8) -> int:
-    """A port offset whose HTTP, admin, group, bootstrap and first ``ranks`` engine ports are free now.
+def free_offset() -> int:
+    """A port offset whose HTTP, admin, group, bootstrap and first engine ports are free now.
 
     Every port stays below the kernel's ephemeral range: there, any process's outgoing connection (or a
     decode's own retries to a prefill address nobody listens on yet, which can connect to itself) may take
     the port between this check and the pod's bind. Random, so concurrent tests rarely pick the same."""
-    top = _ephemeral_low() - ENGINE_PORT - ranks
+    low = _ephemeral_low()
+    top = low - ENGINE_PORT - _RANKS
     if top <= 2_000:
-        raise RuntimeError(f"the ephemeral port range starts at {_ephemeral_low()}: no room below it for a pod's "
-                           f"ports (engine ports start at {ENGINE_PORT}); raise net.ipv4.ip_local_port_range")
+        raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it for a pod's ports "
+                           f"(engine ports start at {ENGINE_PORT}); raise net.ipv4.ip_local_port_range")
+    ports = (HTTP_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + _RANKS))
     rng = random.Random()
     for _ in range(200):
         offset = rng.randrange(1_000, top)
-        ports = (HTTP_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + ranks))
         if all(_free(p + offset) for p in ports):
             return offset
     raise RuntimeError("no free port offset")
+
+
+_RANKS = 8
+"""Engine ports checked free (rank r uses ENGINE_PORT + r; local pods have fewer ranks)."""
 
 
 def _ephemeral_low() -> int:
