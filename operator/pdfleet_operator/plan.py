@@ -200,7 +200,7 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
 def _group_children(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> list[dict]:
     """A grouped role's headless group Service (members reach their leader before any is Ready) and the
     NetworkPolicy opening the group port between its pods."""
-    sglang = spec.engine is not None and spec.engine.kind is EngineKind.SGLANG
+    sglang = spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM)  # same port 5000
     port = ("dist-init", DIST_INIT_PORT) if sglang else ("group", GROUP_PORT)
     svc = group_service(name, namespace, role, role_selector(name, role), port)
     svc["metadata"]["labels"] = owner_labels(name)

@@ -79,7 +79,8 @@ STARTUP_CHECK_S = 1
 
 def worker_port(spec: PDDeploymentSpec) -> int:
     """The workers' HTTP port the router sends requests to: SGLang's server, or the built-in runtime's."""
-    return ENGINE_PORT if spec.engine is not None and spec.engine.kind is EngineKind.SGLANG else HTTP_PORT
+    engine = spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM)
+    return ENGINE_PORT if engine else HTTP_PORT  # vLLM is rendered on SGLang's port
 
 
 def router_labels(deployment: str) -> dict[str, str]:
