@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from pdfleet_runtime.engine_rules import engine_rule_table, known_versions
-from pdfleet_runtime.engine_rules.argv import flag_set
 from pdfleet_runtime.engine_rules import vllm as vllm_rules
+from pdfleet_runtime.engine_rules.argv import flag_set
 from pdfleet_runtime.engine_rules.sglang import OWNED_FLAGS, PROTOCOLS, STAGING_BUFFER_ENV
 from pdfleet_runtime.engine_rules.vllm_render import kv_transfer_config, transfer_env
 

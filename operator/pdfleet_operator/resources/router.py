@@ -45,9 +45,8 @@ __all__ = [
     "endpoint_url",
     "router_children",
     "router_command",
-    "router_kind",
-    "vllm_router_command",
     "router_deployment",
+    "router_kind",
     "router_labels",
     "router_network_policy",
     "router_role",
@@ -55,6 +54,7 @@ __all__ = [
     "router_secret",
     "router_service",
     "router_service_account",
+    "vllm_router_command",
     "worker_port",
 ]
 
