@@ -92,6 +92,11 @@ def evaluate_vllm(inp: EngineInput) -> list[Violation]:
                 out.append(_v(ENGINE_RULES["engine-version-unknown"],
                               f"{role}: vllm version {r.version!r} is unknown; known: {', '.join(known) or 'none'}",
                               (r.version_path,), f"vllm=={r.version}"))
+            if not known:
+                continue
+            # read with a known version's flags so the pair rules still see this role (a version mismatch
+            # is itself a pair violation); its own flags are not judged against a version it does not run
+            views[role] = _view(inp, role, read_vllm_args(r.args, flag_set("vllm", known[-1])))  # type: ignore[arg-type]
             continue
         args = read_vllm_args(r.args, fs)
         if role in inp.roles:
@@ -104,11 +109,13 @@ def evaluate_vllm(inp: EngineInput) -> list[Violation]:
         if view is None:
             continue
         peer = views.get("decode" if role == "prefill" else "prefill", view)
-        for rule in vllm.RULES[view.version or ""]:
-            if rule.when == "pair" and peer is view:
-                continue
+        version = view.version if view.version in known else None
+        rules_of = version or (peer.version if peer.version in known else known[-1])
+        for rule in vllm.RULES[rules_of]:
+            if (version is None and rule.when != "pair") or (rule.when == "pair" and peer is view):
+                continue  # an unknown version's own rules are unknown; the pair rules still compare it
             for message, paths in rule.check(view, peer):
-                out.append(_rule_violation(rule, message, paths, view.version or ""))
+                out.append(_rule_violation(rule, message, paths, rules_of))
     return out
 
 
