@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
@@ -28,7 +30,7 @@ from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.engine import engine_input
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.engine_rules import evaluate_engine
-from pdfleet_runtime.engine_rules.vllm import CONNECTORS, RULES
+from pdfleet_runtime.engine_rules.vllm import CONNECTORS, MODEL_FAMILIES, RULES, vllm_parallel
 from tests.unit.engine_rules.builders import vllm_obj
 from tests.vllm.cases import generated_specs, role_case
 from tests.vllm.harness import REPO, run_cases, vllm_python
@@ -44,16 +46,24 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("config/parallel.py:1068", r"World size \(\d+\) is larger than the number of available GPUs",
      "vllm.world-size-node"),
     ("config/model.py", r"Number of experts in the model must be greater than 0", "vllm.expert-dense"),
+    ("config/parallel.py:600, config/model.py:1578", r"must be divisible by dcp_size|Decode context parallelism "
+     r"for GQA/MQA|decode-context-parallel-size` \(\d+\) exceeds", "vllm.dcp-shape"),
     ("config/vllm.py:1572", r"decode_context_parallel_size", "vllm.dcp-nixl"),
     ("config/vllm.py", r"--enable-return-routed-experts|AuxOutput Connector", "vllm.routed-experts-pd"),
     ("config/vllm.py", r"expandable_segments", "vllm.expandable-segments"),
     ("config/vllm.py (supports_sleep_mode)", r"does not support sleep mode", "vllm.sleep-mode-mooncake"),
-    ("config/vllm.py (silent: connector replaced)", r"^silent: connector OffloadingConnector",
+    ("config/kv_transfer.py (a user's kv-transfer-config)", r"Connector name is not set in KVTransferConfig",
+     "vllm.kv-transfer-config"),
+    ("config/vllm.py (silent: connector replaced)",
+     r"^silent: connector (OffloadingConnector|SimpleCPUOffloadConnector|LMCacheMPConnector)",
      "vllm.kv-offloading-size"),
+    ("config/vllm.py (silent: hybrid model, HMA off)", r"^silent: .*hybrid model without HMA",
+     "vllm.hybrid-connector"),
+    ("config/kv_transfer.py (silent: another connector)", r"^silent: connector \w+", "vllm.kv-transfer-config"),
 )
 STARTS = {"pair", "gpu-worker", "silent"}  # rules whose roles start in vLLM: denied for a documented reason
 OWNERSHIP = {"engine-flag-owned", "vllm.config-file", "vllm.env-owned", "vllm.kv-transfer-config",
-             "vllm.expert-mapping", "vllm.multi-node-dp", "engine-protocol-unsupported"}
+             "vllm.expert-mapping", "vllm.multi-node-dp", "engine-protocol-unsupported", "router-kind-engine"}
 DOCUMENTED = {r.id for r in RULES["0.33.0"] if r.when in STARTS} | OWNERSHIP
 
 
@@ -71,10 +81,11 @@ def pdfleet_denials(obj: dict, role: Role) -> set[str]:
 def vllm_verdict(result: dict, backend: str) -> str | None:
     """The row of vLLM's rejection (or of PD silently lost); None when the role starts with PD intact."""
     if result["ok"]:
-        if result.get("connector") != CONNECTORS_BY_NAME[backend]:
-            text = f"silent: connector {result.get('connector')}"
-        else:
+        lost = result.get("connector") != CONNECTORS_BY_NAME[backend]
+        no_hma = result.get("hybrid") and not result.get("hma")  # fails at start (kv_cache_planning.py:814)
+        if not lost and not no_hma:
             return None
+        text = f"silent: {'hybrid model without HMA, ' if no_hma else ''}connector {result.get('connector')}"
     else:
         text = f"{result['message']} @ {result.get('where', '')}"
     for _, pattern, rule in ROWS:
@@ -110,8 +121,19 @@ CONTROLS = {
     # ... and silently swaps the connector for --kv-offloading-size (kserve #5987's failure mode)
     "control/offloading": vllm_obj(spec__engine__args=["--kv-offloading-size", "4"]),
     # named regressions: the other ways to lose the connector
-    "regression/kv-transfer-config-override": vllm_obj(spec__decode__engine={"args": [
-        "--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}']}),
+    # ExampleConnector ships with vLLM and has no hybrid-cache support: on Qwen3-Next vLLM turns HMA off
+    "regression/hybrid-connector": vllm_obj(spec__decode__engine={"args": [
+        "--kv-transfer-config", '{"kv_connector":"ExampleConnector","kv_role":"kv_both"}']}),
+    "regression/connector-override": vllm_obj(spec__model__layout={"preset": "llama-dense"}, spec__engine__args=[
+        "--kv-transfer-config", '{"kv_connector":"ExampleConnector","kv_role":"kv_both"}']),
+    # sleep mode with Mooncake over tcp, and with an NVLink variable set: refused by vLLM
+    "control/sleep-mooncake-tcp": vllm_obj(spec__transfer={"backend": "mooncake", "protocol": "tcp"},
+                                           spec__engine__args=["--enable-sleep-mode"]),
+    "control/sleep-mooncake-nvlink-env": vllm_obj(spec__transfer={"backend": "mooncake"},
+                                                  spec__engine__args=["--enable-sleep-mode"],
+                                                  spec__engine__env=[{"name": "MC_INTRANODE_NVLINK", "value": "1"}]),
+    "control/sleep-mooncake-rdma": vllm_obj(spec__transfer={"backend": "mooncake"},
+                                            spec__engine__args=["--enable-sleep-mode"]),
     "regression/dotted-role": vllm_obj(spec__engine__args=["--kv-transfer-config.kv_role", "kv_both"]),
     "regression/decode-only-dtype": vllm_obj(spec__decode__engine={"args": ["--dtype", "float16"]}),
 }
@@ -146,6 +168,9 @@ def checked(tmp_path_factory) -> dict:
     out["wall_s"] = round(time.monotonic() - t0, 1)
     out["index"] = index
     out["examples"] = sum(1 for n, _ in specs if n.startswith("examples/"))
+    if os.environ.get("PDFLEET_VLLM_RESULTS"):  # vLLM's answers per case, for reading after a run
+        Path(os.environ["PDFLEET_VLLM_RESULTS"]).write_text(json.dumps(
+            {"cases": cases, "results": out["results"]}, indent=1))
     return out
 
 
@@ -163,6 +188,10 @@ def test_positive_controls_first(checked) -> None:
     assert not bad["ok"] and "World size (16)" in bad["message"], bad
     bad = r["control/expandable", Role.DECODE]
     assert not bad["ok"] and "expandable_segments" in bad["message"], bad
+    assert r["control/sleep-mooncake-rdma", Role.PREFILL]["ok"], r["control/sleep-mooncake-rdma", Role.PREFILL]
+    for name in ("control/sleep-mooncake-tcp", "control/sleep-mooncake-nvlink-env"):
+        bad = r[name, Role.PREFILL]
+        assert not bad["ok"] and "does not support sleep mode" in bad["message"], (name, bad)
     silent = r["control/offloading", Role.DECODE]
     assert silent["ok"] and silent["connector"] == "OffloadingConnector" and silent["kv_role"] == "kv_both", silent
     for name in ("control/world-size", "control/expandable", "control/offloading"):
@@ -175,7 +204,7 @@ def test_pdfleet_and_vllm_agree(checked) -> None:
     pdfleet_hits: Counter[str] = Counter()
     starts_denied: Counter[str] = Counter()
     disagreements = []
-    roles_checked = 0
+    roles_checked = mapped = 0
     for name, obj, role, case_id in checked["index"]:
         if role is None:
             continue
@@ -185,6 +214,17 @@ def test_pdfleet_and_vllm_agree(checked) -> None:
         ours = pdfleet_denials(obj, role)
         for rule in ours:
             pdfleet_hits[rule] += 1
+        if res[case_id]["ok"]:  # vLLM's own config resolves pdfleet's mapping and model facts
+            p = obj["spec"][role.value]["parallelism"]
+            want = vllm_parallel(p["tensor"], p.get("data", 1), p.get("expert", 1))
+            got = (res[case_id]["tp"], res[case_id]["dp"], res[case_id]["ep"])
+            if want != got:
+                disagreements.append(f"{name}/{role.value}: vLLM resolved TP/DP/EP {got}, pdfleet maps {want}")
+            family = MODEL_FAMILIES[obj["spec"]["model"]["layout"]["preset"]]
+            if res[case_id]["hybrid"] != family.hybrid:
+                disagreements.append(f"{name}/{role.value}: vLLM hybrid={res[case_id]['hybrid']}, pdfleet "
+                                     f"{family.hybrid}")
+            mapped += 1
         if verdict is None:
             undocumented = ours - DOCUMENTED
             if undocumented:
@@ -200,7 +240,10 @@ def test_pdfleet_and_vllm_agree(checked) -> None:
     table = "\n".join(f"  {src:<46} {rule:<28} vllm={vllm_hits[rule]:<4} pdfleet={pdfleet_hits[rule]}"
                       for src, _, rule in ROWS)
     extra = "\n".join(f"  {rule:<34} denied, vLLM starts the role: {n}" for rule, n in sorted(starts_denied.items()))
-    summary = (f"{roles_checked} role checks ({len(res)} distinct) from {checked['examples']} examples, "
+    admitted_only = sum(1 for _, _, role, _ in checked["index"] if role is None)
+    summary = (f"{mapped} roles' TP/DP/EP and hybrid flag read back from vLLM's config; {admitted_only} specs "
+               f"denied for a shape or transfer with no vLLM form (no command rendered)\n"
+               f"{roles_checked} role checks ({len(res)} distinct) from {checked['examples']} examples, "
                f"{GENERATED} generated specs and {len(CONTROLS)} controls/regressions; vLLM import+warm-up "
                f"{checked['import_s']} s, cases {checked['cases_s']} s, wall {checked['wall_s']} s\n{table}\n{extra}")
     print(summary)

@@ -67,7 +67,8 @@ class ModelFamily:
 
 
 MODEL_FAMILIES: Mapping[str, ModelFamily] = MappingProxyType({
-    "qwen3.8-flash-next": ModelFamily("Qwen4ExpForCausalLM", "qwen4_exp", moe=True, hybrid=False),
+    # vLLM counts Qwen4-Exp as hybrid (its linear-state layers): the check harness reads is_hybrid from vLLM
+    "qwen3.8-flash-next": ModelFamily("Qwen4ExpForCausalLM", "qwen4_exp", moe=True, hybrid=True),
     "deepseek-mla": ModelFamily("DeepseekV3ForCausalLM", "deepseek_v3", moe=True, hybrid=False),
     "llama-dense": ModelFamily("LlamaForCausalLM", "llama", moe=False, hybrid=False),
     "qwen3-next-hybrid": ModelFamily("Qwen3NextForCausalLM", "qwen3_next", moe=True, hybrid=True),
@@ -343,6 +344,21 @@ def _dcp_nixl(v: RoleView, _: RoleView):
     return []
 
 
+def _dcp_shape(v: RoleView, _: RoleView):
+    dcp = _int(v, "decode_context_parallel_size", 1)
+    if dcp == 1 or _int(v, "prefill_context_parallel_size", 1) != 1:
+        return []
+    tp, flag = v.vllm_tp, v.written("decode_context_parallel_size")
+    if tp % dcp:
+        return [(f"{v.role}: {flag} does not divide vLLM's TP {tp}", (v.flag_path("decode_context_parallel_size"),
+                                                                     f"{v.prefix}.parallelism.tensor"))]
+    if not v.mla and v.kv_heads is not None and (tp <= v.kv_heads or dcp > tp // v.kv_heads):
+        return [(f"{v.role}: {flag} on a GQA/MQA model needs vLLM's TP {tp} above the {v.kv_heads} KV heads and "
+                 f"DCP at most TP / KV heads", (v.flag_path("decode_context_parallel_size"),
+                                                f"{v.prefix}.parallelism.tensor"))]
+    return []
+
+
 def _routed_experts(v: RoleView, _: RoleView):
     if v.has("enable_return_routed_experts"):
         return [(f"{v.role}: {v.written('enable_return_routed_experts')} with the {CONNECTORS[v.backend]}",
@@ -485,6 +501,12 @@ RULES_0_33_0: tuple[VllmRule, ...] = (
           f"vLLM's multiprocessing executor checks TP x PP against the node's GPUs ({NODE_GPUS} on H200 nodes)",
           "lower tensor x pipeline, or span nodes with nodesPerReplica", "config/parallel.py:1068", "config",
           "run", _world_size),
+    _rule("dcp-shape", "decode context parallelism must divide TP; on GQA/MQA, TP above the KV heads",
+          "DCP reuses TP ranks (TP % DCP == 0); without MLA each DCP shard needs its own KV heads (TP > KV heads, "
+          "DCP <= TP / KV heads). vLLM also requires the query heads per KV head to divide by DCP: the layout has "
+          "no query-head count, so that one is left to vLLM", "set --decode-context-parallel-size to a divisor of "
+          "TP that fits the KV heads, or remove it", "config/parallel.py:600, config/model.py:1578", "config", "run",
+          _dcp_shape),
     _rule("dcp-nixl", "decode context parallelism with NIXL: 1 or the TP size, MLA only",
           "a NIXL side is either fully replicated or fully DCP-sharded, and only MLA's latent cache shards",
           "remove --decode-context-parallel-size, or set it to the TP size on an MLA model",

@@ -78,7 +78,7 @@ def test_attention_dp_and_expert_parallel_map_to_vllm() -> None:
     obj = vllm_obj(spec__model__layout={"preset": "deepseek-mla"},
                    spec__prefill__parallelism={"tensor": 8, "data": 8, "expert": 8},
                    spec__decode__parallelism={"tensor": 8, "data": 2})
-    pod, c = engine(obj, Role.PREFILL)
+    _pod, c = engine(obj, Role.PREFILL)
     cmd = c["command"]
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "1"
     assert cmd[cmd.index("--data-parallel-size") + 1] == "8" and "--enable-expert-parallel" in cmd
