@@ -8,6 +8,7 @@ stand-in libcuda with the machine's gcc and runs the checker once for all cases.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -30,12 +31,20 @@ def vllm_python() -> str:
         venv = subprocess.run(["bash", str(REPO / "scripts" / "vllm-venv.sh")], check=True, text=True,
                               stdout=subprocess.PIPE).stdout.strip()
         return f"{venv}/bin/python"
-    cache = Path(os.environ.get("PDFLEET_CACHE") or Path.home() / ".cache" / "pdfleet")
-    built = sorted(cache.glob("vllm-venv-*/.complete"))
-    if not built:
-        pytest.skip("the vLLM check venv is not built (bash scripts/vllm-venv.sh: ~6 min, 9.5 GB; "
-                    "PDFLEET_REQUIRE_ENGINES=1 builds it and makes this a failure)")
-    return str(built[-1].parent / "bin" / "python")
+    venv = venv_path()
+    if not (venv / ".complete").is_file():
+        pytest.skip(f"the vLLM check venv {venv} is not built (bash scripts/vllm-venv.sh: ~6 min, 9.5 GB; "
+                    "PDFLEET_REQUIRE_ENGINES=1 builds it and makes a missing venv a failure)")
+    return str(venv / "bin" / "python")
+
+
+def venv_path() -> Path:
+    """Where scripts/vllm-venv.sh keeps the venv of the current pins (the same key: the pins, then the
+    Python version as ``sys.version_info[:2]`` prints it)."""
+    cache = Path(os.environ.get("PDFLEET_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "pdfleet")
+    pins = (REPO / "scripts" / "vllm" / "requirements.txt").read_bytes()
+    return cache / f"vllm-venv-{hashlib.sha256(pins + b'(3, 11)' + bytes([10])).hexdigest()[:12]}"
 
 
 def run_cases(cases: list[dict], timeout: float = 1800) -> dict:
