@@ -134,6 +134,13 @@ CONTROLS = {
                                                   spec__engine__env=[{"name": "MC_INTRANODE_NVLINK", "value": "1"}]),
     "control/sleep-mooncake-rdma": vllm_obj(spec__transfer={"backend": "mooncake"},
                                             spec__engine__args=["--enable-sleep-mode"]),
+    # replicas across nodes: vLLM's multi-node start (the first member serves, the others run headless)
+    "multinode/llama-tp8-pp2": vllm_obj(spec__model__layout={"preset": "llama-dense"},
+                                        spec__prefill__parallelism={"tensor": 8, "pipeline": 2, "nodesPerReplica": 2},
+                                        spec__decode__parallelism={"tensor": 8}),
+    "multinode/deepseek-tp16": vllm_obj(spec__model__layout={"preset": "deepseek-mla"},
+                                        spec__prefill__parallelism={"tensor": 16, "nodesPerReplica": 2},
+                                        spec__decode__parallelism={"tensor": 16, "nodesPerReplica": 2}),
     "regression/dotted-role": vllm_obj(spec__engine__args=["--kv-transfer-config.kv_role", "kv_both"]),
     "regression/decode-only-dtype": vllm_obj(spec__decode__engine={"args": ["--dtype", "float16"]}),
 }
@@ -176,6 +183,17 @@ def checked(tmp_path_factory) -> dict:
 
 def _by_role(checked: dict) -> dict:
     return {(name, role): checked["results"][case] for name, _, role, case in checked["index"] if role}
+
+
+def test_multi_node_members_start(checked) -> None:
+    """Each replica group's first member starts vLLM's API server, the last runs headless, and vLLM's
+    config takes the group's TP x PP across nodes (no world-size refusal: --nnodes is given)."""
+    members = [(name, case) for name, _, role, case in checked["index"] if name.startswith("multinode/") and role]
+    assert len({c for _, c in members}) >= 5, members
+    for _, case in members:
+        r = checked["results"][case]
+        assert r["ok"], (case, r)
+        assert r["launcher"] == ("headless" if case.endswith("/rank1") else "api_server"), (case, r)
 
 
 def test_positive_controls_first(checked) -> None:
