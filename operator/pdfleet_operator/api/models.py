@@ -231,7 +231,7 @@ class Parallelism(ApiModel):
         description="Attention data parallelism (SGLang --attn-dp-size): the TP ranks split into `data` groups "
         "that each run attention on their own requests with tensor/data ranks (1 per group at data = tensor, "
         "as DeepSeek MLA deployments do); the MoE and dense layers still span all TP ranks. Must divide "
-        "tensor. Default 1. Needs spec.engine.kind sglang (the built-in runtime has none).",
+        "tensor. Default 1. Needs spec.engine.kind sglang or vllm (the built-in runtime has none; vLLM: docs/vllm.md).",
     )
     expert: int = Field(
         1,
@@ -239,7 +239,7 @@ class Parallelism(ApiModel):
         le=64,
         description="Expert parallelism (SGLang --ep-size): MoE experts are spread over `expert` ranks, each "
         "expert split over tensor/expert ranks (expert = tensor: whole experts per rank). Must divide tensor. "
-        "Default 1. Needs spec.engine.kind sglang (the built-in runtime has none).",
+        "Default 1. Needs spec.engine.kind sglang or vllm (the built-in runtime has none; vLLM: docs/vllm.md).",
     )
     nodes_per_replica: int = Field(
         1,
