@@ -2,8 +2,9 @@
 
 The pdfleet capability matrix (``pdfleet_runtime.matrix``) says what the pdfleet runtime can move;
 these rules say what the engine itself accepts: its flag set, the flags the operator owns, and the
-start-up and transfer-time rejections of each version (``sglang.RULES``). Both apply to an SGLang
-deployment. ``evaluate_engine`` is pure and total, like ``matrix.evaluate``.
+start-up and transfer-time rejections of each version (``sglang.RULES``, ``vllm.RULES`` evaluated by
+``vllm_eval``). Both apply to an SGLang or vLLM deployment. ``evaluate_engine`` is pure and total, like
+``matrix.evaluate``.
 """
 
 from __future__ import annotations
