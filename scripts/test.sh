@@ -17,4 +17,9 @@ export PDFLEET_REQUIRE_ENGINES=1
 echo "[test] sglang venv"
 PDFLEET_SGLANG_PYTHON="$(bash scripts/sglang-venv.sh)/bin/python"
 export PDFLEET_SGLANG_PYTHON
+# vLLM's own parser, config and connector code check the rendered vLLM commands (tests/vllm): its own venv,
+# cached by the pins in scripts/vllm/ (about 6 minutes and 9.5 GB the first time).
+echo "[test] vllm venv"
+PDFLEET_VLLM_PYTHON="$(bash scripts/vllm-venv.sh)/bin/python"
+export PDFLEET_VLLM_PYTHON
 exec python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@"

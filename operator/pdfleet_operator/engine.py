@@ -58,8 +58,9 @@ def _role_input(spec: PDDeploymentSpec, role: Role) -> EngineRoleInput:
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     env = tuple((d["name"], d.get("value", "" if "valueFrom" not in d else None), p)
                 for d, p in zip(e.env, e.env_paths, strict=True))
+    p = rs.parallelism
     return EngineRoleInput(e.version, e.version_path, e.args, e.arg_paths, env,
-                           rs.parallelism.tensor, rs.parallelism.pipeline, rs.parallelism.expert)
+                           p.tensor, p.pipeline, p.expert, p.data, p.nodes_per_replica)
 
 
 def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
@@ -70,9 +71,11 @@ def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
         layout = resolve_layout(spec.model.layout)
         states = frozenset(str(s) for s in layout.state_types())
         mla = layout.attention_kind is AttentionKind.MLA
+        kv_heads: int | None = layout.kv_heads
     except (LayoutError, ValueError):
-        states, mla = frozenset(), False
+        states, mla, kv_heads = frozenset(), False, None
     source = spec.model.source
+    model_path = "" if source is None else source.path or (source.hugging_face.id if source.hugging_face else "")
     return EngineInput(
         kind=spec.engine.kind.value,
         backend=spec.transfer.backend,
@@ -85,4 +88,7 @@ def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
         staging_buffer=spec.engine.staging_buffer,
         downloads_model=source is not None and source.hugging_face is not None,
         rdma_device_map=bool(spec.transfer.rdma_device_map),
+        kv_heads=kv_heads,
+        model_path=model_path,
+        router_kind=spec.router.kind.value if spec.router is not None and spec.router.kind is not None else None,
     )

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pdfleet_operator.api.constants import API_VERSION, KIND, Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterKind
 from pdfleet_operator.groups import groups_of, units
 from pdfleet_operator.resources.engine import group_service
 from pdfleet_operator.resources.names import (
@@ -42,7 +42,7 @@ from pdfleet_operator.resources.policy import group_network_policy, network_poli
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
-from pdfleet_operator.resources.router import router_children, router_secret, worker_port
+from pdfleet_operator.resources.router import router_children, router_kind, router_secret, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use
 from pdfleet_operator.resources.services import headless_service
@@ -200,7 +200,7 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
 def _group_children(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> list[dict]:
     """A grouped role's headless group Service (members reach their leader before any is Ready) and the
     NetworkPolicy opening the group port between its pods."""
-    sglang = spec.engine is not None and spec.engine.kind is EngineKind.SGLANG
+    sglang = spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM)  # same port 5000
     port = ("dist-init", DIST_INIT_PORT) if sglang else ("group", GROUP_PORT)
     svc = group_service(name, namespace, role, role_selector(name, role), port)
     svc["metadata"]["labels"] = owner_labels(name)
@@ -372,7 +372,8 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
             body = _owned(group_secret(owner.name, owner.namespace, role), owner)
             actions.append(Action(ActionKind.CREATE, "v1", "Secret", group_secret_name(owner.name, role), body=body,
                                   reason=f"{role.value} replica groups' key (rank messages between their pods)"))
-    if spec.router is not None and not snapshot.router_secret_exists:
+    # vllm-router has no admin API: no key to hold
+    if spec.router is not None and router_kind(spec) is RouterKind.SGLANG and not snapshot.router_secret_exists:
         body = _owned(router_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", router_secret_name(owner.name), body=body,
                               reason="the router's control-plane API key"))

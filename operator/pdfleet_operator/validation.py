@@ -32,7 +32,7 @@ from pdfleet_operator.api.crd import openapi_schema
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.api.rules import CEL_RULES
 from pdfleet_operator.engine import engine_input
-from pdfleet_runtime.engine_rules import evaluate_engine
+from pdfleet_runtime.engine_rules import evaluate_engine, router_violation
 from pdfleet_runtime.layouts import PRESETS, LayoutRef
 from pdfleet_runtime.matrix import (
     GENERAL_RULES,
@@ -307,8 +307,10 @@ def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:
 def _with_engine(verdict: Verdict, spec: PDDeploymentSpec) -> Verdict:
     """The engine's rules (flags, version, start-up and transfer rejections) added to the matrix's."""
     inp = engine_input(spec)
-    if inp is None:
-        return verdict
+    if inp is None:  # the built-in runtime speaks sglang-router's protocol
+        wrong = router_violation("pdfleet", spec.router.kind.value if spec.router and spec.router.kind else None)
+        return verdict if wrong is None else Verdict((*verdict.violations, wrong), verdict.warnings,
+                                                     verdict.matrix_versions)
     errors, warnings = evaluate_engine(inp)
     return Verdict(verdict.violations + errors, verdict.warnings + warnings, verdict.matrix_versions)
 

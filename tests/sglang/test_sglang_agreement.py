@@ -94,6 +94,8 @@ def as_sglang(obj: dict) -> dict | None:
         PDDeploymentSpec.model_validate(v.spec)
     except ValueError:
         return None
+    if (v.spec.get("engine") or {}).get("kind") == "vllm":
+        return None  # vLLM's examples: tests/vllm checks them against vLLM
     preset = (v.spec.get("model", {}).get("layout") or {}).get("preset")
     transfer = v.spec["transfer"]
     if preset not in MODEL_FAMILIES or (transfer["backend"], transfer["protocol"]) not in PROTOCOLS:

@@ -39,6 +39,7 @@ __all__ = [
     "RoleStatus",
     "RolloutSpec",
     "RolloutStatus",
+    "RouterKind",
     "RouterPolicy",
     "RouterSpec",
     "TransferSpec",
@@ -65,6 +66,7 @@ _ENGINE_VERSION = r"^[0-9]+\.[0-9]+\.[0-9]+([.-][0-9A-Za-z.-]+)?$"
 class EngineKind(StrEnum):
     PDFLEET = "pdfleet"  # the built-in runtime (the reference runtime for tests and benchmarks)
     SGLANG = "sglang"
+    VLLM = "vllm"  # vLLM's `vllm serve` (docs/vllm.md)
 
 
 class EngineSpec(ApiModel):
@@ -72,16 +74,17 @@ class EngineSpec(ApiModel):
 
     kind: EngineKind = Field(
         EngineKind.PDFLEET,
-        description="pdfleet (default: the built-in runtime, no engine container) or sglang.",
+        description="pdfleet (default: the built-in runtime, no engine container), sglang or vllm.",
     )
     version: Annotated[str, StringConstraints(pattern=_ENGINE_VERSION, max_length=64)] | None = Field(
         None,
-        description="Engine version inside the image, e.g. 0.5.23; keys the engine's rules and flag set. "
-        "Required for sglang; unknown versions are denied, listing the known ones.",
+        description="Engine version inside the image, e.g. 0.5.23 (sglang) or 0.33.0 (vllm); keys the engine's "
+        "rules and flag set. Required for sglang and vllm; unknown versions are denied, listing the known ones.",
     )
     image: str | None = Field(
         None, min_length=1, max_length=1024,
-        description="Engine container image, e.g. lmsysorg/sglang:v0.5.23. Required for sglang.",
+        description="Engine container image, e.g. lmsysorg/sglang:v0.5.23 or vllm/vllm-openai:v0.33.0. Required for "
+        "sglang and vllm.",
     )
     args: list[EngineArg] | None = Field(
         None, max_length=256,
@@ -228,7 +231,7 @@ class Parallelism(ApiModel):
         description="Attention data parallelism (SGLang --attn-dp-size): the TP ranks split into `data` groups "
         "that each run attention on their own requests with tensor/data ranks (1 per group at data = tensor, "
         "as DeepSeek MLA deployments do); the MoE and dense layers still span all TP ranks. Must divide "
-        "tensor. Default 1. Needs spec.engine.kind sglang (the built-in runtime has none).",
+        "tensor. Default 1. Needs spec.engine.kind sglang or vllm (the built-in runtime has none; vLLM: docs/vllm.md).",
     )
     expert: int = Field(
         1,
@@ -236,7 +239,7 @@ class Parallelism(ApiModel):
         le=64,
         description="Expert parallelism (SGLang --ep-size): MoE experts are spread over `expert` ranks, each "
         "expert split over tensor/expert ranks (expert = tensor: whole experts per rank). Must divide tensor. "
-        "Default 1. Needs spec.engine.kind sglang (the built-in runtime has none).",
+        "Default 1. Needs spec.engine.kind sglang or vllm (the built-in runtime has none; vLLM: docs/vllm.md).",
     )
     nodes_per_replica: int = Field(
         1,
@@ -359,8 +362,15 @@ class RolloutSpec(ApiModel):
     paused: bool = Field(False, description="Pause the rollout: committed drains finish, nothing new starts.")
 
 
+class RouterKind(StrEnum):
+    """Which router fronts the fleet: each speaks its own engine's PD request protocol."""
+
+    SGLANG = "sglang"  # sglang-router 0.3.2: SGLang's bootstrap fields (the built-in runtime speaks them too)
+    VLLM = "vllm"  # vllm-router 0.1.17: vLLM's kv_transfer_params (docs/vllm.md)
+
+
 class RouterPolicy(StrEnum):
-    """sglang-router's own load-balancing policies (``--prefill-policy``/``--decode-policy``)."""
+    """Load-balancing policies both routers have (``--prefill-policy``/``--decode-policy``)."""
 
     RANDOM = "random"
     ROUND_ROBIN = "round_robin"
@@ -372,10 +382,17 @@ class RouterSpec(ApiModel):
     """The deployment's endpoint: stateless sglang-router pods that pick a prefill and a decode pod
     per request, discovering them through the Kubernetes API (get/list/watch on pods only)."""
 
+    kind: RouterKind | None = Field(
+        None,
+        description="sglang (sglang-router 0.3.2) or vllm (vllm-router 0.1.17); default: the engine's own "
+        "router (vllm for spec.engine.kind vllm, sglang otherwise). A router of the other engine is denied: "
+        "it sends fields the engines ignore, so no state moves and nothing fails.",
+    )
     replicas: int = Field(1, ge=0, le=64, description="Router pods (stateless); default 1.")
     image: str = Field(
         min_length=1, max_length=1024,
-        description="Container image holding python3 and sglang-router==0.3.2 (e.g. the pdfleet runtime image).",
+        description="Container image holding python3 and the router: sglang-router==0.3.2 (e.g. the pdfleet "
+        "runtime image) or vllm-router==0.1.17.",
     )
     prefill_policy: RouterPolicy = Field(
         RouterPolicy.CACHE_AWARE,

@@ -156,7 +156,7 @@ CEL_RULES: tuple[CelRule, ...] = (
         ("spec",),
         "(has(self.engine) && self.engine.kind != 'pdfleet') || "
         "(self.prefill.parallelism.data == 1 && self.decode.parallelism.data == 1)",
-        "parallelism.data > 1 needs spec.engine.kind sglang: the built-in runtime has no attention data "
+        "parallelism.data > 1 needs spec.engine.kind sglang or vllm: the built-in runtime has no attention data "
         "parallelism",
         lambda o: _builtin_ok(o, "data"),
         ".prefill.parallelism.data",
@@ -166,7 +166,7 @@ CEL_RULES: tuple[CelRule, ...] = (
         ("spec",),
         "(has(self.engine) && self.engine.kind != 'pdfleet') || "
         "(self.prefill.parallelism.expert == 1 && self.decode.parallelism.expert == 1)",
-        "parallelism.expert > 1 needs spec.engine.kind sglang: the built-in runtime has no expert parallelism",
+        "parallelism.expert > 1 needs spec.engine.kind sglang or vllm: the built-in runtime has no expert parallelism",
         lambda o: _builtin_ok(o, "expert"),
         ".prefill.parallelism.expert",
     ),

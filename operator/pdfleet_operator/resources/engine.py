@@ -14,13 +14,16 @@ import json
 from dataclasses import dataclass
 
 from pdfleet_operator.api.constants import LABEL_REVISION, Role
-from pdfleet_operator.api.models import PDDeploymentSpec, PoolSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, PoolSpec
 from pdfleet_operator.engine import engine_input, role_engine
 from pdfleet_operator.resources.names import LABEL_INDEX, LABEL_MEMBER, group_pod_name, group_service_name
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
+from pdfleet_operator.resources.vllm import ANNOTATION_VLLM_BOOTSTRAP_PORT, vllm_command, vllm_env
 from pdfleet_runtime.config import ADMIN_PORT
 from pdfleet_runtime.engine_rules import table_env
+from pdfleet_runtime.engine_rules import vllm as vllm_rules
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, DIST_INIT_PORT, ENGINE_PORT, PROTOCOLS
+from pdfleet_runtime.engine_rules.vllm_render import bootstrap_port as vllm_bootstrap_port
 from pdfleet_runtime.links import LinkProtocol
 
 __all__ = [
@@ -122,9 +125,22 @@ def _parallel_flags(rs, member: GroupMember | None) -> list[str]:
     return out
 
 
+def _is_vllm(spec: PDDeploymentSpec) -> bool:
+    return spec.engine is not None and spec.engine.kind is EngineKind.VLLM
+
+
+def _bootstrap_port(spec: PDDeploymentSpec) -> int:
+    """The prefill's port routers and decodes reach besides HTTP: SGLang's bootstrap, vLLM's NIXL side channel
+    or Mooncake bootstrap."""
+    return vllm_bootstrap_port(spec.transfer.backend) if _is_vllm(spec) else BOOTSTRAP_PORT
+
+
 def launch_command(name: str, spec: PDDeploymentSpec, role: Role, member: GroupMember | None = None) -> list[str]:
     """The engine's command line: owned flags from the spec, then spec.engine.args and the role's.
     ``member``: this pod's place in its replica group (needed when nodesPerReplica > 1)."""
+    if _is_vllm(spec):  # resources/vllm.py; the group's first pod by name, without SGLang's port
+        return vllm_command(name, spec, role,
+                            None if member is None else (member.node_rank, member.leader.rsplit(":", 1)[0]))
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
     cmd = [
@@ -179,8 +195,8 @@ def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     if hf is not None and hf.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
     env += _group_env(spec, role)
-    # the protocol table and the staging buffer, then the user's env (shared, then the role's)
-    env += [{"name": n, "value": v} for n, v, _ in table_env(inp)]
+    # the protocol table and the staging buffer (vLLM: the transfer's), then the user's env (shared, then the role's)
+    env += vllm_env(spec) if _is_vllm(spec) else [{"name": n, "value": v} for n, v, _ in table_env(inp)]
     return env + [dict(e) for e in role_engine(spec, role).env]
 
 
@@ -191,7 +207,7 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
 
     ports = [{"name": "engine-http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
     if role is Role.PREFILL:
-        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
+        ports.append({"name": "bootstrap", "containerPort": _bootstrap_port(spec), "protocol": "TCP"})
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "engine-cache", "mountPath": CACHE_MOUNT}]
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
@@ -234,7 +250,7 @@ def agent_command(spec: PDDeploymentSpec, role: Role, config_args: list[str]) ->
 
 
 def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine_resources: dict) -> dict:
-    """The runtime pod turned into an SGLang pod: the engine owns the GPUs and RDMA; the runtime
+    """The runtime pod turned into an SGLang (or vLLM: the same pod around `vllm serve`) pod: the engine owns the GPUs and RDMA; the runtime
     container becomes the agent (``pdfleet-runtime agent``, docs/agent.md) with the role's own image,
     env and resources, no capability, the pod's only API token and the model volume read-only. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
     rs = spec.prefill if role is Role.PREFILL else spec.decode
@@ -257,7 +273,8 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     if src is not None and src.path is not None and src.volume is not None:
         pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
         agent["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
-    settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
+    table = vllm_rules.PROTOCOLS if _is_vllm(spec) else PROTOCOLS
+    settings = table[(spec.transfer.backend, spec.transfer.protocol)]
     if settings.host_ipc or spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True
     member = None
@@ -267,5 +284,6 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
                               int(meta["labels"][LABEL_INDEX]), int(meta["labels"][LABEL_MEMBER]))
     pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security, member), agent]
     if role is Role.PREFILL and (member is None or member.node_rank == 0):  # the leader's bootstrap serves the group
-        pod["metadata"]["annotations"][ANNOTATION_BOOTSTRAP_PORT] = str(BOOTSTRAP_PORT)
+        annotation = ANNOTATION_VLLM_BOOTSTRAP_PORT if _is_vllm(spec) else ANNOTATION_BOOTSTRAP_PORT
+        pod["metadata"]["annotations"][annotation] = str(_bootstrap_port(spec))
     return pod

@@ -104,7 +104,7 @@ def _with_group(pod_spec: dict, container: dict, spec: PDDeploymentSpec, name: s
     container["volumeMounts"].append({"name": "group-auth", "mountPath": GROUP_SECRET_MOUNT, "readOnly": True})
     pod_spec["volumes"].append(
         {"name": "group-auth", "secret": {"secretName": group_secret_name(name, role), "defaultMode": 0o400}})
-    if spec.engine is None or spec.engine.kind is not EngineKind.SGLANG:  # SGLang's ranks meet over NCCL instead
+    if spec.engine is None or spec.engine.kind is EngineKind.PDFLEET:  # SGLang's and vLLM's ranks meet over NCCL
         container["ports"].append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
 
 
@@ -223,6 +223,6 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         },
         "spec": pod_spec,
     }
-    if spec.engine is not None and spec.engine.kind is EngineKind.SGLANG:
+    if spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM):
         return with_sglang(obj, name, spec, role, {k: _extended(spec, rs) for k in ("limits", "requests")})
     return obj

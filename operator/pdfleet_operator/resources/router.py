@@ -24,7 +24,7 @@ import base64
 import secrets
 
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_ROLE, Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterKind, RouterSpec
 from pdfleet_operator.resources.names import (
     LABEL_MEMBER,
     MANAGED_BY,
@@ -46,6 +46,7 @@ __all__ = [
     "router_children",
     "router_command",
     "router_deployment",
+    "router_kind",
     "router_labels",
     "router_network_policy",
     "router_role",
@@ -53,6 +54,7 @@ __all__ = [
     "router_secret",
     "router_service",
     "router_service_account",
+    "vllm_router_command",
     "worker_port",
 ]
 
@@ -79,7 +81,8 @@ STARTUP_CHECK_S = 1
 
 def worker_port(spec: PDDeploymentSpec) -> int:
     """The workers' HTTP port the router sends requests to: SGLang's server, or the built-in runtime's."""
-    return ENGINE_PORT if spec.engine is not None and spec.engine.kind is EngineKind.SGLANG else HTTP_PORT
+    engine = spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM)
+    return ENGINE_PORT if engine else HTTP_PORT  # vLLM is rendered on SGLang's port
 
 
 def router_labels(deployment: str) -> dict[str, str]:
@@ -107,10 +110,48 @@ def _selector(deployment: str, role: Role, spec: PDDeploymentSpec) -> str:
     return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value}{leaders}"
 
 
-def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
-    """``launch_router`` in PD mode with Kubernetes discovery of the deployment's routable pods."""
+def router_kind(spec: PDDeploymentSpec) -> RouterKind:
+    """spec.router.kind, defaulting to the engine's own router (admission denies the other engine's)."""
+    assert spec.router is not None
+    if spec.router.kind is not None:
+        return spec.router.kind
+    vllm = spec.engine is not None and spec.engine.kind is EngineKind.VLLM
+    return RouterKind.VLLM if vllm else RouterKind.SGLANG
+
+
+def vllm_router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
+    """vllm-router 0.1.17 in vLLM's PD mode with the connector of spec.transfer.backend and Kubernetes discovery
+    of the roles' pods (it reads each prefill's ``vllm.ai/bootstrap-port`` annotation). It has no admin
+    API key: its worker list comes from discovery alone."""
     router = spec.router
     assert router is not None
+    return [
+        "vllm-router",
+        "--vllm-pd-disaggregation",
+        "--kv-connector", str(spec.transfer.backend),
+        "--host", "0.0.0.0", "--port", str(router.port),
+        "--prometheus-host", "0.0.0.0", "--prometheus-port", str(router.metrics_port),
+        "--prefill-policy", router.prefill_policy.value,
+        "--decode-policy", router.decode_policy.value,
+        "--service-discovery",
+        "--service-discovery-namespace", namespace,
+        "--service-discovery-port", str(worker_port(spec)),
+        "--prefill-selector", *_selector(deployment, Role.PREFILL, spec).split(),
+        "--decode-selector", *_selector(deployment, Role.DECODE, spec).split(),
+        "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
+        "--health-failure-threshold", str(HEALTH_FAILURES),
+        "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
+        "--worker-startup-check-interval", str(STARTUP_CHECK_S),
+    ]
+
+
+def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
+    """``launch_router`` in PD mode with Kubernetes discovery of the deployment's routable pods (vllm-router's
+    command for a vLLM fleet)."""
+    router = spec.router
+    assert router is not None
+    if router_kind(spec) is RouterKind.VLLM:
+        return vllm_router_command(deployment, namespace, spec)
     return [
         "python3", "-m", "sglang_router.launch_router",
         "--pd-disaggregation",
@@ -153,7 +194,7 @@ def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec) -
         "name": ROUTER_CONTAINER,
         "image": router.image,
         "command": router_command(deployment, namespace, spec),
-        "env": [{"name": KEYS_ENV, "valueFrom": {"secretKeyRef": {
+        "env": [] if router_kind(spec) is RouterKind.VLLM else [{"name": KEYS_ENV, "valueFrom": {"secretKeyRef": {
             "name": router_secret_name(deployment), "key": CONTROL_PLANE_KEY}}}],
         "ports": [
             {"name": "http", "containerPort": router.port, "protocol": "TCP"},

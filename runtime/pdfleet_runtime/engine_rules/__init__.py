@@ -2,12 +2,14 @@
 
 The pdfleet capability matrix (``pdfleet_runtime.matrix``) says what the pdfleet runtime can move;
 these rules say what the engine itself accepts: its flag set, the flags the operator owns, and the
-start-up and transfer-time rejections of each version (``sglang.RULES``). Both apply to an SGLang
-deployment. ``evaluate_engine`` is pure and total, like ``matrix.evaluate``.
+start-up and transfer-time rejections of each version (``sglang.RULES``, ``vllm.RULES`` evaluated by
+``vllm_eval``). Both apply to an SGLang or vLLM deployment. ``evaluate_engine`` is pure and total, like
+``matrix.evaluate``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +27,7 @@ __all__ = [
     "evaluate_engine",
     "known_versions",
     "role_env",
+    "router_violation",
     "table_env",
 ]
 
@@ -33,6 +36,10 @@ def known_versions(kind: str) -> tuple[str, ...]:
     """Versions of an engine this operator has rules and a flag set for."""
     if kind == "sglang":
         return tuple(v for v in sglang.RULES if flag_set("sglang", v) is not None)
+    if kind == "vllm":
+        from pdfleet_runtime.engine_rules.vllm_eval import known_vllm_versions
+
+        return known_vllm_versions()
     return ()
 
 
@@ -43,7 +50,7 @@ def _r(id: str, title: str, reason: str, fix: str, severity: Severity = Severity
 ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
     _r("engine-version-unknown", "the engine version is unknown to this operator",
        "the operator checks an engine's flags and start-up rules against that version's data; an unknown "
-       "version cannot be checked", "use a version `pdfleet matrix --engine sglang==VERSION` knows"),
+       "version cannot be checked", "use a version `pdfleet matrix --engine KIND==VERSION` knows"),
     _r("engine-flag-unknown", "the engine does not have this flag (or its value is not accepted)",
        "the engine's own argument parser would exit 2 at start and the pod would crash-loop",
        "remove or correct the flag; the engine's --help lists its flags"),
@@ -51,8 +58,12 @@ ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "a second value in args would contradict the field the operator renders it from",
        "remove it from args and set the field named in the message"),
     _r("engine-protocol-unsupported", "the engine cannot serve this transfer backend and protocol",
-       "the protocol table (docs/sglang.md) has no SGLang settings for the pair",
-       "pick a pair of the protocol table (`pdfleet matrix --engine sglang==VERSION`)"),
+       "the protocol table (docs/sglang.md, docs/vllm.md) has no settings of this engine for the pair",
+       "pick a pair of the protocol table (`pdfleet matrix --engine KIND==VERSION`)"),
+    _r("router-kind-engine", "the router does not speak this engine's PD protocol",
+       "sglang-router sends SGLang's bootstrap fields, which vLLM ignores, and vllm-router sends vLLM's "
+       "kv_transfer_params, which SGLang and the built-in runtime ignore: both roles answer, no state moves and "
+       "nothing fails", "leave spec.router.kind unset (the engine's own router) or set the engine's kind"),
     _r("warn-engine-model-download", "the model is downloaded at start",
        "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
        "put the weights on a volume (model.source.path with volume)", Severity.WARNING),
@@ -71,6 +82,8 @@ class EngineRoleInput:
     tensor: int = 1
     pipeline: int = 1
     expert: int = 1
+    data: int = 1
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -87,11 +100,18 @@ class EngineInput:
     downloads_model: bool = False
     rdma_device_map: bool = False  # spec.transfer.rdmaDeviceMap is set
     roles: tuple[str, ...] = field(default=("prefill", "decode"))
+    kv_heads: int | None = None  # the layout's KV heads (vLLM's hetero-TP rule)
+    model_path: str = ""  # what the engine is given as the model (vLLM hashes the string)
+    router_kind: str | None = None  # spec.router.kind as written (None: the engine's own, or no router)
 
 
 def table_env(inp: EngineInput) -> list[tuple[str, str, str]]:
     """(name, value, field path) the spec renders: the protocol table's, then the staging buffer's."""
     out: list[tuple[str, str, str]] = []
+    if inp.kind == "vllm":
+        from pdfleet_runtime.engine_rules.vllm_render import transfer_env
+
+        return [(k, v, "spec.transfer") for k, v in transfer_env(inp.backend, inp.protocol, None)]
     settings = sglang.PROTOCOLS.get((inp.backend, inp.protocol))
     if settings is not None:
         out += [(k, v, "spec.transfer.protocol") for k, v in settings.env.items()]
@@ -156,6 +176,11 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
     errors: list[Violation] = []
     warnings: list[Violation] = []
     try:
+        if inp.kind == "vllm":
+            from pdfleet_runtime.engine_rules.vllm_eval import evaluate_vllm
+
+            errors += evaluate_vllm(inp)
+            inp = dataclasses.replace(inp, roles=())  # the version's rules ran above
         if inp.kind == "sglang" and (inp.backend, inp.protocol) not in sglang.PROTOCOLS:
             errors.append(_violation(ENGINE_RULES["engine-protocol-unsupported"],
                                      f"sglang has no settings for {inp.backend} over {inp.protocol}",
@@ -167,6 +192,9 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
                                      ("spec.transfer.rdmaDeviceMap",), "sglang"))
         for role in inp.roles:
             errors += _role(inp, role)
+        wrong = router_violation(inp.kind, inp.router_kind)
+        if wrong is not None:
+            errors.append(wrong)
         if inp.downloads_model:
             warnings.append(_violation(ENGINE_RULES["warn-engine-model-download"],
                                        "model.source.huggingFace: every pod downloads the weights at start",
@@ -184,6 +212,17 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
     return tuple(unique), tuple(warnings)
 
 
+def router_violation(engine_kind: str, router_kind: str | None) -> Violation | None:
+    """``spec.router.kind`` against the engine: vLLM needs vllm-router; SGLang and the built-in runtime
+    need sglang-router (None: the engine's own router)."""
+    own = "vllm" if engine_kind == "vllm" else "sglang"
+    if router_kind is None or router_kind == own:
+        return None
+    return _violation(ENGINE_RULES["router-kind-engine"],
+                      f"spec.router.kind {router_kind} on a {engine_kind} fleet: use {own} (its own router)",
+                      ("spec.router.kind",), engine_kind)
+
+
 def engine_rule_table(kind: str, version: str) -> list[dict[str, str]]:
     """Every rule of one engine version, for ``pdfleet matrix --engine``: general ones, then the version's."""
     rows = [{"id": r.id, "title": r.title, "when": "admission", "reason": r.reason, "fix": r.fix,
@@ -191,4 +230,8 @@ def engine_rule_table(kind: str, version: str) -> list[dict[str, str]]:
     if kind == "sglang":
         rows += [{"id": r.id, "title": r.title, "when": r.when, "reason": r.reason, "fix": r.fix,
                   "source": r.source, "severity": "error"} for r in sglang.RULES.get(version, ())]
+    if kind == "vllm":
+        from pdfleet_runtime.engine_rules.vllm_eval import vllm_rule_rows
+
+        rows += vllm_rule_rows(version)
     return rows

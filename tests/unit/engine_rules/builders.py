@@ -37,3 +37,27 @@ def sglang_obj(**edits: Any) -> dict[str, Any]:
         else:
             node[leaf] = value
     return obj
+
+
+VLLM_BASE: dict[str, Any] = copy.deepcopy(SGLANG_BASE)
+VLLM_BASE["metadata"]["name"] = "qwen-vllm"
+VLLM_BASE["spec"]["engine"] = {"kind": "vllm", "version": "0.33.0", "image": "vllm/vllm-openai:v0.33.0"}
+VLLM_BASE["spec"]["model"]["layout"] = {"preset": "qwen3-next-hybrid"}
+VLLM_BASE["spec"]["model"]["servedName"] = "qwen3-next"
+VLLM_BASE["spec"]["model"]["source"]["path"] = "/models/qwen3-next"
+VLLM_BASE["spec"]["transfer"] = {"backend": "nixl"}
+
+
+def vllm_obj(**edits: Any) -> dict[str, Any]:
+    """VLLM_BASE (Qwen3-Next on NIXL, TP 2 both roles) with dotted-path edits, as ``sglang_obj``."""
+    obj = copy.deepcopy(VLLM_BASE)
+    for dotted, value in edits.items():
+        *parents, leaf = dotted.split("__")
+        node = obj
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return obj

@@ -59,7 +59,7 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
         pods = pods_of(actions, role)
         assert len(pods) == rs.replicas
         gpus = rs.parallelism.tensor * rs.parallelism.pipeline
-        sglang = spec.engine is not None and spec.engine.kind.value == "sglang"
+        sglang = spec.engine is not None and spec.engine.kind.value in ("sglang", "vllm")  # an engine container
         for pod in pods:
             c = pod["spec"]["containers"][-1]  # the runtime (on SGLang pods the agent beside the engine)
             gpu_holder = pod["spec"]["containers"][0]  # the runtime, or SGLang's engine container
