@@ -122,8 +122,9 @@ def decide(
     stable = prev.get("stableRevision")
     failed = tuple(r for r in prev.get("failedRevisions") or () if r == spec_revision)
     live = [p for p in pods if not p.deleting]
-    rollback_ok = stable is not None and stable != spec_revision and stable in can_roll_back_to
-    target = stable if spec_revision in failed and rollback_ok else spec_revision
+    # the stable revision, where a failed rollout can go back to (its spec is stored)
+    rollback = stable if stable is not None and stable != spec_revision and stable in can_roll_back_to else None
+    target = rollback if spec_revision in failed and rollback is not None else spec_revision
     on_target = [p for p in live if p.revision == target and p.drain_started is None]
     updated_ready = sum(p.ready for p in on_target)
     others = [p for p in live if p.revision != target]
@@ -146,8 +147,8 @@ def decide(
             failure = f"no progress for {now - last_progress:.0f}s (progressDeadlineSeconds {progress_deadline:.0f})"
         if failure is not None:
             failed = (*failed, spec_revision)
-            if rollback_ok:
-                target, last_progress = stable, now
+            if rollback is not None:
+                target, last_progress = rollback, now
     if complete:
         stable = target
     failure_reason = failure or (prev.get("failureReason") if spec_revision in failed else None)

@@ -16,6 +16,7 @@ from pdfleet_runtime.engine_rules import sglang
 from pdfleet_runtime.engine_rules.argv import flag_set, parse_args
 from pdfleet_runtime.links import Backend, LinkProtocol
 from pdfleet_runtime.matrix import Rule, Severity, Violation
+from pdfleet_runtime.roles import Role
 
 __all__ = [
     "ENGINE_RULES",
@@ -86,7 +87,11 @@ class EngineInput:
     staging_buffer: bool = False
     downloads_model: bool = False
     rdma_device_map: bool = False  # spec.transfer.rdmaDeviceMap is set
-    roles: tuple[str, ...] = field(default=("prefill", "decode"))
+    roles: tuple[Role, ...] = field(default=(Role.PREFILL, Role.DECODE))
+
+    def of(self, role: Role) -> EngineRoleInput:
+        """The engine of one role."""
+        return self.prefill if role is Role.PREFILL else self.decode
 
 
 def table_env(inp: EngineInput) -> list[tuple[str, str, str]]:
@@ -100,10 +105,10 @@ def table_env(inp: EngineInput) -> list[tuple[str, str, str]]:
     return out
 
 
-def role_env(inp: EngineInput, role: str) -> list[tuple[str, str | None, str]]:
+def role_env(inp: EngineInput, role: Role) -> list[tuple[str, str | None, str]]:
     """The engine container's environment from the spec, in order (later entries win in a pod):
     ``table_env``, then the user's (shared, then the role's)."""
-    return [*table_env(inp), *getattr(inp, role).env]
+    return [*table_env(inp), *inp.of(role).env]
 
 
 def _violation(rule: Rule, message: str, paths: tuple[str, ...], version: str) -> Violation:
@@ -117,17 +122,18 @@ def _engine_rule_violation(rule: sglang.EngineRule, message: str, paths: tuple[s
                      Severity.ERROR, f"sglang=={version}")
 
 
-def _role(inp: EngineInput, role: str) -> Iterator[Violation]:
-    r: EngineRoleInput = getattr(inp, role)
+def _role(inp: EngineInput, role: Role) -> Iterator[Violation]:
+    r = inp.of(role)
     prefix = f"spec.{role}"
     known = known_versions(inp.kind)
-    fs = flag_set(inp.kind, r.version) if r.version in known else None
-    if fs is None:
+    version = r.version if r.version in known else None
+    fs = flag_set(inp.kind, version) if version is not None else None
+    if version is None or fs is None:
         yield _violation(ENGINE_RULES["engine-version-unknown"],
                          f"{role}: {inp.kind} version {r.version!r} is unknown; known: {', '.join(known) or 'none'}",
                          (r.version_path,), f"{inp.kind}=={r.version}")
         return
-    tag = f"{inp.kind}=={r.version}"
+    tag = f"{inp.kind}=={version}"
     parsed = parse_args(r.args, fs)
     for p in parsed.problems:
         yield _violation(ENGINE_RULES["engine-flag-unknown"], f"{role}: {p.message}", (r.arg_paths[p.index],), tag)
@@ -141,14 +147,14 @@ def _role(inp: EngineInput, role: str) -> Iterator[Violation]:
     effective = role_env(inp, role)
     env = {name: value for name, value, _ in effective}
     env_paths = {name: path for name, _, path in effective}
-    peer = inp.decode if role == "prefill" else inp.prefill
+    peer = inp.decode if role is Role.PREFILL else inp.prefill
     view = sglang.RoleView(role, prefix, parsed, r.arg_paths, MappingProxyType(env), MappingProxyType(env_paths),
                            r.tensor, r.pipeline, inp.backend, inp.protocol, inp.model, inp.state_types, inp.mla,
                            peer.tensor, r.expert)
-    for rule in sglang.RULES[r.version]:
+    for rule in sglang.RULES[version]:
         found = rule.check(view)
         if found is not None:
-            yield _engine_rule_violation(rule, found[0], found[1], r.version)
+            yield _engine_rule_violation(rule, found[0], found[1], version)
 
 
 def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Violation, ...]]:
