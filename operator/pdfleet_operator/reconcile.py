@@ -48,14 +48,8 @@ from pdfleet_operator.resources.secret import (
     missing_group_key_in_use,
     missing_key_in_use,
 )
-from pdfleet_operator.rollout_state import (
-    decide_rollouts,
-    next_wake,
-    rollout_status,
-    rollout_targets,
-    with_rollout_failures,
-)
-from pdfleet_operator.status import compute_status, with_degraded, with_placement
+from pdfleet_operator.rollout_state import decide_rollouts, next_wake, rollout_targets, with_rollout_failures
+from pdfleet_operator.status import pass_status, spec_unreadable_status, with_degraded, with_placement
 from pdfleet_operator.watched import (
     INDEX_NODES,
     INDEX_PDDEPLOYMENTS,
@@ -262,10 +256,7 @@ class Reconciler:
             spec = PDDeploymentSpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
             msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            admission = [*admission, {"type": ConditionType.DEGRADED.value, "status": "True",
-                                      "reason": "SpecUnreadable", "message": msg,
-                                      "observedGeneration": meta.get("generation", 0)}]
-            self._write_status(owner, old_status, {"conditions": admission})
+            self._write_status(owner, old_status, spec_unreadable_status(admission, msg, meta.get("generation", 0)))
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
         snapshot = self._observe(owner, view, spec)
         problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
@@ -290,14 +281,11 @@ class Reconciler:
         if any(o.action.object_kind == "Pod" and o.changed for o in outcomes):
             snapshot = (observe(self._api, owner) if view is None
                         else replace(snapshot, pods=_pods_after(owner, view, outcomes)))
-        status = compute_status(
-            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC),
-            namespace=owner.namespace,
+        status = pass_status(
+            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, decisions,
+            [a.reason for a in actions if a.kind is ActionKind.HOLD], datetime.now(UTC), namespace=owner.namespace,
+            extra=extra_status,
         )
-        status["rollout"] = rollout_status(spec, decisions)
-        holds = [a.reason for a in actions if a.kind is ActionKind.HOLD]
-        if holds:
-            status["rollout"]["message"] = "; ".join([*holds, status["rollout"]["message"]])
         phase_before = (old_status.get("rollout") or {}).get("phase")
         before = {c.get("type"): c for c in old_status.get("conditions") or ()}
         transitions = [
@@ -311,7 +299,7 @@ class Reconciler:
         for role, d in decisions.items():
             if d.failure:
                 transitions.append((ConditionType.DEGRADED.value, "True", "RolloutFailed", f"{role.value}: {d.message}"))
-        self._write_status(owner, old_status, {**status, **extra_status})
+        self._write_status(owner, old_status, status)
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"],
                           requeue_after=next_wake(spec, snapshot, decisions, now))
 

@@ -20,8 +20,18 @@ from pdfleet_operator.resources.names import role_selector
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.router import endpoint_url
+from pdfleet_operator.rollout_state import RoleDecision, rollout_status
 
-__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "with_degraded", "with_placement"]
+__all__ = [
+    "RoleCounts",
+    "compute_status",
+    "merge_conditions",
+    "pass_status",
+    "role_counts",
+    "spec_unreadable_status",
+    "with_degraded",
+    "with_placement",
+]
 
 
 @dataclass(frozen=True)
@@ -160,3 +170,32 @@ def compute_status(
     elif (old_status or {}).get("endpoint"):
         out["endpoint"] = None  # spec.router removed: a merge patch clears the column
     return out
+
+
+def pass_status(
+    spec: PDDeploymentSpec,
+    name: str,
+    generation: int,
+    pods: Sequence[ObservedPod],
+    old_status: Mapping | None,
+    admission_conditions: Iterable[dict],
+    decisions: Mapping[Role, RoleDecision],
+    holds: Sequence[str],
+    now: datetime,
+    namespace: str | None = None,
+    extra: Mapping | None = None,
+) -> dict:
+    """The status one reconcile pass writes: counts and conditions, the rollout (``holds`` first in its
+    message), and the admission's extra fields (``matrixVersion``)."""
+    status = compute_status(spec, name, generation, pods, old_status, admission_conditions, now, namespace=namespace)
+    status["rollout"] = rollout_status(spec, decisions)
+    if holds:
+        status["rollout"]["message"] = "; ".join([*holds, status["rollout"]["message"]])
+    return {**status, **(extra or {})}
+
+
+def spec_unreadable_status(admission_conditions: Sequence[dict], message: str, generation: int) -> dict:
+    """The status of a pass whose stored spec does not parse: the admission conditions and ``Degraded``."""
+    return {"conditions": [*admission_conditions, {"type": ConditionType.DEGRADED.value, "status": "True",
+                                                   "reason": "SpecUnreadable", "message": message,
+                                                   "observedGeneration": generation}]}
