@@ -28,8 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pdfleet_operator.api.constants import ConditionType, Role, RolloutPhase
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.constants import Role, RolloutPhase
+from pdfleet_operator.api.models import Condition, PDDeploymentSpec, RoleRollout, RolloutStatus
+from pdfleet_operator.conditions import with_degraded
 from pdfleet_operator.groups import GROUP_MEMBER_LOST, units
 from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S, ObservedPod, Snapshot
 from pdfleet_operator.resources.pods import role_spec
@@ -68,27 +69,21 @@ class RoleDecision:
     draining: int
     message: str
 
-    def status(self, current: str) -> dict:
-        return {
-            "currentRevision": current,
-            "targetRevision": self.target,
-            "stableRevision": self.stable,
-            "failedRevisions": list(self.failed) or None,
-            "failureReason": self.failure_reason,
-            "updated": self.updated,
-            "ready": self.ready,
-            "draining": self.draining,
-            "lastProgressTime": datetime.fromtimestamp(self.last_progress, UTC).isoformat().replace("+00:00", "Z"),
-            "progress": self.progress_mark,
-            "message": self.message,
-        }
-
-
-def _epoch(value: object) -> float | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    def status(self, current: str) -> RoleRollout:
+        """``status.rollout.<role>``: every field set, so a None clears a field the last pass wrote."""
+        return RoleRollout(
+            current_revision=current,
+            target_revision=self.target,
+            stable_revision=self.stable,
+            failed_revisions=list(self.failed) or None,
+            failure_reason=self.failure_reason,
+            updated=self.updated,
+            ready=self.ready,
+            draining=self.draining,
+            last_progress_time=datetime.fromtimestamp(self.last_progress, UTC),
+            progress=self.progress_mark,
+            message=self.message,
+        )
 
 
 def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeout: float) -> str | None:
@@ -105,7 +100,7 @@ def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeou
 
 
 def decide(
-    previous: Mapping | None,
+    previous: RoleRollout | None,
     *,
     spec_revision: str,
     replicas: int,
@@ -118,9 +113,9 @@ def decide(
 ) -> RoleDecision:
     """One role's bookkeeping for this pass; ``can_roll_back_to`` are revisions whose spec is stored.
     ``pods`` are the role's replicas (groups as units); ``members`` every pod, for failures (default: pods)."""
-    prev = previous or {}
-    stable = prev.get("stableRevision")
-    failed = tuple(r for r in prev.get("failedRevisions") or () if r == spec_revision)
+    prev = previous or RoleRollout()
+    stable = prev.stable_revision
+    failed = tuple(r for r in prev.failed_revisions or () if r == spec_revision)
     live = [p for p in pods if not p.deleting]
     # the stable revision, where a failed rollout can go back to (its spec is stored)
     rollback = stable if stable is not None and stable != spec_revision and stable in can_roll_back_to else None
@@ -133,8 +128,8 @@ def decide(
     complete = (len(on_target) == replicas and updated_ready == replicas and not others and not draining)
 
     mark = f"{updated_ready}/{len(others)}"
-    last_progress = _epoch(prev.get("lastProgressTime")) or now
-    if prev.get("targetRevision") != target or prev.get("progress") != mark:
+    last_progress = (prev.last_progress_time.timestamp() if prev.last_progress_time is not None else None) or now
+    if prev.target_revision != target or prev.progress != mark:
         last_progress = now  # the target changed, or a pod became ready or went: progress
     failure = None
     # Only a rollout fails: once the spec's revision is the stable one (committed), a pod of it that later
@@ -151,7 +146,7 @@ def decide(
                 target, last_progress = rollback, now
     if complete:
         stable = target
-    failure_reason = failure or (prev.get("failureReason") if spec_revision in failed else None)
+    failure_reason = failure or (prev.failure_reason if spec_revision in failed else None)
     canary_hold = (canary is not None and target == spec_revision and bool(others)
                    and len(on_target) >= canary)
     rolling_back = target != spec_revision
@@ -179,13 +174,14 @@ def decide(
 # -- glue for a reconcile pass (pure) ----------------------------------------------------------
 
 
-def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: Mapping, now: float) -> dict[Role, RoleDecision]:
+def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: RolloutStatus | None,
+                    now: float) -> dict[Role, RoleDecision]:
     out = {}
     for role in Role:
         rs = role_spec(spec, role)
         pods = [p for p in snapshot.pods if p.role is role]
         out[role] = decide(
-            previous.get(role.value),
+            _role_rollout(previous, role),
             spec_revision=role_revision(spec, role),
             replicas=rs.replicas,
             pods=units(pods),
@@ -219,6 +215,12 @@ def next_wake(spec: PDDeploymentSpec, snapshot: Snapshot, decisions: Mapping[Rol
     return max(0.05, min(ahead) + 0.05) if ahead else None
 
 
+def _role_rollout(status: RolloutStatus | None, role: Role) -> RoleRollout | None:
+    if status is None:
+        return None
+    return status.prefill if role is Role.PREFILL else status.decode
+
+
 def rollout_targets(spec: PDDeploymentSpec, snapshot: Snapshot,
                     decisions: Mapping[Role, RoleDecision]) -> dict[Role, tuple[str, PDDeploymentSpec]]:
     """The revision each role's new pods are built from, with the spec that revision came from."""
@@ -244,32 +246,21 @@ def _phase(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> Ro
     return RolloutPhase.PROGRESSING
 
 
-def rollout_status(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> dict:
-    phase = _phase(spec, decisions)
-    return {
-        "phase": phase.value,
-        "message": "; ".join(f"{role.value}: {d.message}" for role, d in decisions.items()),
-        **{role.value: d.status(role_revision(spec, role)) for role, d in decisions.items()},
-    }
+def rollout_status(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> RolloutStatus:
+    """``status.rollout`` (``decisions`` holds both roles, as ``decide_rollouts`` makes them)."""
+    return RolloutStatus(
+        phase=_phase(spec, decisions),
+        message="; ".join(f"{role.value}: {d.message}" for role, d in decisions.items()),
+        prefill=decisions[Role.PREFILL].status(role_revision(spec, Role.PREFILL)),
+        decode=decisions[Role.DECODE].status(role_revision(spec, Role.DECODE)),
+    )
 
 
-def with_rollout_failures(admission: Sequence[dict], decisions: Mapping[Role, RoleDecision],
-                          spec: PDDeploymentSpec, generation: int) -> list[dict]:
+def with_rollout_failures(admission: Sequence[Condition], decisions: Mapping[Role, RoleDecision],
+                          spec: PDDeploymentSpec, generation: int) -> list[Condition]:
     """``Degraded`` while a role's spec revision is marked failed (rolled back, or nowhere to go)."""
     failed = [(role, d) for role, d in decisions.items() if role_revision(spec, role) in d.failed]
     if not failed:
         return list(admission)
-    text = "; ".join(f"{role.value}: {d.message}" for role, d in failed)
-    out, found = [], False
-    for cond in admission:
-        if cond.get("type") == ConditionType.DEGRADED.value:
-            found = True
-            if cond.get("status") == "True":
-                cond = {**cond, "message": f"{cond.get('message', '')}\n{text}"}
-            else:
-                cond = {**cond, "status": "True", "reason": "RolloutFailed", "message": text}
-        out.append(cond)
-    if not found:
-        out.append({"type": ConditionType.DEGRADED.value, "status": "True", "reason": "RolloutFailed",
-                    "message": text, "observedGeneration": generation})
-    return out
+    return with_degraded(admission, "RolloutFailed", "; ".join(f"{role.value}: {d.message}" for role, d in failed),
+                         generation)

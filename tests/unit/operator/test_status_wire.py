@@ -20,13 +20,19 @@ import pytest
 import yaml
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import Condition, PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.placement import NodeFacts, check_placement
 from pdfleet_operator.plan import ObservedPod, Snapshot
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.secret import AUTH_SECRET_MISSING
 from pdfleet_operator.rollout_state import decide_rollouts, with_rollout_failures
-from pdfleet_operator.status import pass_status, spec_unreadable_status, with_degraded, with_placement
+from pdfleet_operator.status import (
+    pass_status,
+    spec_unreadable_status,
+    status_document,
+    with_degraded,
+    with_placement,
+)
 
 GOLDEN = Path(__file__).with_name("status_wire")
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "valid"
@@ -37,7 +43,7 @@ ADMITTED = [
     {"type": "Degraded", "status": "False", "observedGeneration": 1, "reason": "MatrixAdmits",
      "message": "matrix 2026.12 admits the spec"},
 ]
-MATRIX = {"matrixVersion": "2026.12"}
+MATRIX = "2026.12"
 
 
 def spec_of(*, decode_image: str | None = None, router: bool = False, canary: int | None = None,
@@ -70,15 +76,16 @@ def run_pass(spec: PDDeploymentSpec, observed: list[ObservedPod], old: dict[str,
     """One pass's status as ``reconcile._pass`` builds it (the pure part: no API calls)."""
     stored = {(role, role_revision(s, role)): s for s in (spec, *revisions) for role in Role}
     snapshot = Snapshot(pods=tuple(observed), secret_exists=True, revisions=stored)
-    conditions = [dict(c) for c in (ADMITTED if admission is None else admission)]
+    conditions = [Condition.model_validate(c) for c in (ADMITTED if admission is None else admission)]
+    stored_status = PDDeploymentStatus.model_validate(old)
     if nodes is not None:
         conditions = with_placement(conditions, check_placement(spec, list(nodes)), 1)
     if secret_missing is not None:
         conditions = with_degraded(conditions, AUTH_SECRET_MISSING, secret_missing, 1)
-    decisions = decide_rollouts(spec, snapshot, old.get("rollout") or {}, now.timestamp())
+    decisions = decide_rollouts(spec, snapshot, stored_status.rollout, now.timestamp())
     conditions = with_rollout_failures(conditions, decisions, spec, 1)
-    return pass_status(spec, "demo", 1, observed, old, conditions, decisions, list(holds), now,
-                       namespace=namespace, extra=MATRIX)
+    return status_document(pass_status(spec, "demo", 1, observed, stored_status, conditions, decisions, list(holds),
+                                       now, namespace=namespace, matrix_version=MATRIX))
 
 
 def cases() -> dict[str, dict[str, Any]]:
@@ -89,8 +96,9 @@ def cases() -> dict[str, dict[str, Any]]:
     out["ready-again"] = run_pass(a, pods(a), ready, datetime(2026, 1, 1, 0, 2, tzinfo=UTC))
     b = spec_of(decode_image="runtime:next")
     rev_a = role_revision(a, Role.DECODE)
-    rolling = pods(b, decode_revision=rev_a) + [
-        ObservedPod("d-2", Role.DECODE, role_revision(b, Role.DECODE), 2, False, running_since=T0.timestamp() + 100)]
+    rolling = [*pods(b, decode_revision=rev_a),
+               ObservedPod("d-2", Role.DECODE, role_revision(b, Role.DECODE), 2, False,
+                           running_since=T0.timestamp() + 100)]
     out["rolling"] = roll = run_pass(b, rolling, ready, datetime(2026, 1, 1, 0, 3, tzinfo=UTC), revisions=(a,),
                                      holds=("decode revision holds: no ready prefill shares its key",))
     failing = [*rolling[:-1], ObservedPod("d-2", Role.DECODE, role_revision(b, Role.DECODE), 2, False, gate="False",
@@ -113,7 +121,8 @@ def cases() -> dict[str, dict[str, Any]]:
     rejected = [{**ADMITTED[0], "status": "False", "reason": "MatrixRejects", "message": "rule x"},
                 {**ADMITTED[1], "status": "True", "reason": "MatrixRejects", "message": "rule x"}]
     out["rejected"] = run_pass(a, pods(a), ready, datetime(2026, 1, 1, 0, 10, tzinfo=UTC), admission=rejected)
-    out["spec-unreadable"] = spec_unreadable_status([dict(c) for c in ADMITTED], "spec.decode: field required", 1)
+    out["spec-unreadable"] = status_document(spec_unreadable_status(
+        [Condition.model_validate(c) for c in ADMITTED], "spec.decode: field required", 1))
     return out
 
 
