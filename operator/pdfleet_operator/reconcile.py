@@ -39,11 +39,10 @@ from pdfleet_operator.api.models import Condition, PDDeploymentSpec, PDDeploymen
 from pdfleet_operator.apply import Outcome, Writer
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
+from pdfleet_operator.observed import Owner, Snapshot
 from pdfleet_operator.placement import check_placement, node_facts
 from pdfleet_operator.plan import (
     ActionKind,
-    Owner,
-    Snapshot,
     group_pods_running,
     grouped_roles,
     plan,

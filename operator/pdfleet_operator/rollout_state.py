@@ -5,7 +5,7 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
 * the target revision: the spec's, unless the spec's revision failed, then the stable one (a
   rollback within the same budgets: the step planner simply rolls towards the target);
 * failure of a rollout towards the spec's revision: a target pod's transfer-path gate is False
-  with a failure reason (``GATE_FAILURE_REASONS``; "not yet" reasons such as WaitingForCanary
+  with a failure reason (``readiness_problems.GATE_FAILURES``; "not yet" reasons such as WaitingForCanary
   are not failures), or not True for longer than the gate timeout after it started running, or its containers
   restarted too often, or no progress (a target pod became ready, or an old pod went) for
   ``progressDeadlineSeconds``;
@@ -14,7 +14,7 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
 * canary hold: with ``canaryReplicas`` set and old pods left, the new revision stops there.
 
 A replica group counts as one unit (``groups.units``: ready when every member is); failures are
-read from every member, except a leader's lost member (``GROUP_MEMBER_LOST``), which restarts its
+read from every member, except a leader's lost member (``Problem.GROUP_MEMBER_LOST``), which restarts its
 group rather than failing the revision.
 
 Failed revisions are remembered only while the spec still names them: a spec change clears the
@@ -31,11 +31,12 @@ from datetime import UTC, datetime
 from pdfleet_operator.api.constants import Role, RolloutPhase
 from pdfleet_operator.api.models import Condition, PDDeploymentSpec, RoleRollout, RolloutStatus
 from pdfleet_operator.conditions import with_degraded
-from pdfleet_operator.groups import GROUP_MEMBER_LOST, units
-from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S, ObservedPod, Snapshot
+from pdfleet_operator.groups import units
+from pdfleet_operator.observed import ObservedPod, Snapshot
+from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
-from pdfleet_runtime.config import GATE_FAILURE_REASONS
+from pdfleet_runtime.readiness_problems import GATE_FAILURES, Problem
 
 __all__ = [
     "MAX_RESTARTS",
@@ -90,7 +91,7 @@ def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeou
     for p in pods:
         if p.revision != revision or p.deleting:
             continue
-        if p.gate == "False" and p.gate_reason in GATE_FAILURE_REASONS and p.gate_reason != GROUP_MEMBER_LOST:
+        if p.gate == "False" and p.gate_problem in GATE_FAILURES and p.gate_problem is not Problem.GROUP_MEMBER_LOST:
             return f"pod {p.name} failed its transfer-path gate" + (f" ({p.gate_message})" if p.gate_message else "")
         if p.gate != "True" and p.running_since is not None and now - p.running_since > gate_timeout:
             return f"pod {p.name}'s transfer-path gate stayed unknown for {now - p.running_since:.0f}s"

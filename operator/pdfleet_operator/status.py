@@ -24,8 +24,9 @@ from pdfleet_operator.api.models import (
 )
 from pdfleet_operator.conditions import condition, merge_conditions, with_degraded
 from pdfleet_operator.groups import units
+from pdfleet_operator.observed import ObservedPod
 from pdfleet_operator.placement import PlacementProblem
-from pdfleet_operator.plan import ObservedPod, budgets
+from pdfleet_operator.plan import budgets
 from pdfleet_operator.resources.names import role_selector
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision

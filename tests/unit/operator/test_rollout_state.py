@@ -6,12 +6,13 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import RoleRollout
 from pdfleet_operator.plan import ObservedPod
 from pdfleet_operator.rollout_state import decide
+from pdfleet_runtime.readiness_problems import gate_problem
 
 NOW = 1_000.0
 
 
 def pod(name: str, revision: str, *, ready: bool = True, gate: str = "True", reason: str = "") -> ObservedPod:
-    return ObservedPod(name, Role.DECODE, revision, int(name[-1]), ready=ready, gate=gate, gate_reason=reason,
+    return ObservedPod(name, Role.DECODE, revision, int(name[-1]), ready=ready, gate=gate, gate_problem=gate_problem(reason),
                        gate_message=reason,
                        running_since=NOW - 100)
 

@@ -33,6 +33,7 @@ from pdfleet_operator.status import (
     with_degraded,
     with_placement,
 )
+from pdfleet_runtime.readiness_problems import Problem
 
 GOLDEN = Path(__file__).with_name("status_wire")
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "valid"
@@ -102,7 +103,7 @@ def cases() -> dict[str, dict[str, Any]]:
     out["rolling"] = roll = run_pass(b, rolling, ready, datetime(2026, 1, 1, 0, 3, tzinfo=UTC), revisions=(a,),
                                      holds=("decode revision holds: no ready prefill shares its key",))
     failing = [*rolling[:-1], ObservedPod("d-2", Role.DECODE, role_revision(b, Role.DECODE), 2, False, gate="False",
-                                          gate_reason="BytesMismatched", gate_message="BytesMismatched: 3 pages",
+                                          gate_problem=Problem.CORRUPT, gate_message="BytesMismatched: 3 pages",
                                           running_since=T0.timestamp() + 100)]
     out["failed"] = failed = run_pass(b, failing, roll, datetime(2026, 1, 1, 0, 4, tzinfo=UTC), revisions=(a,))
     out["rolled-back"] = run_pass(b, pods(b, decode_revision=rev_a), failed, datetime(2026, 1, 1, 0, 5, tzinfo=UTC),
