@@ -7,6 +7,7 @@ cd "$repo"
 . scripts/setup.sh
 echo "[test] ruff"; ruff check operator runtime tests bench
 echo "[test] import-linter"; lint-imports --no-cache
+echo "[test] mypy"; mypy  # the checked modules and settings: pyproject.toml [tool.mypy]
 echo "[test] pytest"
 # GPU tests run on the device machine only; here they are skipped with that reason.
 # Two workers, whole files each (module fixtures stay together); each worker starts its own

@@ -22,7 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from pdfleet_operator.api.constants import API_VERSION, KIND
-from pdfleet_operator.plan import Action, ActionKind, Owner
+from pdfleet_operator.observed import Owner
+from pdfleet_operator.plan import Action, ActionKind
 
 __all__ = ["FIELD_MANAGER", "Outcome", "Writer", "fingerprint"]
 

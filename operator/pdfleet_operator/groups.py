@@ -6,7 +6,8 @@ bookkeeping and the status see each group as one unit: an ``ObservedPod`` with t
 drain and gate, ready only when every member is, unscheduled while any member is.
 
 A group is broken when a member is missing or going (deleted, evicted, failed) while others live, or
-when its leader reports it lost a member (``GROUP_MEMBER_LOST``): a half group holds GPUs and serves
+when its leader reports it lost a member (``Problem.GROUP_MEMBER_LOST``: the replica-group contract: the
+group's failure, answered by a restart, not a failure of the revision it runs): a half group holds GPUs and serves
 nothing, so it is restarted as a unit: its live members are deleted and the unit counts as
 terminating (it still holds GPUs within the surge room); the step planner then creates the replica
 again under a fresh index, as it does for any replica that went.
@@ -16,16 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pdfleet_operator.plan import ObservedPod
+from pdfleet_operator.observed import ObservedPod
+from pdfleet_runtime.readiness_problems import Problem
 
-__all__ = ["GROUP_MEMBER_LOST", "Group", "groups_of", "units"]
-
-# The leader's transfer-path reason when a member went (the replica-group contract): the group's
-# failure, answered by a restart; not a failure of the revision it runs.
-GROUP_MEMBER_LOST = "GroupMemberLost"
+__all__ = ["Group", "groups_of", "units"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ def _broken(members: list[ObservedPod], size: int) -> str | None:
     if failed:
         return f"pod {', '.join(failed)} failed"
     leader = next(m for m in live if m.member == 0)
-    if leader.gate == "False" and leader.gate_reason == GROUP_MEMBER_LOST:
+    if leader.gate == "False" and leader.gate_problem is Problem.GROUP_MEMBER_LOST:
         return f"leader {leader.name} lost a member ({leader.gate_message})"
     return None
 

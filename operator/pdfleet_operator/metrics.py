@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from pdfleet_operator.api.models import Condition
 
 __all__ = ["METRICS", "Metrics", "count_watch_restarts", "serve"]
 
@@ -50,9 +53,9 @@ class Metrics:
         self.restart_count = 0  # the same, as a plain number: passes compare it (reconcile.Reconciler)
         self._last: dict[tuple[str, str], dict[str, str]] = {}
 
-    def record_conditions(self, key: tuple[str, str], conditions: list[dict]) -> None:
+    def record_conditions(self, key: tuple[str, str], conditions: Sequence[Condition]) -> None:
         """Keep the gauge equal to the count over deployments of their latest conditions."""
-        new = {c["type"]: c["status"] for c in conditions}
+        new = {c.type.value: c.status.value for c in conditions}
         for ctype, status in self._last.get(key, {}).items():
             self.conditions.labels(ctype, status).dec()
         for ctype, status in new.items():

@@ -1,4 +1,4 @@
-"""Observe: read a PDDeployment's children into a ``plan.Snapshot`` (reads only).
+"""Observe: read a PDDeployment's children into an ``observed.Snapshot`` (reads only).
 
 Pods are found by the deployment label and identified by their identity annotation
 (``role/revision/index``, plus ``/member/nodes`` for a pod of a multi-node group), so a pod whose role or revision labels were edited away is still
@@ -16,8 +16,8 @@ from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
+from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
 from pdfleet_operator.placement import NodeFacts, node_facts
-from pdfleet_operator.plan import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
     ANNOTATION_DRAIN_CANCELLED,
@@ -35,6 +35,7 @@ from pdfleet_operator.resources.names import (
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 from pdfleet_operator.resources.revisions import parse_revisions
 from pdfleet_runtime.config import READINESS_GATE, drain_of
+from pdfleet_runtime.readiness_problems import gate_problem
 
 __all__ = ["observe", "observe_nodes", "observed_pod", "secret_exists", "snapshot_of", "with_group_secrets"]
 
@@ -93,7 +94,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         drain_cancelled=_epoch(annotations.get(ANNOTATION_DRAIN_CANCELLED)),
         drained=drained,
         gate=gate.get("status"),
-        gate_reason=gate.get("reason") or "",
+        gate_problem=gate_problem(gate.get("reason")),
         gate_message=": ".join(x for x in (gate.get("reason"), gate.get("message")) if x),
         restarts=restarts,
         running_since=running_since,

@@ -21,9 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pdfleet_operator.api.constants import API_VERSION, KIND, Role
+from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterKind
 from pdfleet_operator.groups import groups_of, units
+from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.engine import group_service
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
@@ -50,6 +51,7 @@ from pdfleet_operator.rollout import PodView, StepKind, plan_steps
 from pdfleet_runtime.config import GROUP_PORT
 from pdfleet_runtime.engine_rules.sglang import DIST_INIT_PORT
 
+# ObservedPod, Owner and Snapshot live in ``observed`` (the planners' inputs); re-exported for callers of plan.
 __all__ = [
     "DRAIN_CANCEL_SETTLE_S",
     "Action",
@@ -81,61 +83,6 @@ class ActionKind(StrEnum):
     PATCH_META = "patch-meta"  # merge-patch a pod's metadata (drain start and cancel)
     HOLD = "hold"  # write nothing: the role waits, and status says why
     DELETE = "delete"
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The PDDeployment that owns the children."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    def reference(self) -> dict:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-
-
-@dataclass(frozen=True)
-class ObservedPod:
-    name: str
-    role: Role
-    revision: str
-    index: int
-    ready: bool
-    deleting: bool = False
-    labels_ok: bool = True  # False when a user edited the identity labels away
-    drain_started: float | None = None  # epoch seconds of the drain annotation; None: not draining
-    drain_cancelled: float | None = None  # epoch seconds of the last drain cancel (annotation)
-    drained: bool = False  # the runtime set the pdfleet.io/drained condition True
-    gate: str | None = None  # the transfer-path condition's status: "True", "False" or None (unknown)
-    gate_reason: str = ""  # the condition's reason (the runtime's readiness problem)
-    gate_message: str = ""  # its reason and message, for a failed gate
-    restarts: int = 0  # container restarts, summed
-    running_since: float | None = None  # epoch seconds the pod started running; None: not running
-    compat: str = ""  # the pdfleet.io/compat label
-    scheduled: bool = True  # spec.nodeName is set (False: stuck Pending, no container ever ran)
-    member: int = 0  # its place in its replica group (0: the leader; every single-node pod is one)
-    group_size: int = 1  # the pods of its group (nodesPerReplica of the revision it was made from)
-    failed: bool = False  # phase Failed (evicted, or its containers ended and will not restart)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What observe saw: owned pods, whether the auth and router secrets exist, and the stored revisions
-    (``(role, revision) -> spec`` from the deployment's ControllerRevisions)."""
-
-    pods: tuple[ObservedPod, ...] = ()
-    secret_exists: bool = False
-    revisions: Mapping[tuple[Role, str], PDDeploymentSpec] = field(default_factory=dict)
-    router_secret_exists: bool = False
-    group_secrets: frozenset[Role] = frozenset()  # roles whose group key Secret exists (read for grouped roles only)
 
 
 @dataclass(frozen=True)

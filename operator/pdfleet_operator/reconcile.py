@@ -27,16 +27,22 @@ from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION, ConditionType
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.constants import (
+    GROUP,
+    LABEL_DEPLOYMENT,
+    PLURAL,
+    VERSION,
+    ConditionStatus,
+    ConditionType,
+)
+from pdfleet_operator.api.models import Condition, PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.apply import Outcome, Writer
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
+from pdfleet_operator.observed import Owner, Snapshot
 from pdfleet_operator.placement import check_placement, node_facts
 from pdfleet_operator.plan import (
     ActionKind,
-    Owner,
-    Snapshot,
     group_pods_running,
     grouped_roles,
     plan,
@@ -48,14 +54,14 @@ from pdfleet_operator.resources.secret import (
     missing_group_key_in_use,
     missing_key_in_use,
 )
-from pdfleet_operator.rollout_state import (
-    decide_rollouts,
-    next_wake,
-    rollout_status,
-    rollout_targets,
-    with_rollout_failures,
+from pdfleet_operator.rollout_state import decide_rollouts, next_wake, rollout_targets, with_rollout_failures
+from pdfleet_operator.status import (
+    pass_status,
+    spec_unreadable_status,
+    status_document,
+    with_degraded,
+    with_placement,
 )
-from pdfleet_operator.status import compute_status, with_degraded, with_placement
 from pdfleet_operator.watched import (
     INDEX_NODES,
     INDEX_PDDEPLOYMENTS,
@@ -67,8 +73,8 @@ from pdfleet_operator.watched import (
 
 __all__ = ["PassResult", "Reconciler", "register"]
 
-# obj -> (Admitted/Degraded conditions, extra status fields such as matrixVersion)
-AdmissionStatus = Callable[[dict], tuple[list[dict], dict]]
+# obj -> (Admitted/Degraded conditions, the matrix version that judged it or None)
+AdmissionStatus = Callable[[dict], tuple[list[Condition], str | None]]
 
 
 @dataclass
@@ -79,15 +85,26 @@ class PassResult:
     transitions: list[tuple[str, str, str, str]] = field(default_factory=list)  # type, status, reason, msg
     body: dict | None = None
     skipped: str | None = None
-    conditions: list[dict] | None = None
+    conditions: list[Condition] | None = None
     requeue_after: float | None = None  # the next time-based decision (a drain deadline, a gate timeout)
     api_calls: int = 0
 
 
-def _admitted(conditions: list[dict]) -> bool:
-    return not any(
-        c["type"] == ConditionType.ADMITTED.value and c["status"] == "False" for c in conditions
-    )
+def _admitted(conditions: list[Condition]) -> bool:
+    return not any(c.type is ConditionType.ADMITTED and c.status is ConditionStatus.FALSE for c in conditions)
+
+
+class StatusUnreadable(ValueError):
+    """The stored status does not parse as ``PDDeploymentStatus`` (only this operator writes it, through the
+    same model that gives the CRD its schema): the pass stops rather than forget failed revisions."""
+
+
+def _stored_status(raw: dict) -> PDDeploymentStatus:
+    try:
+        return PDDeploymentStatus.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"status.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise StatusUnreadable(f"the stored status does not parse: {problems}") from exc
 
 
 class _CountedCalls(threading.local):
@@ -256,16 +273,14 @@ class Reconciler:
         if meta.get("deletionTimestamp"):
             return PassResult(skipped="being deleted; children go by garbage collection")
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
-        old_status = obj.get("status") or {}
-        admission, extra_status = self._admission(obj)
+        raw_status = obj.get("status") or {}
+        old_status = _stored_status(raw_status)
+        admission, matrix_version = self._admission(obj)
         try:
             spec = PDDeploymentSpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
             msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            admission = [*admission, {"type": ConditionType.DEGRADED.value, "status": "True",
-                                      "reason": "SpecUnreadable", "message": msg,
-                                      "observedGeneration": meta.get("generation", 0)}]
-            self._write_status(owner, old_status, {"conditions": admission})
+            self._write_status(owner, raw_status, spec_unreadable_status(admission, msg, meta.get("generation", 0)))
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
         snapshot = self._observe(owner, view, spec)
         problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
@@ -277,7 +292,7 @@ class Reconciler:
                 admission = with_degraded(admission, AUTH_SECRET_MISSING, missing_group_key_in_use(name, role, running),
                                           meta.get("generation", 0))
         now = time.time()
-        decisions = decide_rollouts(spec, snapshot, old_status.get("rollout") or {}, now)
+        decisions = decide_rollouts(spec, snapshot, old_status.rollout, now)
         targets = rollout_targets(spec, snapshot, decisions)
         admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
         actions = plan(owner, spec, snapshot, now=now, targets=targets)
@@ -290,29 +305,23 @@ class Reconciler:
         if any(o.action.object_kind == "Pod" and o.changed for o in outcomes):
             snapshot = (observe(self._api, owner) if view is None
                         else replace(snapshot, pods=_pods_after(owner, view, outcomes)))
-        status = compute_status(
-            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, datetime.now(UTC),
-            namespace=owner.namespace,
+        status = pass_status(
+            spec, name, meta.get("generation", 0), snapshot.pods, old_status, admission, decisions,
+            [a.reason for a in actions if a.kind is ActionKind.HOLD], datetime.now(UTC), namespace=owner.namespace,
+            matrix_version=matrix_version,
         )
-        status["rollout"] = rollout_status(spec, decisions)
-        holds = [a.reason for a in actions if a.kind is ActionKind.HOLD]
-        if holds:
-            status["rollout"]["message"] = "; ".join([*holds, status["rollout"]["message"]])
-        phase_before = (old_status.get("rollout") or {}).get("phase")
-        before = {c.get("type"): c for c in old_status.get("conditions") or ()}
-        transitions = [
-            (c["type"], c["status"], c.get("reason", ""), c.get("message", ""))
-            for c in status["conditions"]
-            if before.get(c["type"], {}).get("status") != c["status"]
-        ]
-        if status["rollout"]["phase"] != phase_before:
-            transitions.append(("Rollout", status["rollout"]["phase"], "Rollout" + status["rollout"]["phase"],
-                                status["rollout"].get("message") or ""))
+        conditions = status.conditions or []
+        before = {c.type: c.status for c in old_status.conditions or ()}
+        transitions = [(c.type.value, c.status.value, c.reason or "", c.message or "")
+                       for c in conditions if before.get(c.type) is not c.status]
+        rollout = status.rollout
+        if rollout is not None and rollout.phase is not (old_status.rollout.phase if old_status.rollout else None):
+            transitions.append(("Rollout", rollout.phase.value, f"Rollout{rollout.phase.value}", rollout.message or ""))
         for role, d in decisions.items():
             if d.failure:
                 transitions.append((ConditionType.DEGRADED.value, "True", "RolloutFailed", f"{role.value}: {d.message}"))
-        self._write_status(owner, old_status, {**status, **extra_status})
-        return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=status["conditions"],
+        self._write_status(owner, raw_status, status)
+        return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=conditions,
                           requeue_after=next_wake(spec, snapshot, decisions, now))
 
     def _remember(self, owner: Owner, o: Outcome) -> None:
@@ -323,11 +332,12 @@ class Reconciler:
             self._state.wrote(o.action.object_kind, owner.namespace, owner.name, o.response,
                               deleted=o.action.kind is ActionKind.DELETE)
 
-    def _write_status(self, owner: Owner, old: dict, status: dict) -> None:
-        """Patch the status only when it changed (a pass with nothing new writes nothing)."""
-        if all(old.get(k) == v for k, v in status.items()):
+    def _write_status(self, owner: Owner, old: dict, status: PDDeploymentStatus) -> None:
+        """Patch the status only when it changed from the stored one (a pass with nothing new writes nothing)."""
+        doc = status_document(status)
+        if all(old.get(k) == v for k, v in doc.items()):
             return
-        answer = self._writer.patch_status(owner.namespace, owner.name, status)
+        answer = self._writer.patch_status(owner.namespace, owner.name, doc)
         if self._state is not None:
             self._state.wrote("PDDeployment", owner.namespace, owner.name, answer)
 

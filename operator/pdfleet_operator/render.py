@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.plan import Owner, Snapshot, plan
+from pdfleet_operator.observed import Owner, Snapshot
+from pdfleet_operator.plan import plan
 from pdfleet_operator.validation import ObjectVerdict, iter_objects, validate_object, validate_text
 
 __all__ = ["PLACEHOLDER_UID", "Rendered", "render_object", "render_text"]

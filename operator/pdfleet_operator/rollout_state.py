@@ -5,7 +5,7 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
 * the target revision: the spec's, unless the spec's revision failed, then the stable one (a
   rollback within the same budgets: the step planner simply rolls towards the target);
 * failure of a rollout towards the spec's revision: a target pod's transfer-path gate is False
-  with a failure reason (``GATE_FAILURE_REASONS``; "not yet" reasons such as WaitingForCanary
+  with a failure reason (``readiness_problems.GATE_FAILURES``; "not yet" reasons such as WaitingForCanary
   are not failures), or not True for longer than the gate timeout after it started running, or its containers
   restarted too often, or no progress (a target pod became ready, or an old pod went) for
   ``progressDeadlineSeconds``;
@@ -14,7 +14,7 @@ Each pass computes, from the role's previous ``status.rollout.<role>`` and its o
 * canary hold: with ``canaryReplicas`` set and old pods left, the new revision stops there.
 
 A replica group counts as one unit (``groups.units``: ready when every member is); failures are
-read from every member, except a leader's lost member (``GROUP_MEMBER_LOST``), which restarts its
+read from every member, except a leader's lost member (``Problem.GROUP_MEMBER_LOST``), which restarts its
 group rather than failing the revision.
 
 Failed revisions are remembered only while the spec still names them: a spec change clears the
@@ -28,13 +28,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pdfleet_operator.api.constants import ConditionType, Role, RolloutPhase
-from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.groups import GROUP_MEMBER_LOST, units
-from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S, ObservedPod, Snapshot
+from pdfleet_operator.api.constants import Role, RolloutPhase
+from pdfleet_operator.api.models import Condition, PDDeploymentSpec, RoleRollout, RolloutStatus
+from pdfleet_operator.conditions import with_degraded
+from pdfleet_operator.groups import units
+from pdfleet_operator.observed import ObservedPod, Snapshot
+from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
-from pdfleet_runtime.config import GATE_FAILURE_REASONS
+from pdfleet_runtime.readiness_problems import GATE_FAILURES, Problem
 
 __all__ = [
     "MAX_RESTARTS",
@@ -68,34 +70,28 @@ class RoleDecision:
     draining: int
     message: str
 
-    def status(self, current: str) -> dict:
-        return {
-            "currentRevision": current,
-            "targetRevision": self.target,
-            "stableRevision": self.stable,
-            "failedRevisions": list(self.failed) or None,
-            "failureReason": self.failure_reason,
-            "updated": self.updated,
-            "ready": self.ready,
-            "draining": self.draining,
-            "lastProgressTime": datetime.fromtimestamp(self.last_progress, UTC).isoformat().replace("+00:00", "Z"),
-            "progress": self.progress_mark,
-            "message": self.message,
-        }
-
-
-def _epoch(value: object) -> float | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    def status(self, current: str) -> RoleRollout:
+        """``status.rollout.<role>``: every field set, so a None clears a field the last pass wrote."""
+        return RoleRollout(
+            current_revision=current,
+            target_revision=self.target,
+            stable_revision=self.stable,
+            failed_revisions=list(self.failed) or None,
+            failure_reason=self.failure_reason,
+            updated=self.updated,
+            ready=self.ready,
+            draining=self.draining,
+            last_progress_time=datetime.fromtimestamp(self.last_progress, UTC),
+            progress=self.progress_mark,
+            message=self.message,
+        )
 
 
 def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeout: float) -> str | None:
     for p in pods:
         if p.revision != revision or p.deleting:
             continue
-        if p.gate == "False" and p.gate_reason in GATE_FAILURE_REASONS and p.gate_reason != GROUP_MEMBER_LOST:
+        if p.gate == "False" and p.gate_problem in GATE_FAILURES and p.gate_problem is not Problem.GROUP_MEMBER_LOST:
             return f"pod {p.name} failed its transfer-path gate" + (f" ({p.gate_message})" if p.gate_message else "")
         if p.gate != "True" and p.running_since is not None and now - p.running_since > gate_timeout:
             return f"pod {p.name}'s transfer-path gate stayed unknown for {now - p.running_since:.0f}s"
@@ -105,7 +101,7 @@ def _failure(pods: Sequence[ObservedPod], revision: str, now: float, gate_timeou
 
 
 def decide(
-    previous: Mapping | None,
+    previous: RoleRollout | None,
     *,
     spec_revision: str,
     replicas: int,
@@ -118,12 +114,13 @@ def decide(
 ) -> RoleDecision:
     """One role's bookkeeping for this pass; ``can_roll_back_to`` are revisions whose spec is stored.
     ``pods`` are the role's replicas (groups as units); ``members`` every pod, for failures (default: pods)."""
-    prev = previous or {}
-    stable = prev.get("stableRevision")
-    failed = tuple(r for r in prev.get("failedRevisions") or () if r == spec_revision)
+    prev = previous or RoleRollout()
+    stable = prev.stable_revision
+    failed = tuple(r for r in prev.failed_revisions or () if r == spec_revision)
     live = [p for p in pods if not p.deleting]
-    rollback_ok = stable is not None and stable != spec_revision and stable in can_roll_back_to
-    target = stable if spec_revision in failed and rollback_ok else spec_revision
+    # the stable revision, where a failed rollout can go back to (its spec is stored)
+    rollback = stable if stable is not None and stable != spec_revision and stable in can_roll_back_to else None
+    target = rollback if spec_revision in failed and rollback is not None else spec_revision
     on_target = [p for p in live if p.revision == target and p.drain_started is None]
     updated_ready = sum(p.ready for p in on_target)
     others = [p for p in live if p.revision != target]
@@ -132,8 +129,8 @@ def decide(
     complete = (len(on_target) == replicas and updated_ready == replicas and not others and not draining)
 
     mark = f"{updated_ready}/{len(others)}"
-    last_progress = _epoch(prev.get("lastProgressTime")) or now
-    if prev.get("targetRevision") != target or prev.get("progress") != mark:
+    last_progress = (prev.last_progress_time.timestamp() if prev.last_progress_time is not None else None) or now
+    if prev.target_revision != target or prev.progress != mark:
         last_progress = now  # the target changed, or a pod became ready or went: progress
     failure = None
     # Only a rollout fails: once the spec's revision is the stable one (committed), a pod of it that later
@@ -146,11 +143,11 @@ def decide(
             failure = f"no progress for {now - last_progress:.0f}s (progressDeadlineSeconds {progress_deadline:.0f})"
         if failure is not None:
             failed = (*failed, spec_revision)
-            if rollback_ok:
-                target, last_progress = stable, now
+            if rollback is not None:
+                target, last_progress = rollback, now
     if complete:
         stable = target
-    failure_reason = failure or (prev.get("failureReason") if spec_revision in failed else None)
+    failure_reason = failure or (prev.failure_reason if spec_revision in failed else None)
     canary_hold = (canary is not None and target == spec_revision and bool(others)
                    and len(on_target) >= canary)
     rolling_back = target != spec_revision
@@ -178,13 +175,14 @@ def decide(
 # -- glue for a reconcile pass (pure) ----------------------------------------------------------
 
 
-def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: Mapping, now: float) -> dict[Role, RoleDecision]:
+def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: RolloutStatus | None,
+                    now: float) -> dict[Role, RoleDecision]:
     out = {}
     for role in Role:
         rs = role_spec(spec, role)
         pods = [p for p in snapshot.pods if p.role is role]
         out[role] = decide(
-            previous.get(role.value),
+            _role_rollout(previous, role),
             spec_revision=role_revision(spec, role),
             replicas=rs.replicas,
             pods=units(pods),
@@ -218,6 +216,12 @@ def next_wake(spec: PDDeploymentSpec, snapshot: Snapshot, decisions: Mapping[Rol
     return max(0.05, min(ahead) + 0.05) if ahead else None
 
 
+def _role_rollout(status: RolloutStatus | None, role: Role) -> RoleRollout | None:
+    if status is None:
+        return None
+    return status.prefill if role is Role.PREFILL else status.decode
+
+
 def rollout_targets(spec: PDDeploymentSpec, snapshot: Snapshot,
                     decisions: Mapping[Role, RoleDecision]) -> dict[Role, tuple[str, PDDeploymentSpec]]:
     """The revision each role's new pods are built from, with the spec that revision came from."""
@@ -243,32 +247,21 @@ def _phase(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> Ro
     return RolloutPhase.PROGRESSING
 
 
-def rollout_status(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> dict:
-    phase = _phase(spec, decisions)
-    return {
-        "phase": phase.value,
-        "message": "; ".join(f"{role.value}: {d.message}" for role, d in decisions.items()),
-        **{role.value: d.status(role_revision(spec, role)) for role, d in decisions.items()},
-    }
+def rollout_status(spec: PDDeploymentSpec, decisions: Mapping[Role, RoleDecision]) -> RolloutStatus:
+    """``status.rollout`` (``decisions`` holds both roles, as ``decide_rollouts`` makes them)."""
+    return RolloutStatus(
+        phase=_phase(spec, decisions),
+        message="; ".join(f"{role.value}: {d.message}" for role, d in decisions.items()),
+        prefill=decisions[Role.PREFILL].status(role_revision(spec, Role.PREFILL)),
+        decode=decisions[Role.DECODE].status(role_revision(spec, Role.DECODE)),
+    )
 
 
-def with_rollout_failures(admission: Sequence[dict], decisions: Mapping[Role, RoleDecision],
-                          spec: PDDeploymentSpec, generation: int) -> list[dict]:
+def with_rollout_failures(admission: Sequence[Condition], decisions: Mapping[Role, RoleDecision],
+                          spec: PDDeploymentSpec, generation: int) -> list[Condition]:
     """``Degraded`` while a role's spec revision is marked failed (rolled back, or nowhere to go)."""
     failed = [(role, d) for role, d in decisions.items() if role_revision(spec, role) in d.failed]
     if not failed:
         return list(admission)
-    text = "; ".join(f"{role.value}: {d.message}" for role, d in failed)
-    out, found = [], False
-    for cond in admission:
-        if cond.get("type") == ConditionType.DEGRADED.value:
-            found = True
-            if cond.get("status") == "True":
-                cond = {**cond, "message": f"{cond.get('message', '')}\n{text}"}
-            else:
-                cond = {**cond, "status": "True", "reason": "RolloutFailed", "message": text}
-        out.append(cond)
-    if not found:
-        out.append({"type": ConditionType.DEGRADED.value, "status": "True", "reason": "RolloutFailed",
-                    "message": text, "observedGeneration": generation})
-    return out
+    return with_degraded(admission, "RolloutFailed", "; ".join(f"{role.value}: {d.message}" for role, d in failed),
+                         generation)

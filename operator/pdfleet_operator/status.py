@@ -1,8 +1,10 @@
-"""Pure status: pod counts, printer columns and the Progressing/Available conditions.
+"""Pure status: pod counts, printer columns and the Progressing/Available conditions, as the typed
+status models (``api.models.PDDeploymentStatus``) that also give the CRD its schema.
 
 ``Admitted`` and ``Degraded`` come from admission's re-check of the stored spec and are passed
-in; this module merges them, keeping ``lastTransitionTime`` when a condition's status did not
-change (so watchers see real transitions only).
+in; this module merges them (``conditions``), keeping ``lastTransitionTime`` when a condition's
+status did not change (so watchers see real transitions only). ``status_document`` is the one
+place the status becomes the JSON of the merge patch.
 """
 
 from __future__ import annotations
@@ -10,18 +12,38 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pdfleet_operator.api.constants import ConditionStatus, ConditionType, Role
-from pdfleet_operator.api.models import PDDeploymentSpec, shapes_text
+from pdfleet_operator.api.models import (
+    Condition,
+    PDDeploymentSpec,
+    PDDeploymentStatus,
+    RoleStatus,
+    shapes_text,
+)
+from pdfleet_operator.conditions import condition, merge_conditions, with_degraded
 from pdfleet_operator.groups import units
+from pdfleet_operator.observed import ObservedPod
 from pdfleet_operator.placement import PlacementProblem
-from pdfleet_operator.plan import ObservedPod, budgets
+from pdfleet_operator.plan import budgets
 from pdfleet_operator.resources.names import role_selector
 from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.router import endpoint_url
+from pdfleet_operator.rollout_state import RoleDecision, rollout_status
 
-__all__ = ["RoleCounts", "compute_status", "merge_conditions", "role_counts", "with_degraded", "with_placement"]
+__all__ = [
+    "RoleCounts",
+    "compute_status",
+    "merge_conditions",
+    "pass_status",
+    "role_counts",
+    "spec_unreadable_status",
+    "status_document",
+    "with_degraded",
+    "with_placement",
+]
 
 
 @dataclass(frozen=True)
@@ -46,51 +68,14 @@ def role_counts(spec: PDDeploymentSpec, role: Role, pods: Iterable[ObservedPod])
     )
 
 
-def _condition(kind: ConditionType, ok: bool, reason: str, message: str, generation: int) -> dict:
-    return {
-        "type": kind.value,
-        "status": ConditionStatus.TRUE.value if ok else ConditionStatus.FALSE.value,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-    }
-
-
-def merge_conditions(old: Sequence[Mapping] | None, new: Iterable[dict], now: datetime) -> list[dict]:
-    """New conditions replace old ones of the same type; unchanged statuses keep their time."""
-    previous = {c.get("type"): c for c in old or ()}
-    merged = {t: dict(c) for t, c in previous.items() if t}
-    for cond in new:
-        before = previous.get(cond["type"])
-        stamp = before.get("lastTransitionTime") if before and before.get("status") == cond["status"] else None
-        merged[cond["type"]] = {**cond, "lastTransitionTime": stamp or now.isoformat().replace("+00:00", "Z")}
-    order = [t.value for t in ConditionType]
-    return sorted(merged.values(), key=lambda c: order.index(c["type"]) if c["type"] in order else len(order))
-
-
-def with_placement(admission: Sequence[dict], problems: Sequence[PlacementProblem], generation: int) -> list[dict]:
+def with_placement(admission: Sequence[Condition], problems: Sequence[PlacementProblem],
+                   generation: int) -> list[Condition]:
     """Fold placement problems into ``Degraded``: a matrix rejection keeps its reason and gains the
     placement text; otherwise the first problem's kind is the reason."""
     if not problems:
         return list(admission)
     text = "; ".join(f"{p.role.value}: {p.message}" for p in problems)
     return with_degraded(admission, problems[0].problem.value, text, generation)
-
-
-def with_degraded(admission: Sequence[dict], reason: str, message: str, generation: int) -> list[dict]:
-    """``Degraded`` True with ``reason``; an earlier Degraded reason is kept and gains the message."""
-    out, found = [], False
-    for cond in admission:
-        if cond.get("type") == ConditionType.DEGRADED.value:
-            found = True
-            if cond.get("status") == ConditionStatus.TRUE.value:
-                cond = {**cond, "message": f"{cond.get('message', '')}\n{message}"}
-            else:
-                cond = {**cond, "status": ConditionStatus.TRUE.value, "reason": reason, "message": message}
-        out.append(cond)
-    if not found:
-        out.append(_condition(ConditionType.DEGRADED, True, reason, message, generation))
-    return out
 
 
 def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:
@@ -122,41 +107,84 @@ def compute_status(
     name: str,
     generation: int,
     pods: Sequence[ObservedPod],
-    old_status: Mapping | None,
-    admission_conditions: Iterable[dict],
+    old_status: PDDeploymentStatus | None,
+    admission_conditions: Iterable[Condition],
     now: datetime,
     namespace: str | None = None,
-) -> dict:
-    """The whole status; ``endpoint`` (the router Service's URL) needs the namespace."""
+) -> PDDeploymentStatus:
+    """The whole status but the rollout; ``endpoint`` (the router Service's URL) needs the namespace."""
     counts = {role: role_counts(spec, role, pods) for role in Role}
     available, a_reason, a_msg = _availability(spec, counts)
     progressing, p_reason, p_msg = _progress(counts)
     conditions = merge_conditions(
-        (old_status or {}).get("conditions"),
+        (old_status.conditions if old_status is not None else None) or [],
         [
             *admission_conditions,
-            _condition(ConditionType.AVAILABLE, available, a_reason, a_msg, generation),
-            _condition(ConditionType.PROGRESSING, progressing, p_reason, p_msg, generation),
+            condition(ConditionType.AVAILABLE, available, a_reason, a_msg, generation),
+            condition(ConditionType.PROGRESSING, progressing, p_reason, p_msg, generation),
         ],
         now,
     )
 
-    def role_status(role: Role) -> dict:
+    def role_status(role: Role) -> RoleStatus:
         c = counts[role]
         selector = ",".join(f"{k}={v}" for k, v in role_selector(name, role).items())
-        return {"replicas": c.replicas, "ready": c.ready, "updated": c.updated, "selector": selector}
+        return RoleStatus(replicas=c.replicas, ready=c.ready, updated=c.updated, selector=selector)
 
-    out = {
-        "observedGeneration": generation,
-        "conditions": conditions,
-        "prefill": role_status(Role.PREFILL),
-        "decode": role_status(Role.DECODE),
-        "prefillReady": f"{counts[Role.PREFILL].ready}/{counts[Role.PREFILL].desired}",
-        "decodeReady": f"{counts[Role.DECODE].ready}/{counts[Role.DECODE].desired}",
-        "shapes": shapes_text(spec),
-    }
+    endpoint: dict[str, str | None] = {}
     if spec.router is not None and namespace is not None:
-        out["endpoint"] = endpoint_url(name, namespace, spec.router)
-    elif (old_status or {}).get("endpoint"):
-        out["endpoint"] = None  # spec.router removed: a merge patch clears the column
-    return out
+        endpoint["endpoint"] = endpoint_url(name, namespace, spec.router)
+    elif old_status is not None and old_status.endpoint:
+        endpoint["endpoint"] = None  # spec.router removed: the merge patch's null clears the column
+    return PDDeploymentStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        prefill=role_status(Role.PREFILL),
+        decode=role_status(Role.DECODE),
+        prefill_ready=f"{counts[Role.PREFILL].ready}/{counts[Role.PREFILL].desired}",
+        decode_ready=f"{counts[Role.DECODE].ready}/{counts[Role.DECODE].desired}",
+        shapes=shapes_text(spec),
+        **endpoint,
+    )
+
+
+def pass_status(
+    spec: PDDeploymentSpec,
+    name: str,
+    generation: int,
+    pods: Sequence[ObservedPod],
+    old_status: PDDeploymentStatus | None,
+    admission_conditions: Iterable[Condition],
+    decisions: Mapping[Role, RoleDecision],
+    holds: Sequence[str],
+    now: datetime,
+    namespace: str | None = None,
+    matrix_version: str | None = None,
+) -> PDDeploymentStatus:
+    """The status one reconcile pass writes: counts and conditions, the rollout (``holds`` first in its
+    message), and the matrix version admission judged the spec with (when it names one)."""
+    status = compute_status(spec, name, generation, pods, old_status, admission_conditions, now, namespace=namespace)
+    rollout = rollout_status(spec, decisions)
+    if holds:
+        rollout = rollout.model_copy(update={"message": "; ".join([*holds, rollout.message or ""])})
+    update: dict[str, Any] = {"rollout": rollout}
+    if matrix_version:
+        update["matrix_version"] = matrix_version
+    return status.model_copy(update=update)
+
+
+def spec_unreadable_status(admission_conditions: Sequence[Condition], message: str,
+                           generation: int) -> PDDeploymentStatus:
+    """The status of a pass whose stored spec does not parse: the admission conditions and ``Degraded``."""
+    unreadable = Condition(type=ConditionType.DEGRADED, status=ConditionStatus.TRUE, reason="SpecUnreadable",
+                           message=message, observed_generation=generation)
+    return PDDeploymentStatus(conditions=[*admission_conditions, unreadable])
+
+
+def status_document(status: PDDeploymentStatus) -> dict[str, Any]:
+    """The status as the merge patch sends it: every field the pass set (a None clears the field on the
+    server, as a merge patch's null does); conditions without their unset parts."""
+    doc = status.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    if status.conditions is not None:
+        doc["conditions"] = [c.model_dump(by_alias=True, mode="json", exclude_none=True) for c in status.conditions]
+    return doc

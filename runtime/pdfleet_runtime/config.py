@@ -29,7 +29,6 @@ __all__ = [
     "DRAINED_CONDITION",
     "DRAIN_ANNOTATION",
     "ENGINE_PORT",
-    "GATE_FAILURE_REASONS",
     "GROUP_LEADER_ENV",
     "GROUP_MEMBER_ENV",
     "GROUP_PORT",
@@ -55,15 +54,10 @@ GROUP_PORT = 8997  # replica groups (nodesPerReplica > 1): ranks of one replica 
 # Per pod of a replica group (the operator sets them; the ConfigMap is the role's, shared by every member):
 GROUP_MEMBER_ENV = "PDFLEET_GROUP_MEMBER"  # this pod's place in its group, 0 = the leader (serves HTTP)
 GROUP_LEADER_ENV = "PDFLEET_GROUP_LEADER"  # the leader's pod name; DNS <leader>.<group.service>.<ns>.svc
-READINESS_GATE = "pdfleet.io/transfer-path"  # pod condition set after a verified canary transfer
+# The pod condition set after a verified canary transfer; its reasons, and which of them fail a rollout,
+# are readiness_problems' (Problem, GATE_FAILURES).
+READINESS_GATE = "pdfleet.io/transfer-path"
 SERVED_NAME_PATTERN = r"^[A-Za-z0-9._:/@+-]+$"  # spec.model.servedName, checked at admission too
-# Reasons of a False transfer-path condition that mean the pod's path is broken (the operator fails
-# a rollout on them); any other reason (Starting, WaitingForCanary, NoPeerFound, ...) means "not yet"
-# and only counts against the gate timeout. server.readiness.Problem holds every reason.
-GATE_FAILURE_REASONS = frozenset(
-    {"RankProcessDied", "PeerIncompatible", "BelowThroughputFloor", "BytesMismatched", "TransfersFailing",
-     "GroupMemberLost"}
-)
 DRAIN_ANNOTATION = "pdfleet.io/drain-started"  # set by the operator (epoch seconds): stop admitting, drain
 DRAINED_CONDITION = "pdfleet.io/drained"  # set by the runtime once a drained pod has nothing in flight
 # The drained condition's message starts with the drain it reports (the DRAIN_ANNOTATION value), so a

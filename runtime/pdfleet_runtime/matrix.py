@@ -37,6 +37,7 @@ from pdfleet_runtime.layouts import (
     resolve_layout,
 )
 from pdfleet_runtime.links import UNSUPPORTED_PROTOCOLS, Backend, LinkProtocol
+from pdfleet_runtime.roles import Role
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_RELEASES, RuntimeRelease, release_of
 
 __all__ = [
@@ -382,7 +383,7 @@ def explain_rule(rule_id: str) -> Rule | None:
 
 # -- evaluation ------------------------------------------------------------------------------------
 
-_ROLES = (("prefill", "spec.prefill"), ("decode", "spec.decode"))
+_ROLES = ((Role.PREFILL, "spec.prefill"), (Role.DECODE, "spec.decode"))
 
 
 def _pos_int(x: object) -> int | None:
@@ -401,8 +402,8 @@ class _Ctx:
         self.backend = Backend(inp.backend) if inp.backend in _BACKENDS else None
         self.protocol = LinkProtocol(inp.protocol) if inp.protocol in _PROTOCOLS else None
         # role -> (tp, pp) when both are readable
-        self.shapes: dict[str, tuple[int, int] | None] = {}
-        self.attn_dp: dict[str, int] = {}
+        self.shapes: dict[Role, tuple[int, int] | None] = {}
+        self.attn_dp: dict[Role, int] = {}
         for role, _ in _ROLES:
             shape = getattr(inp, role, None)
             tp = _pos_int(getattr(shape, "tensor", None))
@@ -412,7 +413,7 @@ class _Ctx:
             dp = _pos_int(getattr(shape, "data", 1)) or 1
             self.attn_dp[role] = dp if tp and tp % dp == 0 else 1
 
-    def attn_tp(self, role: str) -> int:
+    def attn_tp(self, role: Role) -> int:
         """The attention TP size of ``role``: TP / attention DP. KV heads and linear-attention heads are
         sharded over it (SGLang's attn_tp_size), not over the whole TP."""
         shape = self.shapes[role]
@@ -492,7 +493,7 @@ def _check_nested(c: _Ctx) -> Iterator[Violation]:
 
 
 def _check_tp_pp(c: _Ctx) -> Iterator[Violation]:
-    p, d = c.shapes["prefill"], c.shapes["decode"]
+    p, d = c.shapes[Role.PREFILL], c.shapes[Role.DECODE]
     if p is None or d is None:
         return
     if p[0] % d[0] and d[0] % p[0]:
@@ -595,7 +596,7 @@ def _check_backend(c: _Ctx) -> Iterator[Violation]:
     if c.protocol is not None:
         yield from no(_PROTOCOL_FEATURE[c.protocol], f"{b} cannot transfer over {c.protocol}",
                       "spec.transfer.protocol")
-    p, d = c.shapes["prefill"], c.shapes["decode"]
+    p, d = c.shapes[Role.PREFILL], c.shapes[Role.DECODE]
     if p is None or d is None or lay is None:
         return
     states = lay.state_types
@@ -623,7 +624,7 @@ def _check_backend(c: _Ctx) -> Iterator[Violation]:
 
 
 def _check_runtimes(c: _Ctx, releases: Mapping[str, RuntimeRelease]) -> Iterator[Violation]:
-    found: dict[str, RuntimeRelease] = {}
+    found: dict[Role, RuntimeRelease] = {}
     for role, prefix in _ROLES:
         version = getattr(getattr(c.inp, role, None), "runtime_version", None)
         rel = release_of(version, releases)
@@ -632,8 +633,8 @@ def _check_runtimes(c: _Ctx, releases: Mapping[str, RuntimeRelease]) -> Iterator
                               f"{prefix}.runtimeVersion")
         else:
             found[role] = rel
-    if len(found) == 2 and not found["prefill"].wire.talks_to(found["decode"].wire):
-        pr, dr = found["prefill"], found["decode"]
+    if len(found) == 2 and not found[Role.PREFILL].wire.talks_to(found[Role.DECODE].wire):
+        pr, dr = found[Role.PREFILL], found[Role.DECODE]
         yield c.violation("runtime-protocol-mismatch",
                           f"prefill runtime {pr.version} speaks wire protocol {pr.wire}, decode runtime "
                           f"{dr.version} speaks {dr.wire}",

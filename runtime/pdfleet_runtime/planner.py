@@ -65,7 +65,7 @@ class PlanError(ValueError):
         *,
         state_type: StateType | None = None,
         layer_id: int | None = None,
-        indices: Sequence[int] = (),
+        indices: Iterable[int] = (),
         rule: str | None = None,
     ) -> None:
         self.state_type = state_type
@@ -263,7 +263,8 @@ def pair_entries(
     if all(src_known) and all(dst_known):
         where: dict[int, list[int]] = defaultdict(list)
         for pos, lid in enumerate(dst_layer_ids):
-            where[lid].append(pos)  # type: ignore[index]
+            assert lid is not None
+            where[lid].append(pos)
         used: dict[int, int] = defaultdict(int)
         out = []
         for pos, lid in enumerate(src_layer_ids):
@@ -346,9 +347,10 @@ class Blocks:
     def concat(parts: Sequence[Blocks]) -> Blocks:
         if not parts:
             return Blocks.empty()
-        states = [p.state for p in parts]
-        return Blocks(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "length")),
-                      None if any(s is None for s in states) else np.concatenate(states))
+        states = [p.state for p in parts if p.state is not None]
+        return Blocks(np.concatenate([p.src for p in parts]), np.concatenate([p.dst for p in parts]),
+                      np.concatenate([p.length for p in parts]),
+                      np.concatenate(states) if len(states) == len(parts) else None)
 
     @property
     def descriptors(self) -> int:
@@ -514,13 +516,15 @@ def _fill_kind(seg: _Segments, pr: _Prepared, out: Blocks, pos: int, n_whole_blo
     n = pr.si.size
     if n == 0:
         return
+    state = out.state
+    assert state is not None  # the planner's own blocks always carry their state types
     w, p = seg.whole, ~seg.whole
     if seg.n_whole:
         runs, end = pr.run_starts.size, pos + n_whole_blocks
         _fill(out.src[pos:end], seg.src_base[w], pr.si[pr.run_starts], seg.src_item[w])
         _fill(out.dst[pos:end], seg.dst_base[w], pr.di[pr.run_starts], seg.dst_item[w])
         np.multiply(pr.run_lengths[None, :], seg.src_item[w][:, None], out=out.length[pos:end].reshape(-1, runs))
-        out.state[pos:end].reshape(-1, runs)[:] = seg.state[w][:, None]
+        state[pos:end].reshape(-1, runs)[:] = seg.state[w][:, None]
         pos = end
     m = seg.whole.size - seg.n_whole
     if m:
@@ -528,7 +532,7 @@ def _fill_kind(seg: _Segments, pr: _Prepared, out: Blocks, pos: int, n_whole_blo
         _fill(out.src[pos:end], seg.src_base[p], pr.si, seg.src_item[p])
         _fill(out.dst[pos:end], seg.dst_base[p], pr.di, seg.dst_item[p])
         out.length[pos:end].reshape(m, n)[:] = seg.length[p][:, None]
-        out.state[pos:end].reshape(m, n)[:] = seg.state[p][:, None]
+        state[pos:end].reshape(m, n)[:] = seg.state[p][:, None]
 
 
 def compile_pair(
@@ -584,8 +588,9 @@ def _build_segments(pairs: Sequence[tuple[BufferRecord, BufferRecord, tuple[tupl
     out = []
     for kind, r in rows.items():
         cols = list(zip(*r, strict=True))
+        src_base, dst_base, src_item, dst_item, length = (np.array(c, dtype=np.int64) for c in cols[1:6])
         out.append(_Segments(
-            kind, np.array(cols[0], dtype=bool), *(np.array(c, dtype=np.int64) for c in cols[1:6]),
+            kind, np.array(cols[0], dtype=bool), src_base, dst_base, src_item, dst_item, length,
             np.array(cols[6], dtype=np.uint8), min(cols[7]), min(cols[8]), cols[9][0],
         ))
     return tuple(out)
@@ -631,10 +636,11 @@ def compile_destination(dst: RankRegistration, sources: Sequence[RankRegistratio
     checks: dict[IndexKind, _Segments] = {}
     for p in pairs:
         for seg in p.segments:
-            have = checks.get(seg.kind)
-            if have is None or (seg.src_count, seg.dst_count) < (have.src_count, have.dst_count):
-                checks[seg.kind] = seg if have is None else replace(
-                    have, src_count=min(have.src_count, seg.src_count), dst_count=min(have.dst_count, seg.dst_count))
+            widest = checks.get(seg.kind)
+            if widest is None or (seg.src_count, seg.dst_count) < (widest.src_count, widest.dst_count):
+                checks[seg.kind] = seg if widest is None else replace(
+                    widest, src_count=min(widest.src_count, seg.src_count),
+                    dst_count=min(widest.dst_count, seg.dst_count))
     return DestinationPlan(dst.rank, tuple(p.src_rank for p in pairs), pairs, tuple(checks.values()))
 
 

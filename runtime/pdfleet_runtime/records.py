@@ -10,7 +10,6 @@ layer id, sharding, dims).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,9 +168,6 @@ class RequestIndices:
             return self.swa_pages
         one = self.slot if kind is IndexKind.SLOT else self.row
         return _as_index_array([] if one is None else [one])
-
-    def as_mapping(self) -> Mapping[IndexKind, np.ndarray]:
-        return {k: self.of(k) for k in IndexKind}
 
 
 def virtual_registration(

@@ -52,7 +52,7 @@ def logical_items(seed: int, spec: BufferSpec, tp: int, request: int, n_items: i
     """
     rng = _rng(seed, 11, _STATE_CODE[spec.state_type], _FIELD_CODE[spec.field], spec.layer_id, request)
     if spec.sharding is Sharding.DIM:
-        shape = (n_items, spec.outer_count, spec.dim * tp, spec.unit_bytes)
+        shape: tuple[int, ...] = (n_items, spec.outer_count, spec.dim * tp, spec.unit_bytes)
     elif spec.sharding is Sharding.HEADS:
         shape = (n_items, spec.total_heads, spec.unit_bytes)
     else:

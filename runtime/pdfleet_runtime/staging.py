@@ -163,10 +163,6 @@ class StagePlan:
         self.chunks = [Chunk(min(chunk_bytes, total - k * chunk_bytes), bounds[k], bounds[k + 1]) for k in range(n)]
         return self
 
-    @property
-    def max_chunk(self) -> int:
-        return max((c.nbytes for c in self.chunks), default=0)
-
 
 def _cut(blocks: torch.Tensor, cb: int, pb: int, chunks: int) -> tuple[torch.Tensor, list[int]]:
     """Blocks ``[2, n]`` (offset, length; bytes) -> table rows (bytes) and each chunk's first row.

@@ -70,7 +70,7 @@ def pdfleet_denials(obj: dict, role: Role) -> set[str]:
     spec = PDDeploymentSpec.model_validate(verdict.spec)
     inp = engine_input(spec)
     assert inp is not None
-    errors, _ = evaluate_engine(dataclasses.replace(inp, roles=(role.value,)))
+    errors, _ = evaluate_engine(dataclasses.replace(inp, roles=(role,)))
     shape = {v.rule for v in verdict.violations
              if v.rule in SHAPE_RULES and any(p.startswith(f"spec.{role.value}.") for p in v.paths)}
     return {v.rule for v in errors} & STARTUP | shape

@@ -23,6 +23,7 @@ from pdfleet_operator.admission.server import server_kwargs
 from pdfleet_operator.admission.status import admission_conditions, merge_conditions
 from pdfleet_operator.admission.verdicts import Verdicts
 from pdfleet_operator.api.constants import GROUP, PLURAL, VERSION
+from pdfleet_operator.api.models import Condition
 from pdfleet_operator.settings import OperatorSettings, WebhookMode
 
 __all__ = ["VALIDATE_WEBHOOK_ID", "conditions_hook", "recheck_patch", "register", "status_hook"]
@@ -50,15 +51,19 @@ def recheck_patch(body: Mapping[str, Any], verdicts: Verdicts, now: dt.datetime)
     return out
 
 
-def status_hook(verdicts: Verdicts) -> Callable[[dict[str, Any]], tuple[list[dict[str, Any]], dict[str, Any]]]:
-    """``obj -> ([Admitted, Degraded], {"matrixVersion": ...})`` for a reconciler that writes status."""
-    conditions = conditions_hook(verdicts)
+def status_hook(verdicts: Verdicts) -> Callable[[dict[str, Any]], tuple[list[Condition], str | None]]:
+    """``obj -> ([Admitted, Degraded], matrixVersion or None)`` for a reconciler that writes status."""
 
-    def hook(obj: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        versions = ", ".join(verdicts.of(obj).matrix_versions)
-        return conditions(obj), ({"matrixVersion": versions} if versions else {})
+    def hook(obj: dict[str, Any]) -> tuple[list[Condition], str | None]:
+        verdict = verdicts.of(obj)
+        return admission_conditions(verdict, _generation(obj)), ", ".join(verdict.matrix_versions) or None
 
     return hook
+
+
+def _generation(obj: Mapping[str, Any]) -> int | None:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    return meta.get("generation") if isinstance(meta.get("generation"), int) else None
 
 
 def conditions_hook(verdicts: Verdicts) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
@@ -66,11 +71,9 @@ def conditions_hook(verdicts: Verdicts) -> Callable[[dict[str, Any]], list[dict[
     writes status itself: reconcile and the re-check then judge with one (cached) verdict."""
 
     def hook(obj: dict[str, Any]) -> list[dict[str, Any]]:
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-        generation = meta.get("generation") if isinstance(meta.get("generation"), int) else None
         return [
             c.model_dump(by_alias=True, mode="json", exclude_none=True)
-            for c in admission_conditions(verdicts.of(obj), generation)
+            for c in admission_conditions(verdicts.of(obj), _generation(obj))
         ]
 
     return hook

@@ -120,7 +120,8 @@ def _spec_schema() -> dict[str, Any]:
     for rule in CEL_RULES:
         for path in rule.at:
             schema_at(root, path).setdefault("x-kubernetes-validations", []).append(rule.to_schema())
-    return root["properties"]["spec"]
+    spec: dict[str, Any] = root["properties"]["spec"]
+    return spec
 
 
 def openapi_schema() -> dict[str, Any]:

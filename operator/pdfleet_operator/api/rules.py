@@ -84,7 +84,8 @@ _LAYER_IDS_CEL = (
 )
 
 def _engine_kind(o: Obj) -> str:
-    return (o.get("engine") or {}).get("kind", "pdfleet")
+    kind: str = (o.get("engine") or {}).get("kind", "pdfleet")  # the schema's enum, checked before any rule
+    return kind
 
 
 def _role_override_ok(o: Obj) -> bool:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from pdfleet_operator.api.constants import LABEL_REVISION, Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, PoolSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, PoolSpec, RoleSpec
 from pdfleet_operator.engine import engine_input, role_engine
 from pdfleet_operator.resources.names import LABEL_INDEX, LABEL_MEMBER, group_pod_name, group_service_name
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
@@ -69,9 +70,11 @@ def _ib_device(spec: PDDeploymentSpec) -> str | None:
 
 def _model_path(spec: PDDeploymentSpec) -> str:
     src = spec.model.source
-    if src is None:  # admission denies it (engine-model-source); render never gets here with one
+    if src is not None and src.path is not None:
+        return src.path
+    if src is None or src.hugging_face is None:  # admission denies it (engine-model-source)
         raise ValueError("spec.model.source is required for an SGLang engine")
-    return src.path if src.path is not None else src.hugging_face.id  # type: ignore[union-attr]
+    return src.hugging_face.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,7 @@ def group_service(deployment: str, namespace: str, role: Role, selector: dict[st
     }
 
 
-def _parallel_flags(rs, member: GroupMember | None) -> list[str]:
+def _parallel_flags(rs: RoleSpec, member: GroupMember | None) -> list[str]:
     """Attention DP and EP inside TP (``--attn-dp-size``: the deprecated ``--enable-dp-attention`` is
     never rendered), and a replica group's rendezvous when it spans nodes."""
     p = rs.parallelism
@@ -208,7 +211,7 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
     ports = [{"name": "engine-http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "containerPort": _bootstrap_port(spec), "protocol": "TCP"})
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "engine-cache", "mountPath": CACHE_MOUNT}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "engine-cache", "mountPath": CACHE_MOUNT}]
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
         mounts.append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})

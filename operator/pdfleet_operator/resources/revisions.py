@@ -44,7 +44,7 @@ def parse_revisions(items: Iterable[Mapping]) -> dict[tuple[Role, str], PDDeploy
     for item in items:
         labels = (item.get("metadata") or {}).get("labels") or {}
         try:
-            role = Role(labels.get(LABEL_ROLE))
+            role = Role(labels.get(LABEL_ROLE, ""))
             spec = PDDeploymentSpec.model_validate((item.get("data") or {}).get("spec") or {})
         except (ValueError, ValidationError):
             continue

@@ -10,14 +10,15 @@ start-up and transfer-time rejections of each version (``sglang.RULES``, ``vllm.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from types import MappingProxyType
 
 from pdfleet_runtime.engine_rules import sglang
 from pdfleet_runtime.engine_rules.argv import flag_set, parse_args
-from pdfleet_runtime.links import Backend, LinkProtocol
+from pdfleet_runtime.engine_rules.common import ENGINE_RULES
+from pdfleet_runtime.engine_rules.inputs import EngineInput, EngineRoleInput, role_env, table_env
 from pdfleet_runtime.matrix import Rule, Severity, Violation
+from pdfleet_runtime.roles import Role
 
 __all__ = [
     "ENGINE_RULES",
@@ -43,89 +44,6 @@ def known_versions(kind: str) -> tuple[str, ...]:
     return ()
 
 
-def _r(id: str, title: str, reason: str, fix: str, severity: Severity = Severity.ERROR) -> tuple[str, Rule]:
-    return id, Rule(id, title, reason, fix, severity)
-
-
-ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
-    _r("engine-version-unknown", "the engine version is unknown to this operator",
-       "the operator checks an engine's flags and start-up rules against that version's data; an unknown "
-       "version cannot be checked", "use a version `pdfleet matrix --engine KIND==VERSION` knows"),
-    _r("engine-flag-unknown", "the engine does not have this flag (or its value is not accepted)",
-       "the engine's own argument parser would exit 2 at start and the pod would crash-loop",
-       "remove or correct the flag; the engine's --help lists its flags"),
-    _r("engine-flag-owned", "the operator renders this flag from a spec field",
-       "a second value in args would contradict the field the operator renders it from",
-       "remove it from args and set the field named in the message"),
-    _r("engine-protocol-unsupported", "the engine cannot serve this transfer backend and protocol",
-       "the protocol table (docs/sglang.md, docs/vllm.md) has no settings of this engine for the pair",
-       "pick a pair of the protocol table (`pdfleet matrix --engine KIND==VERSION`)"),
-    _r("router-kind-engine", "the router does not speak this engine's PD protocol",
-       "sglang-router sends SGLang's bootstrap fields, which vLLM ignores, and vllm-router sends vLLM's "
-       "kv_transfer_params, which SGLang and the built-in runtime ignore: both roles answer, no state moves and "
-       "nothing fails", "leave spec.router.kind unset (the engine's own router) or set the engine's kind"),
-    _r("warn-engine-model-download", "the model is downloaded at start",
-       "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
-       "put the weights on a volume (model.source.path with volume)", Severity.WARNING),
-]))
-
-
-@dataclass(frozen=True)
-class EngineRoleInput:
-    """One role's engine as written in the spec (shared settings already merged with the role's)."""
-
-    version: str | None
-    version_path: str
-    args: tuple[str, ...] = ()
-    arg_paths: tuple[str, ...] = ()
-    env: tuple[tuple[str, str | None, str], ...] = ()  # (name, value or None for valueFrom, field path)
-    tensor: int = 1
-    pipeline: int = 1
-    expert: int = 1
-    data: int = 1
-    nodes: int = 1
-
-
-@dataclass(frozen=True)
-class EngineInput:
-    kind: str
-    backend: Backend
-    protocol: LinkProtocol
-    prefill: EngineRoleInput
-    decode: EngineRoleInput
-    model: str | None = None  # layout preset
-    state_types: frozenset[str] = frozenset()
-    mla: bool = False
-    staging_buffer: bool = False
-    downloads_model: bool = False
-    rdma_device_map: bool = False  # spec.transfer.rdmaDeviceMap is set
-    roles: tuple[str, ...] = field(default=("prefill", "decode"))
-    kv_heads: int | None = None  # the layout's KV heads (vLLM's hetero-TP rule)
-    model_path: str = ""  # what the engine is given as the model (vLLM hashes the string)
-    router_kind: str | None = None  # spec.router.kind as written (None: the engine's own, or no router)
-
-
-def table_env(inp: EngineInput) -> list[tuple[str, str, str]]:
-    """(name, value, field path) the spec renders: the protocol table's, then the staging buffer's."""
-    out: list[tuple[str, str, str]] = []
-    if inp.kind == "vllm":
-        from pdfleet_runtime.engine_rules.vllm_render import transfer_env
-
-        return [(k, v, "spec.transfer") for k, v in transfer_env(inp.backend, inp.protocol, None)]
-    settings = sglang.PROTOCOLS.get((inp.backend, inp.protocol))
-    if settings is not None:
-        out += [(k, v, "spec.transfer.protocol") for k, v in settings.env.items()]
-    if inp.staging_buffer:
-        out.append((sglang.STAGING_BUFFER_ENV, "1", "spec.engine.stagingBuffer"))
-    return out
-
-
-def role_env(inp: EngineInput, role: str) -> list[tuple[str, str | None, str]]:
-    """The engine container's environment from the spec, in order (later entries win in a pod):
-    ``table_env``, then the user's (shared, then the role's)."""
-    return [*table_env(inp), *getattr(inp, role).env]
-
-
 def _violation(rule: Rule, message: str, paths: tuple[str, ...], version: str) -> Violation:
     return Violation(rule.id, message, paths, rule.reason, rule.fix, rule.severity, version)
 
@@ -137,17 +55,18 @@ def _engine_rule_violation(rule: sglang.EngineRule, message: str, paths: tuple[s
                      Severity.ERROR, f"sglang=={version}")
 
 
-def _role(inp: EngineInput, role: str) -> Iterator[Violation]:
-    r: EngineRoleInput = getattr(inp, role)
+def _role(inp: EngineInput, role: Role) -> Iterator[Violation]:
+    r = inp.of(role)
     prefix = f"spec.{role}"
     known = known_versions(inp.kind)
-    fs = flag_set(inp.kind, r.version) if r.version in known else None
-    if fs is None:
+    version = r.version if r.version in known else None
+    fs = flag_set(inp.kind, version) if version is not None else None
+    if version is None or fs is None:
         yield _violation(ENGINE_RULES["engine-version-unknown"],
                          f"{role}: {inp.kind} version {r.version!r} is unknown; known: {', '.join(known) or 'none'}",
                          (r.version_path,), f"{inp.kind}=={r.version}")
         return
-    tag = f"{inp.kind}=={r.version}"
+    tag = f"{inp.kind}=={version}"
     parsed = parse_args(r.args, fs)
     for p in parsed.problems:
         yield _violation(ENGINE_RULES["engine-flag-unknown"], f"{role}: {p.message}", (r.arg_paths[p.index],), tag)
@@ -161,14 +80,14 @@ def _role(inp: EngineInput, role: str) -> Iterator[Violation]:
     effective = role_env(inp, role)
     env = {name: value for name, value, _ in effective}
     env_paths = {name: path for name, _, path in effective}
-    peer = inp.decode if role == "prefill" else inp.prefill
+    peer = inp.decode if role is Role.PREFILL else inp.prefill
     view = sglang.RoleView(role, prefix, parsed, r.arg_paths, MappingProxyType(env), MappingProxyType(env_paths),
                            r.tensor, r.pipeline, inp.backend, inp.protocol, inp.model, inp.state_types, inp.mla,
                            peer.tensor, r.expert)
-    for rule in sglang.RULES[r.version]:
+    for rule in sglang.RULES[version]:
         found = rule.check(view)
         if found is not None:
-            yield _engine_rule_violation(rule, found[0], found[1], r.version)
+            yield _engine_rule_violation(rule, found[0], found[1], version)
 
 
 def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Violation, ...]]:

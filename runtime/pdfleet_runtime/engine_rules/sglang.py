@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from pdfleet_runtime.engine_rules.argv import ParsedArgs
 from pdfleet_runtime.links import Backend, LinkProtocol
+from pdfleet_runtime.roles import Role
 
 __all__ = [
     "BOOTSTRAP_PORT",
@@ -129,7 +130,7 @@ def env_true(value: str | None) -> bool:
 class RoleView:
     """One role's engine as a rule reads it."""
 
-    role: str  # "prefill" or "decode"
+    role: Role
     prefix: str  # "spec.prefill" or "spec.decode"
     args: ParsedArgs
     arg_paths: tuple[str, ...]  # the field path of each args element
@@ -152,9 +153,12 @@ class RoleView:
         return self.args.values.get(dest, default)
 
     def float_value(self, dest: str, default: float) -> float:
+        value = self.args.values.get(dest, default)
+        if not isinstance(value, str | int | float):
+            return default  # a list (a tuple): no number (a bare flag, True, reads as 1.0 as before)
         try:
-            return float(self.args.values.get(dest, default))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+            return float(value)
+        except ValueError:
             return default
 
     def flag_path(self, dest: str) -> str:
@@ -167,6 +171,10 @@ class RoleView:
     @property
     def family(self) -> ModelFamily | None:
         return MODEL_FAMILIES.get(self.model) if self.model else None
+
+
+Finding = tuple[str, tuple[str, ...]]
+"""A rule's finding: the message and the field paths it names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +190,7 @@ class EngineRule:
     fix: str
     source: str
     when: str
-    check: Callable[[RoleView], tuple[str, tuple[str, ...]] | None]
+    check: Callable[[RoleView], Finding | None]
 
 
 _THRESHOLD = "disaggregation_decode_host_receive_threshold"
@@ -192,7 +200,7 @@ _KV_HOOK = _SRC + "arg_groups/kv_cache_hook.py"
 _VALIDATION = _SRC + "arg_groups/validation_hook.py"
 
 
-def _qwen4_mori_pp(v: RoleView):
+def _qwen4_mori_pp(v: RoleView) -> Finding | None:
     fam = v.family
     if fam and fam.model_type == "qwen4_exp" and v.backend is Backend.MORI and v.pipeline > 1:
         return (f"{v.role}: Qwen4-Exp (qwen3.8-flash-next) with mori and PP {v.pipeline}",
@@ -200,7 +208,7 @@ def _qwen4_mori_pp(v: RoleView):
     return None
 
 
-def _qwen4_unified(v: RoleView):
+def _qwen4_unified(v: RoleView) -> Finding | None:
     fam = v.family
     if fam and fam.model_type == "qwen4_exp" and v.has("enable_unified_memory"):
         return (f"{v.role}: Qwen4-Exp does not support --enable-unified-memory",
@@ -208,7 +216,7 @@ def _qwen4_unified(v: RoleView):
     return None
 
 
-def _unified_pd(v: RoleView):
+def _unified_pd(v: RoleView) -> Finding | None:
     if not v.has("enable_unified_memory"):
         return None
     if v.backend is not Backend.MOONCAKE:
@@ -220,7 +228,7 @@ def _unified_pd(v: RoleView):
     return None
 
 
-def _prefill_complete(v: RoleView):
+def _prefill_complete(v: RoleView) -> Finding | None:
     if v.value("disaggregation_decode_allocation_policy") != "prefill_complete":
         return None
     why = []
@@ -243,14 +251,14 @@ def _prefill_complete(v: RoleView):
             (v.flag_path("disaggregation_decode_allocation_policy"), f"{v.prefix}.parallelism.tensor"))
 
 
-def _staging_backend(v: RoleView):
+def _staging_backend(v: RoleView) -> Finding | None:
     if env_true(v.env.get(STAGING_BUFFER_ENV)) and v.backend not in (Backend.MOONCAKE, Backend.NIXL):
         return (f"{v.role}: {STAGING_BUFFER_ENV} needs mooncake or nixl, got {v.backend}",
                 (v.env_path(STAGING_BUFFER_ENV), "spec.transfer.backend"))
     return None
 
 
-def _role_switch(v: RoleView):
+def _role_switch(v: RoleView) -> Finding | None:
     if not v.has("enable_pd_role_switch"):
         return None
     why = []
@@ -267,20 +275,20 @@ def _role_switch(v: RoleView):
              f"{v.prefix}.parallelism.expert"))
 
 
-def _response_store(v: RoleView):
+def _response_store(v: RoleView) -> Finding | None:
     if v.has("enable_response_store"):
         return (f"{v.role}: --enable-response-store is not supported in PD mode",
                 (v.flag_path("enable_response_store"),))
     return None
 
 
-def _watermark(v: RoleView):
+def _watermark(v: RoleView) -> Finding | None:
     if v.has("enable_watermark"):
         return f"{v.role}: --enable-watermark is not supported with PD", (v.flag_path("enable_watermark"),)
     return None
 
 
-def _host_receive_range(v: RoleView):
+def _host_receive_range(v: RoleView) -> Finding | None:
     t = v.float_value(_THRESHOLD, 1.0)
     if not 0 <= t <= 1:
         return f"{v.role}: --disaggregation-decode-host-receive-threshold {t:g} is outside [0, 1]", (
@@ -294,7 +302,7 @@ def _host_pool(v: RoleView) -> bool:
         0 <= v.float_value(_THRESHOLD, 1.0) < 1 and v.value("disaggregation_decode_retraction_backup") != "cpu_tensor")
 
 
-def _host_receive_conflicts(v: RoleView):
+def _host_receive_conflicts(v: RoleView) -> Finding | None:
     t = v.float_value(_THRESHOLD, 1.0)
     if not 0 <= t < 1:
         return None
@@ -307,8 +315,8 @@ def _host_receive_conflicts(v: RoleView):
     return None
 
 
-def _host_pool_prefill(v: RoleView):
-    if v.role == "prefill" and _host_pool(v):
+def _host_pool_prefill(v: RoleView) -> Finding | None:
+    if v.role is Role.PREFILL and _host_pool(v):
         dest = ("disaggregation_decode_retraction_backup"
                 if v.value("disaggregation_decode_retraction_backup") == "host_pool" else _THRESHOLD)
         return (f"prefill: host_pool retraction backup (from {v.args.where[dest][1]}) is only for decode; "
@@ -316,10 +324,10 @@ def _host_pool_prefill(v: RoleView):
     return None
 
 
-def _offload_kvcache(v: RoleView):
+def _offload_kvcache(v: RoleView) -> Finding | None:
     if not v.has("disaggregation_decode_enable_offload_kvcache"):
         return None
-    if v.role != "decode":
+    if v.role is not Role.DECODE:
         why = "is only supported on decode"
     elif v.value("hicache_storage_backend") is None:
         why = "needs --hicache-storage-backend"
@@ -331,12 +339,13 @@ def _offload_kvcache(v: RoleView):
             (v.flag_path("disaggregation_decode_enable_offload_kvcache"),))
 
 
-def _hetero_tp(states: frozenset[str], backend: Backend, title: str, mla_ok: bool = False):
+def _hetero_tp(states: frozenset[str], backend: Backend, title: str,
+               mla_ok: bool = False) -> Callable[[RoleView], Finding | None]:
     """A transfer-time rule: ``backend`` cannot move ``states`` across different TP sizes (``mla_ok``:
     except on an MLA model, whose latent state is replicated)."""
-    def check(v: RoleView):
+    def check(v: RoleView) -> Finding | None:
         # checked once, on decode (the receiving side names both TP sizes)
-        if v.role != "decode" or v.backend is not backend or not (v.state_types & states):
+        if v.role is not Role.DECODE or v.backend is not backend or not (v.state_types & states):
             return None
         if mla_ok and v.mla:
             return None
@@ -348,7 +357,8 @@ def _hetero_tp(states: frozenset[str], backend: Backend, title: str, mla_ok: boo
     return check
 
 
-def _rule(id: str, title: str, reason: str, fix: str, source: str, check, when: str = "start-up") -> EngineRule:
+def _rule(id: str, title: str, reason: str, fix: str, source: str, check: Callable[[RoleView], Finding | None],
+          when: str = "start-up") -> EngineRule:
     return EngineRule(f"sglang.{id}", title, reason, fix, source, when, check)
 
 

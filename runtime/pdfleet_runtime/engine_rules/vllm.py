@@ -222,7 +222,8 @@ class RoleView:
         return self.env_paths.get(name, f"{self.prefix}.engine.env")
 
 
-Check = Callable[[RoleView, RoleView], "list[tuple[str, tuple[str, ...]]]"]
+Finding = tuple[str, tuple[str, ...]]
+Check = Callable[[RoleView, RoleView], "list[Finding]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,14 +255,14 @@ def _user_kv_config(v: RoleView) -> dict:
     return {}
 
 
-def _kv_transfer_config(v: RoleView, _: RoleView):
+def _kv_transfer_config(v: RoleView, _: RoleView) -> list[Finding]:
     if not v.args.parsed.where.get("kv_transfer_config"):
         return []
     return [(f"{v.role}: {v.written('kv_transfer_config')} overrides the PD connector pdfleet renders from "
              "spec.transfer.backend", (v.flag_path("kv_transfer_config"),))]
 
 
-def _hybrid_connector(v: RoleView, _: RoleView):
+def _hybrid_connector(v: RoleView, _: RoleView) -> list[Finding]:
     name = _user_kv_config(v).get("kv_connector")
     if v.hybrid and isinstance(name, str) and name not in HMA_CONNECTORS:
         return [(f"{v.role}: {name} has no hybrid-KV-cache support and {v.model} is a hybrid model: vLLM turns "
@@ -270,8 +271,8 @@ def _hybrid_connector(v: RoleView, _: RoleView):
     return []
 
 
-def _offloading(v: RoleView, _: RoleView):
-    out = []
+def _offloading(v: RoleView, _: RoleView) -> list[Finding]:
+    out: list[Finding] = []
     for dest in ("kv_offloading_size", "kv_offloading_backend"):
         if dest in v.args.parsed.where:
             out.append((f"{v.role}: {v.written(dest)} replaces the {CONNECTORS.get(v.backend, 'PD')} connector "
@@ -280,19 +281,19 @@ def _offloading(v: RoleView, _: RoleView):
     return out
 
 
-def _config_file(v: RoleView, _: RoleView):
+def _config_file(v: RoleView, _: RoleView) -> list[Finding]:
     w = v.args.written
     return [(f"{v.role}: {w[i]}{' ' + w[i + 1] if w[i] == '--config' and i + 1 < len(w) else ''} reads flags "
              "from a file admission cannot see", (v.arg_paths[i],)) for i in v.args.config_files]
 
 
-def _env_owned(v: RoleView, _: RoleView):
+def _env_owned(v: RoleView, _: RoleView) -> list[Finding]:
     return [(f"{v.role}: {name}={v.env.get(name)} is owned by {owner}", (v.env_path(name),))
             for name, owner in OWNED_ENV.items() if name in v.env_paths and v.env_paths[name].startswith("spec.")
             and ".engine.env" in v.env_paths[name]]
 
 
-def _expert_mapping(v: RoleView, _: RoleView):
+def _expert_mapping(v: RoleView, _: RoleView) -> list[Finding]:
     if vllm_parallel(v.tensor, v.data, v.expert) is None and v.tensor % v.data == 0:
         return [(f"{v.role}: parallelism.expert {v.expert} with tensor {v.tensor}: vLLM's expert parallelism "
                  "spans all DP x TP ranks (expert = tensor) or none (expert = 1)",
@@ -300,7 +301,7 @@ def _expert_mapping(v: RoleView, _: RoleView):
     return []
 
 
-def _multi_node_dp(v: RoleView, _: RoleView):
+def _multi_node_dp(v: RoleView, _: RoleView) -> list[Finding]:
     if v.nodes > 1 and v.data > 1:
         return [(f"{v.role}: nodesPerReplica {v.nodes} with parallelism.data {v.data}: vLLM's data parallelism "
                  "across nodes (--data-parallel-size-local, --data-parallel-address, one API server) is not "
@@ -308,14 +309,14 @@ def _multi_node_dp(v: RoleView, _: RoleView):
     return []
 
 
-def _expert_dense(v: RoleView, _: RoleView):
+def _expert_dense(v: RoleView, _: RoleView) -> list[Finding]:
     if v.expert > 1 and v.moe is False:
         return [(f"{v.role}: parallelism.expert {v.expert} on {v.model}, a model without experts",
                  (f"{v.prefix}.parallelism.expert", "spec.model.layout"))]
     return []
 
 
-def _world_size(v: RoleView, _: RoleView):
+def _world_size(v: RoleView, _: RoleView) -> list[Finding]:
     per_node = v.vllm_tp * v.pipeline // max(1, v.nodes)
     if v.nodes == 1 and per_node > NODE_GPUS:
         return [(f"{v.role}: TP {v.vllm_tp} x PP {v.pipeline} = {per_node} GPUs in one pod, more than a node's "
@@ -325,12 +326,13 @@ def _world_size(v: RoleView, _: RoleView):
 
 def _int(v: RoleView, dest: str, default: int) -> int:
     try:
-        return int(v.value(dest, default))  # type: ignore[arg-type]
+        value = v.value(dest, default)
+        return int(value) if isinstance(value, (int, str, float)) else default
     except (TypeError, ValueError):
         return default
 
 
-def _dcp_nixl(v: RoleView, _: RoleView):
+def _dcp_nixl(v: RoleView, _: RoleView) -> list[Finding]:
     dcp = _int(v, "decode_context_parallel_size", 1)
     if v.backend is not Backend.NIXL or dcp == 1:
         return []
@@ -344,7 +346,7 @@ def _dcp_nixl(v: RoleView, _: RoleView):
     return []
 
 
-def _dcp_shape(v: RoleView, _: RoleView):
+def _dcp_shape(v: RoleView, _: RoleView) -> list[Finding]:
     dcp = _int(v, "decode_context_parallel_size", 1)
     if dcp == 1 or _int(v, "prefill_context_parallel_size", 1) != 1:
         return []
@@ -359,14 +361,14 @@ def _dcp_shape(v: RoleView, _: RoleView):
     return []
 
 
-def _routed_experts(v: RoleView, _: RoleView):
+def _routed_experts(v: RoleView, _: RoleView) -> list[Finding]:
     if v.has("enable_return_routed_experts"):
         return [(f"{v.role}: {v.written('enable_return_routed_experts')} with the {CONNECTORS[v.backend]}",
                  (v.flag_path("enable_return_routed_experts"), "spec.transfer.backend"))]
     return []
 
 
-def _expandable(v: RoleView, _: RoleView):
+def _expandable(v: RoleView, _: RoleView) -> list[Finding]:
     conf = v.env.get("PYTORCH_CUDA_ALLOC_CONF") or ""
     if "expandable_segments:True" in conf and not v.has("enable_sleep_mode") \
             and not v.has("enable_cumem_allocator"):
@@ -378,7 +380,7 @@ def _expandable(v: RoleView, _: RoleView):
 _MC_NVLINK = ("MC_FORCE_MNNVL", "MC_INTRANODE_NVLINK", "MC_USE_TENT", "MC_USE_TEV1")
 
 
-def _sleep_mode(v: RoleView, _: RoleView):
+def _sleep_mode(v: RoleView, _: RoleView) -> list[Finding]:
     if not v.has("enable_sleep_mode") or v.backend is not Backend.MOONCAKE:
         return []
     set_vars = [n for n in _MC_NVLINK if n in v.env]
@@ -391,14 +393,14 @@ def _sleep_mode(v: RoleView, _: RoleView):
     return []
 
 
-def _nixl_pp_hybrid(v: RoleView, _: RoleView):
+def _nixl_pp_hybrid(v: RoleView, _: RoleView) -> list[Finding]:
     if v.backend is Backend.NIXL and v.pipeline > 1 and v.hybrid and not v.has("disable_hybrid_kv_cache_manager"):
         return [(f"{v.role}: NIXL (pull) with PP {v.pipeline} on {v.model}, a hybrid model",
                  (f"{v.prefix}.parallelism.pipeline", "spec.transfer.backend"))]
     return []
 
 
-def _nixl_pp_decode(v: RoleView, _: RoleView):
+def _nixl_pp_decode(v: RoleView, _: RoleView) -> list[Finding]:
     if v.backend is Backend.NIXL and v.role == "decode" and v.pipeline > 1:
         return [(f"decode: NIXL with PP {v.pipeline} on the consumer", ("spec.decode.parallelism.pipeline",))]
     return []
@@ -410,10 +412,10 @@ _HASHED = (("dtype", "auto"), ("kv_cache_dtype", "auto"), ("disable_hybrid_kv_ca
            ("revision", None), ("code_revision", None))
 
 
-def _pair_hash(v: RoleView, p: RoleView):
+def _pair_hash(v: RoleView, p: RoleView) -> list[Finding]:
     if v.role != "decode" or v.backend is not Backend.NIXL:
         return []  # checked once, on decode (it names both sides)
-    out = []
+    out: list[Finding] = []
     if v.version != p.version:
         out.append((f"vLLM version differs: prefill {p.version}, decode {v.version}",
                     ("spec.prefill.engine.version", "spec.decode.engine.version")))
@@ -432,11 +434,11 @@ def _pair_hash(v: RoleView, p: RoleView):
     return out
 
 
-def _hetero_tp(v: RoleView, p: RoleView):
+def _hetero_tp(v: RoleView, p: RoleView) -> list[Finding]:
     if v.role != "decode" or v.backend is not Backend.NIXL:
         return []
     ptp, dtp = p.vllm_tp, v.vllm_tp
-    out = []
+    out: list[Finding] = []
     if max(ptp, dtp) % min(ptp, dtp):
         out.append((f"vLLM TP sizes {ptp} (prefill) and {dtp} (decode) do not divide one another",
                     ("spec.prefill.parallelism.tensor", "spec.decode.parallelism.tensor")))
@@ -446,7 +448,7 @@ def _hetero_tp(v: RoleView, p: RoleView):
     return out
 
 
-def _block_size(v: RoleView, p: RoleView):
+def _block_size(v: RoleView, p: RoleView) -> list[Finding]:
     if v.role != "decode" or v.backend is not Backend.NIXL:
         return []
     default = None if v.hybrid else 16  # vLLM's CUDA default; hybrid models align it to their state pages

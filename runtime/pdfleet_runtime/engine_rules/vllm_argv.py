@@ -107,7 +107,7 @@ def read_vllm_args(args: Sequence[str], fs: FlagSet) -> VllmArgs:
             continue
         out.append((tok, origin))
         j += 1
-    for key, value in folded.items():
-        out += [(key, first[key]), (json.dumps(value), first[key])]
+    for key, folded_value in folded.items():
+        out += [(key, first[key]), (json.dumps(folded_value), first[key])]
     parsed_args = parse_args([t for t, _ in out], fs)
     return VllmArgs(parsed_args, tuple(o for _, o in out), written, tuple(config_files), tuple(dotted))

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engine_rules import vllm
 from pdfleet_runtime.engine_rules.argv import flag_set
+from pdfleet_runtime.engine_rules.inputs import role_env
 from pdfleet_runtime.engine_rules.vllm_argv import VllmArgs, read_vllm_args
 from pdfleet_runtime.matrix import Rule, Severity, Violation
+from pdfleet_runtime.roles import Role
 
 if TYPE_CHECKING:
-    from pdfleet_runtime.engine_rules import EngineInput
+    from pdfleet_runtime.engine_rules.inputs import EngineInput
 
 __all__ = ["evaluate_vllm", "known_vllm_versions", "vllm_rule_rows"]
 
@@ -40,10 +42,8 @@ def _rule_violation(rule: vllm.VllmRule, message: str, paths: tuple[str, ...], v
 
 
 def _view(inp: EngineInput, role: str, args: VllmArgs) -> vllm.RoleView:
-    from pdfleet_runtime.engine_rules import role_env
-
     r = getattr(inp, role)
-    effective = role_env(inp, role)
+    effective = role_env(inp, Role(role))
     return vllm.RoleView(
         role, f"spec.{role}", args, r.arg_paths,
         MappingProxyType({n: v for n, v, _ in effective}), MappingProxyType({n: p for n, _, p in effective}),
@@ -52,7 +52,7 @@ def _view(inp: EngineInput, role: str, args: VllmArgs) -> vllm.RoleView:
 
 
 def _flags(inp: EngineInput, role: str, args: VllmArgs, tag: str) -> Iterator[Violation]:
-    from pdfleet_runtime.engine_rules import ENGINE_RULES
+    from pdfleet_runtime.engine_rules.common import ENGINE_RULES
 
     r = getattr(inp, role)
     for p in args.parsed.problems:
@@ -69,7 +69,7 @@ def _flags(inp: EngineInput, role: str, args: VllmArgs, tag: str) -> Iterator[Vi
 
 
 def evaluate_vllm(inp: EngineInput) -> list[Violation]:
-    from pdfleet_runtime.engine_rules import ENGINE_RULES
+    from pdfleet_runtime.engine_rules.common import ENGINE_RULES
 
     out: list[Violation] = []
     if (inp.backend, inp.protocol) not in vllm.PROTOCOLS:

@@ -31,7 +31,6 @@ from pdfleet_runtime.engines.errors import (
     EngineStateError,
     EngineUnavailable,
     HandshakeError,
-    PeerUnreachable,
     Side,
     TransferStatus,
     TransferTimeout,
@@ -367,10 +366,6 @@ class TransferEngine(ABC):
         if self.state not in states:
             raise EngineStateError(f"{type(self).__name__} is {self.state.value}, needs "
                                    f"{' or '.join(s.value for s in states)}")
-
-    @staticmethod
-    def _unreachable(peer: PeerId, detail: str) -> PeerUnreachable:
-        return PeerUnreachable(f"peer {peer} is unreachable: {detail}")
 
     # ------------------------------------------------------------------ adapter hooks
 

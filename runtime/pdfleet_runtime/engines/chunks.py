@@ -38,6 +38,8 @@ import numpy as np
 
 from pdfleet_runtime.engines.base import PeerId, TransferEngine
 from pdfleet_runtime.engines.errors import TransferFailed, TransferStatus
+from pdfleet_runtime.engines.settings import LOCAL_BACKEND
+from pdfleet_runtime.links import Backend
 from pdfleet_runtime.planner import Blocks
 
 __all__ = ["ChunkLink", "chunk_link"]
@@ -281,10 +283,10 @@ def _peer_device(state: Any) -> int:
 def chunk_link(engine: TransferEngine, peer: PeerId) -> ChunkLink:
     """The link for ``engine``'s backend (``local``, ``mooncake``, ``nixl``)."""
     backend = engine.settings.backend
-    if backend == "mooncake":
+    if backend is Backend.MOONCAKE:
         return _MooncakeLink(engine, peer)
-    if backend == "nixl":
+    if backend is Backend.NIXL:
         return _NixlLink(engine, peer)
-    if backend == "local":
+    if backend is LOCAL_BACKEND:
         return _LocalLink(engine, peer)
     return ChunkLink(engine, peer)

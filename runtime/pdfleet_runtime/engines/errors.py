@@ -8,7 +8,7 @@ never on an engine's integers or strings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import ClassVar
 
@@ -128,7 +128,7 @@ class BlockRangeError(BlockError):
 
     kind = FailureKind.OUT_OF_RANGE
 
-    def __init__(self, side: Side, count: int, first: Sequence[int], detail: str) -> None:
+    def __init__(self, side: Side, count: int, first: Iterable[int], detail: str) -> None:
         self.side = side
         self.count = count
         self.first = tuple(int(i) for i in first)

@@ -12,29 +12,25 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from pdfleet_runtime.engines.base import TransferEngine
-from pdfleet_runtime.engines.errors import SettingsError
-from pdfleet_runtime.engines.settings import LOCAL_BACKEND, EngineConfig
+from pdfleet_runtime.engines.settings import LOCAL_BACKEND, EngineBackend, EngineConfig, engine_backend
 from pdfleet_runtime.links import Backend
 
 __all__ = ["ADAPTERS", "adapter_class", "create_engine"]
 
-ADAPTERS: Mapping[str, str] = MappingProxyType({
+ADAPTERS: Mapping[EngineBackend, str] = MappingProxyType({
     LOCAL_BACKEND: "pdfleet_runtime.engines.local:LocalEngine",
-    Backend.MOONCAKE.value: "pdfleet_runtime.engines.mooncake:MooncakeEngine",
-    Backend.NIXL.value: "pdfleet_runtime.engines.nixl:NixlEngine",
-    Backend.MORI.value: "pdfleet_runtime.engines.mori:MoriEngine",
+    Backend.MOONCAKE: "pdfleet_runtime.engines.mooncake:MooncakeEngine",
+    Backend.NIXL: "pdfleet_runtime.engines.nixl:NixlEngine",
+    Backend.MORI: "pdfleet_runtime.engines.mori:MoriEngine",
 })
-"""Backend name -> ``module:class`` of its adapter."""
+"""Backend -> ``module:class`` of its adapter (every ``EngineBackend`` has one)."""
 
 
-def adapter_class(backend: str | Backend) -> type[TransferEngine]:
-    """The adapter class of a backend (imports the adapter module, not the engine)."""
-    name = backend.value if isinstance(backend, Backend) else backend
-    target = ADAPTERS.get(name)
-    if target is None:
-        raise SettingsError(f"unknown backend {name!r}; known: {sorted(ADAPTERS)}")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+def adapter_class(backend: EngineBackend | str) -> type[TransferEngine]:
+    """The adapter class of a backend, or of its name (imports the adapter module, not the engine)."""
+    module, _, name = ADAPTERS[engine_backend(backend)].partition(":")
+    cls: type[TransferEngine] = getattr(importlib.import_module(module), name)
+    return cls
 
 
 def create_engine(config: EngineConfig) -> TransferEngine:

@@ -17,6 +17,7 @@ import ipaddress
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 
 from pdfleet_runtime.engines.errors import SettingsError
@@ -28,14 +29,37 @@ __all__ = [
     "MOONCAKE_MAX_QUEUE",
     "MOONCAKE_QUEUE_VAR",
     "PROCESS_ENV",
+    "EngineBackend",
     "EngineConfig",
     "EnvLedger",
+    "LocalBackend",
     "ResolvedSettings",
+    "engine_backend",
     "resolve",
 ]
 
-LOCAL_BACKEND = "local"
-"""The in-process copy engine (tests, the parity harness, the memcpy baseline); not a ``Backend``."""
+
+class LocalBackend(StrEnum):
+    """The in-process copy engine (tests, the parity harness, the memcpy baseline); not a spec ``Backend``."""
+
+    LOCAL = "local"
+
+
+LOCAL_BACKEND = LocalBackend.LOCAL
+EngineBackend = Backend | LocalBackend
+"""What an engine runs: the spec's ``Backend`` itself (no round trip through its name), or the local copy."""
+
+
+def engine_backend(name: EngineBackend | str) -> EngineBackend:
+    """The backend a name (the CLI's, a harness's) stands for; ``SettingsError`` naming the known ones."""
+    if isinstance(name, Backend | LocalBackend):
+        return name
+    for kind in (Backend, LocalBackend):
+        try:
+            return kind(name)
+        except ValueError:
+            continue
+    raise SettingsError(f"unknown backend {name!r}; known: {sorted([*Backend, LOCAL_BACKEND])}")
 
 MOONCAKE_QUEUE_VAR = "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"
 MOONCAKE_DEFAULT_QUEUE = 2048
@@ -55,7 +79,7 @@ _LOG_LEVELS = {
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How the runtime wants one engine; read once at start.
+    """How the runtime wants one engine; read once at start. ``backend`` may be given by name (checked here).
 
     ``protocol`` None means the engine's own choice (NIXL's default path: UCX picks, and the
     adapter reports the transport as unpinned); Mooncake always needs one. ``env`` overrides the
@@ -64,7 +88,7 @@ class EngineConfig:
     default is half the Mooncake per-peer queue, so a batch can never fill it.
     """
 
-    backend: str
+    backend: EngineBackend
     protocol: LinkProtocol | None = LinkProtocol.TCP
     host: str = "127.0.0.1"
     rdma_devices: tuple[str, ...] = ()
@@ -75,6 +99,7 @@ class EngineConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", engine_backend(self.backend))
         object.__setattr__(self, "env", dict(self.env))  # a copy; plain dict so configs pickle to spawned processes
         if self.log_level not in _LOG_LEVELS:
             raise SettingsError(f"log_level must be one of {sorted(_LOG_LEVELS)}, got {self.log_level!r}")
@@ -90,7 +115,7 @@ class ResolvedSettings:
     user asked for no protocol and the engine chooses.
     """
 
-    backend: str
+    backend: EngineBackend
     protocol: LinkProtocol | None
     engine_protocol: str
     env: Mapping[str, str | None]
@@ -131,19 +156,15 @@ def _merge(*layers: Mapping[str, str | None]) -> dict[str, str | None]:
 def resolve(config: EngineConfig) -> ResolvedSettings:
     """The settings of one engine (pure). Raises ``SettingsError`` for a protocol the backend cannot serve."""
     mc_log, nixl_log, ucx_log = _LOG_LEVELS[config.log_level]
-    if config.backend == LOCAL_BACKEND:
-        return ResolvedSettings(LOCAL_BACKEND, config.protocol, "memcpy", {}, frozenset({"memcpy"}), True,
+    backend = config.backend
+    if isinstance(backend, LocalBackend):
+        return ResolvedSettings(backend, config.protocol, "memcpy", {}, frozenset({"memcpy"}), True,
                                 config.max_batch_entries)
-    try:
-        backend = Backend(config.backend)
-    except ValueError:
-        raise SettingsError(f"unknown backend {config.backend!r}; known: "
-                            f"{sorted([*Backend, LOCAL_BACKEND])}") from None
     if backend is Backend.NIXL and config.protocol is None:
         # UCX picks the transport; make sure an inherited UCX_TLS does not silently pick for it.
         env = _merge({"UCX_TLS": None, "UCX_NET_DEVICES": None, "NIXL_LOG_LEVEL": nixl_log,
                       "UCX_LOG_LEVEL": ucx_log}, config.env)
-        return ResolvedSettings(backend.value, None, "ucx", env, frozenset(), False, config.max_batch_entries)
+        return ResolvedSettings(backend, None, "ucx", env, frozenset(), False, config.max_batch_entries)
     if config.protocol is None:
         raise SettingsError(f"{backend.value} needs an explicit protocol (one of {[p.value for p in LinkProtocol]})")
     table = engine_settings(backend, config.protocol)
@@ -172,7 +193,7 @@ def resolve(config: EngineConfig) -> ResolvedSettings:
         max_batch = min(max_batch or queue, max(1, queue // 2))
     if backend is Backend.MOONCAKE and config.protocol is LinkProtocol.NVLINK and env.get("MC_INTRANODE_NVLINK") != "1":
         raise SettingsError("mooncake nvlink needs MC_INTRANODE_NVLINK=1: without it the engine silently uses TCP")
-    return ResolvedSettings(backend.value, config.protocol, table.engine_protocol, env,
+    return ResolvedSettings(backend, config.protocol, table.engine_protocol, env,
                             table.accepted_transports, True, max_batch, device_names)
 
 

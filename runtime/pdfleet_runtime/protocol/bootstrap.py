@@ -363,7 +363,7 @@ class BootstrapState:
         if src not in self._events:
             return  # not registered yet: it gets the decodes on registration, requests need it registered
         self._seq[src] += 1
-        ev = WorkEvent(seq=self._seq[src], **kind)  # type: ignore[arg-type]
+        ev = WorkEvent(seq=self._seq[src], **kind)
         self._events[src].append(ev)
         self._sizes[id(ev)] = len(ev.model_dump_json()) + 1
         self._queued += 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -133,7 +133,7 @@ class GuardedServer:
             self._per_peer.pop(peer, None)
 
     @contextmanager
-    def busy(self, transport: asyncio.BaseTransport | None):  # type: ignore[no-untyped-def]
+    def busy(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
         """While a handler runs on ``transport``: no idle deadline; re-armed when it returns."""
         conn = self._conns.get(transport) if transport is not None else None
         if conn is not None:

@@ -79,10 +79,12 @@ class Keyring:
         self.rotations = 0
 
     @classmethod
-    def from_file(cls, path: Path, **kw: object) -> Keyring:
+    def from_file(cls, path: Path, *, settle_s: float = 120.0, reload_s: float = 10.0,
+                  clock: Callable[[], float] = time.monotonic) -> Keyring:
         """``path`` and, when present, ``<path>.previous``; raises ``SecretError``."""
         prev = previous_path(path)
-        return cls(load_secret(path), load_secret(prev) if prev.exists() else None, path=Path(path), **kw)  # type: ignore[arg-type]
+        return cls(load_secret(path), load_secret(prev) if prev.exists() else None, path=Path(path),
+                   settle_s=settle_s, reload_s=reload_s, clock=clock)
 
     @property
     def signing(self) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from pdfleet_runtime.engines.base import PeerInfo  # a pure module: it imports no engine library
@@ -235,7 +236,7 @@ class IndicesModel(_Msg):
                    slot=None if idx.slot is None else int(idx.slot), row=None if idx.row is None else int(idx.row))
 
     def indices(self) -> RequestIndices:
-        return RequestIndices(list(self.pages), list(self.swa_pages),
+        return RequestIndices(np.asarray(self.pages, dtype=np.int64), np.asarray(self.swa_pages, dtype=np.int64),
                               None if self.slot is None else SlotId(self.slot),
                               None if self.row is None else RowId(self.row))
 

@@ -35,15 +35,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from pdfleet_runtime.engines.base import PeerId, PeerInfo, TransferEngine
-from pdfleet_runtime.engines.errors import EngineError, TransferFailed
+from pdfleet_runtime.engines.errors import EngineError, FailureKind, TransferFailed
 from pdfleet_runtime.layouts import StateType
 from pdfleet_runtime.planner import (
     STATE_ORDER,
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 __all__ = ["PrefillRank", "PrefillSettings", "SyntheticError"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 Pair = tuple[int, int]
 _DIRECT = "direct"  # staged.Path.DIRECT (a StrEnum) without importing torch into this module
 LegKey = tuple[str, Pair]  # (decode instance, decode rank)
@@ -427,8 +428,8 @@ class PrefillRank:
             return
         self._progress(req)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -508,7 +509,7 @@ class PrefillRank:
                     await self._deadlined(req, key, self._write, dec, req.request_id, blocks, lane, prepared)
             except EngineError as e:
                 leg.writing = False
-                failure = (FailureReason.PEER_UNREACHABLE if e.kind.value == "peer_unreachable"
+                failure = (FailureReason.PEER_UNREACHABLE if e.kind is FailureKind.PEER_UNREACHABLE
                            else FailureReason.ENGINE)
                 self._report(req, leg, RequestState.FAILED, failure, f"write to decode rank {key[1]}: {e}")
                 return
@@ -618,8 +619,9 @@ class PrefillRank:
         by_state, desc_by_state = {}, {}
         if blocks is not None and blocks.descriptors:
             by_state = {StateType(k): v for k, v in blocks.bytes_by_state().items()}
-            codes, counts = np.unique(blocks.state, return_counts=True)
-            desc_by_state = {STATE_ORDER[int(c)]: int(n) for c, n in zip(codes, counts, strict=True)}
+            if blocks.state is not None:
+                codes, counts = np.unique(blocks.state, return_counts=True)
+                desc_by_state = {STATE_ORDER[int(c)]: int(n) for c, n in zip(codes, counts, strict=True)}
         leg.report = StatusReport(
             request_id=m.request_id, instance=m.instance, src=RankKey(tp=self.me[0], pp=self.me[1]), dst=m.dst,
             state=state, failure=failure, reason=reason, bytes=blocks.bytes if blocks is not None else 0,
@@ -662,7 +664,7 @@ class PrefillRank:
             if req.src is not None and self._release is not None:
                 self._release(req.request_id)
 
-    def _locked(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    def _locked(self, fn: Callable[..., _T], *args: object, **kwargs: object) -> _T:
         """Connect, forget, close a link: calls that change the engine's peer table, one at a time."""
         with self._engine_lock:
             return fn(*args, **kwargs)

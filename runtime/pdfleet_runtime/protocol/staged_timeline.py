@@ -65,7 +65,8 @@ class Timeline:
     def at(self, step: str, k: int) -> float | None:
         """Monotonic time of chunk ``k``'s ``step`` (None when not reached)."""
         v = self.chunks.get(step, [])
-        return None if k >= len(v) or v[k] is None else self.start + v[k]  # type: ignore[operator]
+        t = v[k] if k < len(v) else None
+        return None if t is None else self.start + t
 
     def to_dict(self) -> dict[str, Any]:
         def us(x: float | None) -> float | None:
@@ -85,7 +86,7 @@ class Timeline:
             return None if x is None else x / 1e6
 
         return cls(side, request, float(d["start"]), d.get("where", ""),
-                   {k: s(v) for k, v in d["marks_us"].items()},  # type: ignore[misc]
+                   {k: v / 1e6 for k, v in d["marks_us"].items()},  # marks are always stamped (to_dict)
                    {k: [s(x) for x in v] for k, v in d["chunks_us"].items()})
 
 

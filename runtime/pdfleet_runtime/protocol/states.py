@@ -215,7 +215,3 @@ class RequestTracker:
 
     def active(self) -> list[RequestRecord]:
         return [r for r in self._records.values() if not r.state.terminal]
-
-    def next_deadline(self) -> float | None:
-        live = [r.deadline for r in self._records.values() if not r.state.terminal]
-        return min(live) if live else None

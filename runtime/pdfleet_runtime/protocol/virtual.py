@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pdfleet_runtime.engines.base import PeerInfo  # a pure module: it imports no engine library
+from pdfleet_runtime.ids import RowId, SlotId
 from pdfleet_runtime.layouts import PRESETS, Layout
 from pdfleet_runtime.records import ParallelShape, RegionRecord, RequestIndices, virtual_registration
 
@@ -39,4 +42,4 @@ def decode_register(shape: ParallelShape, tp: int, pp: int, instance: str = "dec
 
 def transfer_request(rid: str, tp: int = 0, pp: int = 0, instance: str = "dec") -> TransferRequest:
     return TransferRequest(request_id=rid, instance=instance, dst=RankKey(tp=tp, pp=pp),
-                           indices=IndicesModel.of(RequestIndices([0, 1], [], 0, 0)), timeout_s=10.0)
+                           indices=IndicesModel.of(RequestIndices(np.array([0, 1]), np.array([], dtype=np.int64), SlotId(0), RowId(0))), timeout_s=10.0)

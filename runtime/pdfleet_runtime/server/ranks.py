@@ -98,7 +98,7 @@ class _Rank:
         self.pools = RankPools(self.layout, self.shape, spec.tp, spec.pp, self.capacity, self.device)
         self.alloc = RequestAllocator(self.layout, self.capacity, seed=spec.faults.scatter_pages)
         self.staging = staging_of(cfg, self.pools)
-        self.engine = create_engine(EngineConfig(cfg.backend.value, cfg.protocol, host=spec.host,
+        self.engine = create_engine(EngineConfig(cfg.backend, cfg.protocol, host=spec.host,
                                                  rdma_devices=cfg.rdma_devices, env=spec.engine_env,
                                                  name=f"{spec.instance}-{cfg.role.value}-{spec.tp}-{spec.pp}"))
         self.engine.start()

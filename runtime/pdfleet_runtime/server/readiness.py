@@ -15,34 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 from pdfleet_runtime.protocol.states import FailureReason
+from pdfleet_runtime.readiness_problems import Problem
 
 __all__ = ["CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify"]
-
-
-class Problem(StrEnum):
-    """Why a pod is not ready (the gate condition's ``reason``, CamelCase as Kubernetes wants it)."""
-
-    NONE = "TransferPathVerified"
-    STARTING = "Starting"
-    RANK_DIED = "RankProcessDied"
-    DRAINING = "Draining"
-    NO_PEER = "NoPeerFound"
-    UNREACHABLE = "PeerUnreachable"
-    INCOMPATIBLE = "PeerIncompatible"
-    SLOW = "BelowThroughputFloor"
-    CORRUPT = "BytesMismatched"
-    FAILING = "TransfersFailing"
-    PEER_DRAINING = "PeerDraining"
-    WAITING = "WaitingForCanary"
-    WAITING_FOR_GROUP = "WaitingForGroup"
-    """A replica group's members have not all joined with their ranks up (``nodesPerReplica`` > 1)."""
-    GROUP_MEMBER_LOST = "GroupMemberLost"
-    """A member of this replica's group went away: the group serves nothing until it restarts as a unit."""
 
 
 @dataclass(frozen=True)

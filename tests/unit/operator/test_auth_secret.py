@@ -42,5 +42,5 @@ def test_the_deployment_reports_degraded_with_the_fix() -> None:
     why = missing_key_in_use(OWNER.name, snap.secret_exists, pods_running(snap))
     assert why is not None and "Restore the Secret with the same key" in why
     [cond] = with_degraded([], AUTH_SECRET_MISSING, why, 3)
-    assert (cond["type"], cond["status"], cond["reason"]) == ("Degraded", "True", "AuthSecretMissing")
+    assert (cond.type, cond.status, cond.reason) == ("Degraded", "True", "AuthSecretMissing")
     assert missing_key_in_use(OWNER.name, True, 4) is None and missing_key_in_use(OWNER.name, False, 0) is None

@@ -21,7 +21,7 @@ from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children,
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.router import router_command
-from pdfleet_operator.status import compute_status
+from pdfleet_operator.status import compute_status, status_document
 from pdfleet_runtime.config import (
     DRAINED_CONDITION,
     ENGINE_PORT,
@@ -237,11 +237,11 @@ def test_a_fresh_group_is_created_together_with_its_key_and_counted_once() -> No
     w.apply(actions, 0.0)
     (_, member) = sorted(w.decode_groups()[next(iter(sorted(w.decode_groups())))])
     w.tick(ready=set(w.pods) - {member})  # one member not yet joined: its group is not ready
-    status = compute_status(spec, "g", 1, w.snapshot().pods, None, [], NOW)
+    status = status_document(compute_status(spec, "g", 1, w.snapshot().pods, None, [], NOW))
     assert status["decode"]["replicas"] == 2 and status["decode"]["ready"] == 1 and status["decodeReady"] == "1/2"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Available"] == "False"
     w.tick()
-    status = compute_status(spec, "g", 1, w.snapshot().pods, None, [], NOW)
+    status = status_document(compute_status(spec, "g", 1, w.snapshot().pods, None, [], NOW))
     assert status["decodeReady"] == "2/2"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Available"] == "True"
     again = plan(OWNER, spec, w.snapshot())

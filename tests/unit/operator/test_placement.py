@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import Condition, PDDeploymentSpec
 from pdfleet_operator.placement import NodeFacts, Problem, check_placement, node_facts
 from pdfleet_operator.status import with_placement
 from tests.unit.operator.test_plan import EXAMPLES
@@ -71,12 +71,13 @@ def test_node_facts_from_json() -> None:
 
 def test_degraded_folds_placement_into_admission() -> None:
     problems = check_placement(spec(), nodes(gpus=2))
-    admitted = [{"type": "Admitted", "status": "True"}, {"type": "Degraded", "status": "False", "reason": "MatrixAdmits"}]
-    out = {c["type"]: c for c in with_placement(admitted, problems, 1)}
-    assert out["Degraded"]["status"] == "True" and out["Degraded"]["reason"] == "InsufficientGPUsPerNode"
-    rejected = [{"type": "Degraded", "status": "True", "reason": "MatrixRejects", "message": "m"}]
+    admitted = [Condition(type="Admitted", status="True"),
+                Condition(type="Degraded", status="False", reason="MatrixAdmits")]
+    out = {c.type: c for c in with_placement(admitted, problems, 1)}
+    assert out["Degraded"].status == "True" and out["Degraded"].reason == "InsufficientGPUsPerNode"
+    rejected = [Condition(type="Degraded", status="True", reason="MatrixRejects", message="m")]
     kept = with_placement(rejected, problems, 1)[0]
-    assert kept["reason"] == "MatrixRejects" and "needs 4 GPUs" in kept["message"]
+    assert kept.reason == "MatrixRejects" and "needs 4 GPUs" in (kept.message or "")
     assert with_placement(admitted, [], 1) == admitted
 
 

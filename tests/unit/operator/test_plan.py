@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from pdfleet_operator.api.constants import ConditionType, Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.observe import observed_pod
 from pdfleet_operator.plan import ActionKind, ObservedPod, Owner, Snapshot, desired_children, plan
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY, GPU_RESOURCE, runtime_pod
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.runtime_config import runtime_config
-from pdfleet_operator.status import compute_status
+from pdfleet_operator.status import compute_status, status_document
 from pdfleet_runtime.config import RuntimeConfig
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "valid").glob("*.yaml"))
@@ -217,7 +217,7 @@ def test_status_available_only_when_gates_pass() -> None:
     def status(ready: bool) -> dict:
         pods = [ObservedPod("p0", Role.PREFILL, rev_p, 0, ready)] + [
             ObservedPod(f"d{i}", Role.DECODE, rev_d, i, ready) for i in range(2)]
-        return compute_status(spec, "demo", 3, pods, None, [], NOW)
+        return status_document(compute_status(spec, "demo", 3, pods, None, [], NOW))
 
     not_ready, ready = status(False), status(True)
     cond = {c["type"]: c for c in not_ready["conditions"]}
@@ -229,11 +229,12 @@ def test_status_available_only_when_gates_pass() -> None:
     assert ready["decode"]["selector"] == "pdfleet.io/deployment=demo,pdfleet.io/role=decode"
     # Unchanged statuses keep their transition time; changed ones get a new one.
     later = datetime(2026, 1, 2, tzinfo=UTC)
-    again = compute_status(spec, "demo", 3, [], ready, [], later)
+    again = status_document(compute_status(spec, "demo", 3, [], PDDeploymentStatus.model_validate(ready), [], later))
     times = {c["type"]: c["lastTransitionTime"] for c in again["conditions"]}
     assert times["Available"].startswith("2026-01-02")
-    same = compute_status(spec, "demo", 3, [ObservedPod("p0", Role.PREFILL, rev_p, 0, True)] + [
-        ObservedPod(f"d{i}", Role.DECODE, rev_d, i, True) for i in range(2)], ready, [], later)
+    same = status_document(compute_status(spec, "demo", 3, [ObservedPod("p0", Role.PREFILL, rev_p, 0, True)] + [
+        ObservedPod(f"d{i}", Role.DECODE, rev_d, i, True) for i in range(2)], PDDeploymentStatus.model_validate(ready),
+        [], later))
     assert {c["type"]: c["lastTransitionTime"] for c in same["conditions"]}["Available"].startswith("2026-01-01")
 
 

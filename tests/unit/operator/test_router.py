@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children, plan
 from pdfleet_operator.resources.names import router_name, router_secret_name
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.router import CONTROL_PLANE_KEY, KEYS_ENV, LABEL_ROUTER, router_command
-from pdfleet_operator.status import compute_status
+from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.config import HTTP_PORT
 from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
@@ -60,9 +60,11 @@ def test_no_router_renders_no_router_objects_and_no_endpoint() -> None:
     objs = desired_children(OWNER, spec)
     assert not [o for o in objs if o["metadata"]["name"] == router_name("demo")]
     assert not [a for a in plan(OWNER, spec, Snapshot()) if a.name == router_secret_name("demo")]
-    assert "endpoint" not in compute_status(spec, "demo", 1, [], None, [], datetime.now(UTC), namespace="ns")
+    assert "endpoint" not in status_document(
+        compute_status(spec, "demo", 1, [], None, [], datetime.now(UTC), namespace="ns"))
     # Removing spec.router clears a stale endpoint (merge patch with null).
-    cleared = compute_status(spec, "demo", 1, [], {"endpoint": "http://x"}, [], datetime.now(UTC), namespace="ns")
+    cleared = status_document(compute_status(spec, "demo", 1, [], PDDeploymentStatus(endpoint="http://x"), [],
+                                             datetime.now(UTC), namespace="ns"))
     assert cleared["endpoint"] is None
 
 
@@ -139,7 +141,7 @@ def test_router_secret_is_created_once_with_an_admin_key() -> None:
 def test_endpoint_in_status() -> None:
     spec = _spec(_doc(router={**ROUTER, "port": 8000}))
     status = compute_status(spec, "demo", 1, [], None, [], datetime.now(UTC), namespace="ns")
-    assert status["endpoint"] == "http://demo-router.ns.svc:8000"
+    assert status.endpoint == "http://demo-router.ns.svc:8000"
 
 
 @pytest.mark.parametrize(("router", "field"), [

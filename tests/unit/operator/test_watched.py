@@ -119,11 +119,11 @@ def test_next_wake_is_the_earliest_time_only_decision() -> None:
             ObservedPod("d0", Role.DECODE, "r", 0, ready=True, drain_started=now - 50, gate="True"),
             ObservedPod("d1", Role.DECODE, "r", 1, ready=False, gate=None, running_since=now - 10))
     snap = Snapshot(pods=pods)
-    wake = next_wake(SPEC, snap, decide_rollouts(SPEC, snap, {}, now), now)
+    wake = next_wake(SPEC, snap, decide_rollouts(SPEC, snap, None, now), now)
     assert wake is not None and 9.9 < wake < 10.2  # d0's drain deadline: 60 s after it started
     # No drain and no gate pending: the rollout's progress deadline is the next decision.
     quiet = Snapshot(pods=(pods[0],))
-    wake = next_wake(SPEC, quiet, decide_rollouts(SPEC, quiet, {}, now), now)
+    wake = next_wake(SPEC, quiet, decide_rollouts(SPEC, quiet, None, now), now)
     assert wake is not None and 599.9 < wake < 600.2
 
 

@@ -112,9 +112,9 @@ def test_a_group_leader_waits_for_its_members_and_a_lost_member_is_a_failure_ove
     assert waiting.problem is Problem.WAITING_FOR_GROUP and "1 of 2 ranks up" in waiting.reason
     lost = decode(peers=r.peers, group_lost=["group member 1: closed the group connection"]).verdict()
     assert lost.problem is Problem.GROUP_MEMBER_LOST and "group member 1" in lost.reason and not lost.ready
-    from pdfleet_runtime.config import GATE_FAILURE_REASONS
+    from pdfleet_runtime.readiness_problems import GATE_FAILURES
 
-    assert "GroupMemberLost" in GATE_FAILURE_REASONS and "WaitingForGroup" not in GATE_FAILURE_REASONS
+    assert Problem.GROUP_MEMBER_LOST in GATE_FAILURES and Problem.WAITING_FOR_GROUP not in GATE_FAILURES
 
 
 def test_discovery_failure_is_the_reason_when_no_peer_is_known() -> None:
@@ -135,9 +135,9 @@ def test_a_prefill_is_ready_once_every_rank_registered_and_a_canary_was_written(
 
 
 def test_gate_failure_reasons_are_readiness_problems() -> None:
-    """The operator fails rollouts on these reasons: each must be a problem the runtime reports."""
-    from pdfleet_runtime.config import GATE_FAILURE_REASONS
-    from pdfleet_runtime.server.readiness import Problem
+    """The operator fails rollouts on these reasons: one vocabulary, read back from the condition's reason."""
+    from pdfleet_runtime.readiness_problems import GATE_FAILURES, gate_problem
 
-    assert {p.value for p in Problem} >= GATE_FAILURE_REASONS
-    assert "WaitingForCanary" not in GATE_FAILURE_REASONS and "Starting" not in GATE_FAILURE_REASONS
+    assert Problem.WAITING not in GATE_FAILURES and Problem.STARTING not in GATE_FAILURES
+    assert all(gate_problem(p.value) is p for p in Problem)  # the reason the runtime writes reads back as itself
+    assert gate_problem("EngineStarting") is None and gate_problem("") is None  # the agent's own, or none

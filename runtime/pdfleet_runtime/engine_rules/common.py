@@ -1,0 +1,37 @@
+"""The rules every engine kind shares (version, flags, protocol, router), by id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from pdfleet_runtime.matrix import Rule, Severity
+
+__all__ = ["ENGINE_RULES"]
+
+
+def _r(id: str, title: str, reason: str, fix: str, severity: Severity = Severity.ERROR) -> tuple[str, Rule]:
+    return id, Rule(id, title, reason, fix, severity)
+
+
+ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
+    _r("engine-version-unknown", "the engine version is unknown to this operator",
+       "the operator checks an engine's flags and start-up rules against that version's data; an unknown "
+       "version cannot be checked", "use a version `pdfleet matrix --engine KIND==VERSION` knows"),
+    _r("engine-flag-unknown", "the engine does not have this flag (or its value is not accepted)",
+       "the engine's own argument parser would exit 2 at start and the pod would crash-loop",
+       "remove or correct the flag; the engine's --help lists its flags"),
+    _r("engine-flag-owned", "the operator renders this flag from a spec field",
+       "a second value in args would contradict the field the operator renders it from",
+       "remove it from args and set the field named in the message"),
+    _r("engine-protocol-unsupported", "the engine cannot serve this transfer backend and protocol",
+       "the protocol table (docs/sglang.md, docs/vllm.md) has no settings of this engine for the pair",
+       "pick a pair of the protocol table (`pdfleet matrix --engine KIND==VERSION`)"),
+    _r("router-kind-engine", "the router does not speak this engine's PD protocol",
+       "sglang-router sends SGLang's bootstrap fields, which vLLM ignores, and vllm-router sends vLLM's "
+       "kv_transfer_params, which SGLang and the built-in runtime ignore: both roles answer, no state moves and "
+       "nothing fails", "leave spec.router.kind unset (the engine's own router) or set the engine's kind"),
+    _r("warn-engine-model-download", "the model is downloaded at start",
+       "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
+       "put the weights on a volume (model.source.path with volume)", Severity.WARNING),
+]))
