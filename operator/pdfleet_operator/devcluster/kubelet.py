@@ -12,7 +12,6 @@ background so the loop goes on. It runs inside the cluster's private network nam
 from __future__ import annotations
 
 import base64
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,14 +23,12 @@ from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.devcluster import podsandbox
+from pdfleet_operator.devcluster.image import Image, local_image
 from pdfleet_operator.devcluster.podsandbox import PodSandbox
 from pdfleet_operator.devcluster.podspec import PodSpecError
 from pdfleet_operator.devcluster.sandbox import Ranges
 
-__all__ = ["IMAGE_ENV", "Kubelet", "StartedPod", "wait"]
-
-IMAGE_ENV = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "PDFLEET_CACHE")
-"""What every container inherits from the harness (the host's filesystem is every image)."""
+__all__ = ["Kubelet", "StartedPod", "wait"]
 ROLE_LABEL = "pdfleet.io/role"
 API_TIMEOUT_S = 15  # no call may hang the loop (the client has no timeout of its own)
 
@@ -57,6 +54,7 @@ class Kubelet(threading.Thread):
     extra_args: Callable[[dict], tuple[str, ...]] = lambda pod: ()  # local-run flags for a pod's command
     extra_env: dict[str, str] = field(default_factory=dict)
     rewrite: Callable[[PodSandbox, dict], dict] | None = None  # a stand-in image (standin.SGLangStandIn)
+    image: Image = field(default_factory=local_image)  # this process's interpreter and checkout (image.py)
     pods: dict[str, PodSandbox] = field(default_factory=dict)  # by pod uid
     started: dict[str, StartedPod] = field(default_factory=dict)  # uid -> identity, kept after the pod went
     finished: dict[str, PodSandbox] = field(default_factory=dict)  # terminated pods, logs kept
@@ -67,7 +65,7 @@ class Kubelet(threading.Thread):
         self.core = CoreV1Api(self.api_client)
         self._stop_event = threading.Event()
         self._stoppers: list[threading.Thread] = []
-        self._base_env = {k: os.environ[k] for k in IMAGE_ENV if k in os.environ} | dict(self.extra_env)
+        self._base_env = self.image.env | dict(self.extra_env)
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     # ---- what a pod's volumes and env read ----------------------------------------------------
@@ -102,7 +100,8 @@ class Kubelet(threading.Thread):
         self.started[uid] = StartedPod(d["metadata"]["name"], labels.get(ROLE_LABEL, ""),
                                        labels.get("pdfleet.io/revision", ""), d["spec"]["containers"][0]["image"])
         sandbox = PodSandbox(d, self.workdir / d["metadata"]["name"], self.ranges, self.api_endpoint,
-                             self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite)
+                             self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite,
+                             image_paths=self.image.paths)
         self.pods[uid] = sandbox
         try:
             sandbox.start()
@@ -175,6 +174,10 @@ class Kubelet(threading.Thread):
 
     def revision_of(self, name: str) -> str:
         return next(s.revision for s in list(self.started.values()) if s.name == name)
+
+    def left_running(self) -> dict[str, list[int]]:
+        """The pods whose processes outlived their termination (their pids), by name; empty: none."""
+        return {p.name: list(p.left) for p in self._all() if p.left}
 
     def _all(self) -> list[PodSandbox]:
         return [*list(self.pods.values()), *list(self.finished.values())]
