@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client import CoreV1Api
+from kubernetes.client import AuthenticationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.devcluster import podsandbox
@@ -30,6 +30,8 @@ from pdfleet_operator.devcluster.sandbox import Ranges
 
 __all__ = ["Kubelet", "StartedPod", "wait"]
 ROLE_LABEL = "pdfleet.io/role"
+POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"  # what a TokenReview says of a pod-bound token
+TOKEN_ACCEPT_S = 30.0
 API_TIMEOUT_S = 15  # no call may hang the loop (the client has no timeout of its own)
 
 
@@ -63,6 +65,7 @@ class Kubelet(threading.Thread):
     def __post_init__(self) -> None:
         threading.Thread.__init__(self, daemon=True)
         self.core = CoreV1Api(self.api_client)
+        self.auth = AuthenticationV1Api(self.api_client)
         self._stop_event = threading.Event()
         self._stoppers: list[threading.Thread] = []
         self._base_env = self.image.env | dict(self.extra_env)
@@ -82,15 +85,37 @@ class Kubelet(threading.Thread):
             raise
 
     def _mint(self, pod: dict, sa: str, expiration_s: int, audience: str) -> str:
-        """A token for ``sa`` bound to the pod (deleting the pod invalidates it), as the kubelet asks for."""
+        """A token for ``sa`` bound to the pod (deleting the pod invalidates it), as the kubelet asks for,
+        returned once the API accepts it for this pod (``_accepted``)."""
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         spec: dict = {"expirationSeconds": expiration_s,
-                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                         "uid": pod["metadata"]["uid"]}}
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}}
         if audience:
             spec["audiences"] = [audience]
         tr = self.core.create_namespaced_service_account_token(sa, self.namespace, {"spec": spec},
                                                                _request_timeout=API_TIMEOUT_S)
-        return str(tr.status.token)
+        token = str(tr.status.token)
+        self._accepted(token, name, uid, [audience] if audience else [])
+        return token
+
+    def _accepted(self, token: str, name: str, uid: str, audiences: list[str]) -> None:
+        """Wait until the API authenticates ``token`` as the pod ``uid`` (a TokenReview goes through the
+        authenticator every request goes through). The apiserver checks a pod-bound token against its
+        informer's copy of the pod by name: until that copy is the new pod, a token of a pod recreated under
+        an earlier pod's name is refused (401). A real kubelet starts containers seconds after a pod is
+        created; this one can within a fraction of a second, so it waits for what a pod's first request
+        needs. Not accepted within ``TOKEN_ACCEPT_S``: the start is undone and tried again, with a new token."""
+        deadline = time.monotonic() + TOKEN_ACCEPT_S
+        body = {"spec": {"token": token, **({"audiences": audiences} if audiences else {})}}
+        while True:
+            st = self.auth.create_token_review(body, _request_timeout=API_TIMEOUT_S).status
+            extra = (st.user.extra or {}) if st.authenticated and st.user else {}
+            if (extra.get(POD_UID_CLAIM) or [None])[0] == uid:
+                return
+            if time.monotonic() > deadline:
+                raise PodSpecError(f"pod {name}: the API does not accept the token minted for it (uid {uid}) after "
+                                   f"{TOKEN_ACCEPT_S:.0f}s: {st.error or extra}")
+            time.sleep(0.2)
 
     # ---- one pod -----------------------------------------------------------------------------
     def _start(self, pod: Any) -> None:
@@ -99,7 +124,9 @@ class Kubelet(threading.Thread):
         uid = d["metadata"]["uid"]
         self.started[uid] = StartedPod(d["metadata"]["name"], labels.get(ROLE_LABEL, ""),
                                        labels.get("pdfleet.io/revision", ""), d["spec"]["containers"][0]["image"])
-        sandbox = PodSandbox(d, self.workdir / d["metadata"]["name"], self.ranges, self.api_endpoint,
+        # A directory per pod UID, as a kubelet keeps them: a pod recreated under an earlier pod's name shares
+        # no log, volume or emptyDir with the one before (which may still be stopping).
+        sandbox = PodSandbox(d, self.workdir / f"{d['metadata']['name']}_{uid[:8]}", self.ranges, self.api_endpoint,
                              self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite,
                              image_paths=self.image.paths)
         self.pods[uid] = sandbox
