@@ -97,7 +97,7 @@ def _first_lines(workdir: Path) -> dict[str, str]:
     """Each runtime pod's first log line (the runtime writes which code it is first), by pod name."""
     out = {}
     for log in sorted(workdir.glob(f"{NAME}-*-*/*.log")):
-        if "-router-" in log.parent.name:
+        if "-router-" in log.parent.name or log.name == "kubelet-events.log":
             continue
         lines = log.read_text(errors="replace").splitlines()
         out[log.parent.name] = lines[0] if lines else ""
@@ -112,8 +112,12 @@ def _run_clone(cluster: LocalCluster, clone: Path, layer: Path, commit: str, ns:
                                cwd=workdir.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(_manifest(ns)))
-        wait_until(lambda: _available(cluster, ns), timeout=240, what=f"{ns}/{NAME} Available through its runtimes' gates")
-        answer = wait_until(lambda: _chat(cluster, ns), timeout=120, what="a chat answer through the router")
+        try:
+            wait_until(lambda: _available(cluster, ns), timeout=240, what=f"{ns}/{NAME} Available through its gates")
+            answer = wait_until(lambda: _chat(cluster, ns), timeout=120, what="a chat answer through the router")
+        except AssertionError as e:
+            tails = {log.parent.name: log.read_text(errors="replace")[-1500:] for log in workdir.glob("*/*.log")}
+            raise AssertionError(f"{e}\npods' logs: {json.dumps(tails, indent=1)}") from None
         assert answer["pdfleet"]["verified"] is True, answer  # real runtime pods moved and verified the bytes
         lines = _first_lines(workdir)
         assert {n.split("-")[1] for n in lines} == {"prefill", "decode"}, lines
