@@ -123,10 +123,12 @@ def ensure_built(path: Path, label: str, build: Callable[[Path], None], *, check
             if real.exists() and not salvage:
                 _remove(real, tag, "the failed attempt" if attempt > 1
                         else "incomplete: an earlier build was stopped or failed")
-            elif real.exists() and attempt == 1:
-                say(tag, f"{label}: found incomplete at {real}; keeping what verifies")
             start = time.monotonic()
-            say(tag, f"building {label} in {real}" + (f" (attempt {attempt} of {attempts})" if attempt > 1 else ""))
+            if salvage and real.exists() and attempt == 1:
+                say(tag, f"{label}: found without its {COMPLETE} marker at {real}: checking what is there, building "
+                         "what does not work")
+            else:
+                say(tag, f"building {label} in {real}" + (f" (attempt {attempt} of {attempts})" if attempt > 1 else ""))
             try:
                 real.mkdir(parents=True, exist_ok=True)
                 build(real)

@@ -40,13 +40,17 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def make_wheel(where: Path, name: str = "standin_pin", version: str = "1.0") -> Path:
+def make_wheel(where: Path, name: str = "standin_pin", version: str = "1.0", files: dict[str, bytes] | None = None,
+               entry_points: str = "") -> Path:
     """A pure-Python wheel written by hand (what a stand-in pin installs): ``import standin_pin`` gives VALUE."""
-    files = {f"{name}/__init__.py": b"VALUE = 'from the stand-in pin'\n"}
-    files |= {f"{name}/filler_{i}.py": f"X = {i}\n".encode() for i in range(FILLER_MODULES)}
+    if files is None:
+        files = {f"{name}/__init__.py": b"VALUE = 'from the stand-in pin'\n"}
+        files |= {f"{name}/filler_{i}.py": f"X = {i}\n".encode() for i in range(FILLER_MODULES)}
     info = f"{name}-{version}.dist-info"
     files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
     files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    if entry_points:
+        files[f"{info}/entry_points.txt"] = entry_points.encode()
     record = [_record_line(k, v) for k, v in files.items()] + [f"{info}/RECORD,,"]
     files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
     where.mkdir(parents=True, exist_ok=True)
@@ -193,3 +197,33 @@ def test_a_layer_runs_its_own_checkout_from_a_path_with_a_space(tmp_path: Path, 
     out = subprocess.run([str(bindir / "python"), "-c", "import pdfleet_operator, standin_pin; "
                           "print(pdfleet_operator.__file__)"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == str(copy / "operator" / "pdfleet_operator" / "__init__.py"), out
+
+
+def test_a_venv_of_the_earlier_layout_is_migrated_in_place(tmp_path: Path, wheels: Path) -> None:
+    """The earlier set-up installed the project editable into the one venv (pointing at the checkout that set up
+    last). The next set-up keeps the venv (its key is the same) and removes that install: the venv then holds
+    third-party packages only, and a layer over it imports its own checkout."""
+    cache = tmp_path / "cache"
+    env = env_for(cache, wheels)
+    first = venvs("deps", env=env)
+    assert first.returncode == 0, first.stderr
+    venv = Path(first.stdout.strip())
+    # What the earlier setup.sh's `pip install -e .` left: pdfleet's dist-info, a .pth naming a checkout's
+    # packages, and the console scripts (here as a wheel of those files: no build backend offline).
+    other = tmp_path / "other-checkout"
+    wheel = make_wheel(tmp_path / "old", "pdfleet", "0.1.0",
+                       {"__editable__.pdfleet-0.1.0.pth": f"{other / 'operator'}\n{other / 'runtime'}\n".encode()},
+                       "[console_scripts]\npdfleet-runtime = pdfleet_runtime.cli:main\n")
+    old = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert old.returncode == 0, old.stderr
+    assert (venv / "bin" / "pdfleet-runtime").exists()
+    assert list(venv.glob("lib/python*/site-packages/pdfleet-*.dist-info"))
+    again = venvs("deps", env=env)
+    assert again.returncode == 0 and Path(again.stdout.strip()) == venv, again.stderr
+    assert "removing the editable install of pdfleet" in again.stderr and "building" not in again.stderr, again.stderr
+    assert not list(venv.glob("lib/python*/site-packages/pdfleet-*.dist-info"))
+    assert not (venv / "bin" / "pdfleet-runtime").exists() and works(venv)
+    assert not list(venv.glob("lib/python*/site-packages/__editable__*"))  # nothing of pdfleet in the shared venv
+    layer = venvs("checkout", "--deps", str(venv), env=env)
+    assert layer.returncode == 0, layer.stderr
