@@ -172,8 +172,8 @@ def _kubelet(args: argparse.Namespace) -> int:
                               else ())
     print(f"kubelet for pods of {args.namespace} ({args.selector or 'all'}); logs under {workdir}", flush=True)
     # SIGINT (Ctrl-C) and SIGTERM stop it the same way, once: a second signal while its pods stop is
-    # said and ignored, so it never leaves a pod half-terminated (issue 38: a demo sent SIGINT to a
-    # kubelet that the terminal's Ctrl-C had already stopping, and its pods outlived both).
+    # said and ignored, so it never leaves a pod half-terminated (issue 38: a second SIGINT, the demo's
+    # after the terminal's Ctrl-C, raised KeyboardInterrupt inside the shutdown, and its pods outlived it).
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
