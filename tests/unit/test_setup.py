@@ -29,6 +29,8 @@ import pytest
 from pdfleet_operator.cachedbuild import COMPLETE, BuildError, ensure_built
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.slow  # each builds a small venv (python -m venv with pip: seconds)
+
 REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / "scripts" / "venvs.py"
 FILLER_MODULES = 1500  # enough files that pip takes a moment to install them: a window to kill it in
