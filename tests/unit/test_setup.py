@@ -8,7 +8,8 @@ network (pip installs from a directory, ``--no-index``):
 - a build that fails is printed and tried once more; two failures raise, naming the log; the marker is
   written only at the end;
 - a checkout's layer imports that checkout's code, from a path with a space too, with the shared
-  venv's packages reachable, and its console scripts name the checkout.
+  venv's packages reachable, and its console scripts name the checkout;
+- a venv of the earlier layout (the project installed editable into it) is migrated in place.
 """
 
 from __future__ import annotations
