@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: Debian packages, a cached virtualenv with
 # the pinned Python packages, and the control plane built from Go modules.
-# Source it (`. scripts/setup.sh`) to get PDFLEET_VENV and PATH set.
+# Source it (`. scripts/setup.sh`) to get PDFLEET_VENV (this checkout's layer) and PATH set.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${PDFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pdfleet}
@@ -30,28 +30,15 @@ if [ "$(printf '%s\n1.26\n' "$gov" | sort -V | head -1)" != "1.26" ]; then
   echo "error: Go >= 1.26 is needed to build the control plane (found $gov)" >&2; exit 1
 fi
 
-# 2. A virtualenv keyed by the pinned dependencies, reused across clones.
-key=$(python3 - "$repo/pyproject.toml" <<'PY'
-import hashlib, sys, tomllib
-p = tomllib.load(open(sys.argv[1], "rb"))["project"]
-deps = sorted(p["dependencies"]) + sorted(d for v in p["optional-dependencies"].values() for d in v)
-print(hashlib.sha256("\n".join(deps).encode()).hexdigest()[:12])
-PY
-)
-venv="$cache/venv-$key"
-if [ ! -f "$venv/.complete" ]; then
-  say "creating $venv (torch is a large wheel: the first install takes minutes, pip's cache serves later ones)"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --progress-bar off -e "$repo[dev,torch,engines,router]"
-  touch "$venv/.complete"
-fi
-# The clone may have moved: re-point the editable install (seconds).
-"$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$repo" 2>/dev/null \
-  || "$venv/bin/pip" install -q --no-deps -e "$repo"
-export PDFLEET_VENV=$venv
-export PATH="$venv/bin:$PATH"
+# 2. Python: a venv of the pinned third-party packages, shared by every checkout (keyed by the pins),
+# and this checkout's own layer over it (keyed by its path): whatever runs from the layer imports this
+# checkout's code, never another's (docs/local-cluster.md). Each is built once, under a lock, marked
+# complete at its end, and built again if a run finds it incomplete.
+deps=$(python3 "$repo/scripts/venvs.py" deps)
+layer=$(python3 "$repo/scripts/venvs.py" checkout --deps "$deps")
+export PDFLEET_VENV=$layer
+export PATH="$layer/bin:$deps/bin:$PATH"
 
-# 3. The control plane, built from Go modules into the versioned cache.
-"$venv/bin/pdfleet" dev build >/dev/null
-say "ready: venv $venv, toolchain $("$venv/bin/python" -c 'from pdfleet_operator.devcluster.toolchain import toolchain_dir; print(toolchain_dir())')"
+# 3. The control plane, built from Go modules into the versioned cache (under its lock too).
+"$layer/bin/pdfleet" dev build >/dev/null
+say "ready: $("$layer/bin/pdfleet" --version); shared venv $deps, layer $layer, toolchain $("$layer/bin/python" -c 'from pdfleet_operator.devcluster.toolchain import toolchain_dir; print(toolchain_dir())')"

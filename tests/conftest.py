@@ -7,6 +7,7 @@ use and stopped at the end of the session; each test gets its own namespace.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +81,9 @@ def worker_index(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI timeout, `kill`) as Ctrl-C: pytest then runs every fixture's teardown, so the clusters,
+    # kubelets, pods and operators the run started are stopped, not left running (issue 38).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
     if not hasattr(config, "workerinput"):
         ensure_toolchain()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pdfleet_operator import __version__
 from pdfleet_operator.commands import COMMANDS
+from pdfleet_runtime.source import describe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pdfleet",
         description="pdfleet: prefill/decode disaggregated serving on Kubernetes.",
     )
-    parser.add_argument("--version", action="version", version=f"pdfleet {__version__}")
+    parser.add_argument("--version", action="version", version=f"pdfleet {describe(__version__)}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)

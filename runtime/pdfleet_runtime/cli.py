@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdfleet_runtime import __version__
+from pdfleet_runtime.source import describe
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED = 0, 1, 2
 
@@ -34,7 +35,7 @@ EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED = 0, 1, 2
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdfleet-runtime", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"pdfleet-runtime {__version__}")
+    parser.add_argument("--version", action="version", version=f"pdfleet-runtime {describe(__version__)}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     par = sub.add_parser("parity", help="check byte-exact prefill -> decode parity in one process")
     par.add_argument("--layout", required=True, help="a preset name (see docs/layouts.md)")
@@ -146,6 +147,7 @@ def _agent_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 def _agent(args: argparse.Namespace) -> int:
     import os
 
+    print(f"pdfleet-runtime {describe(__version__)}", file=sys.stderr, flush=True)  # which code, first in the log
     from pdfleet_runtime.agent.main import agent
     from pdfleet_runtime.agent.options import AgentOptions
     from pdfleet_runtime.config import ConfigError, load_config
@@ -166,6 +168,8 @@ def _agent(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
+    # Which code this pod runs (the checkout and its commit), first in its log.
+    print(f"pdfleet-runtime {describe(__version__)}", file=sys.stderr, flush=True)
     from pdfleet_runtime.config import ConfigError, load_config
     from pdfleet_runtime.server import FaultOptions, OptionsError, ServeOptions, serve
 

@@ -1,10 +1,15 @@
 """A test's operator dies with the test (issue 26, item 5): ``LocalOperator`` started by a parent
 process that is then SIGKILLed (as a killed pytest run is) is gone within seconds. It watches an empty
 namespace and publishes its own webhook configuration, deleted afterwards, so the session's operator is
-untouched."""
+untouched.
+
+A test run sent SIGTERM (issue 38) stops what its fixtures started: a pytest of its own (this suite's
+conftest, its own cluster) runs a pod through the harness's kubelet; after SIGTERM, no process of its
+cluster's namespaces or its pod's is left."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -56,3 +61,58 @@ def test_the_operator_dies_with_the_process_that_started_it(cluster: LocalCluste
         if parent.poll() is None:
             parent.kill()
         cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
+
+
+NESTED = """
+import time
+from pdfleet_operator.devcluster.kubelet import wait
+
+def test_holds_a_pod(cluster, namespace, tmp_path):
+    k = cluster.kubelet(namespace, tmp_path / "pods")
+    k.start()
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "held"},
+               "spec": {"containers": [{"name": "main", "image": "host", "command": ["sleep", "3600"]}]}}
+        import json
+        cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+        wait(lambda: any(p.started for p in k.pods.values()), 120, "the pod started")
+        print("READY", flush=True)
+        time.sleep(600)
+    finally:
+        k.shutdown(grace_s=2)
+"""
+
+
+def test_a_test_run_sent_sigterm_stops_its_clusters_and_pods(tmp_path: Path) -> None:
+    from pdfleet_operator.devcluster import procs
+
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "test_nested.py").write_text(NESTED)
+    state = tmp_path / "cluster"
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-s", "-q",
+                            "--rootdir", str(tmp_path / "nested"), str(tmp_path / "nested" / "test_nested.py")],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PDFLEET_TEST_CLUSTER_DIR": str(state)})
+    assert run.stdout is not None
+    seen: list[procs.Proc] = []
+    try:
+        lines = []
+        for line in run.stdout:
+            lines.append(line)
+            if line.startswith("READY"):
+                break
+        assert lines and lines[-1].startswith("READY"), "".join(lines)[-3000:]
+        apiserver = int(json.loads((state / "pids.json").read_text())["kube-apiserver"])
+        inodes = {procs.net_ns(apiserver), *procs.pod_namespaces(apiserver).values()}
+        seen = procs.in_namespaces({i for i in inodes if i is not None})
+        assert any(p.cmd.startswith("sleep 3600") for p in seen) and any("kube-apiserver" in p.cmd for p in seen), seen
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=120)
+        left = [str(p) for p in seen if p.alive()]
+        assert left == [], f"left running after SIGTERM: {left}\n{out[-3000:]}"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for p in seen:
+            if p.alive():
+                os.kill(p.pid, signal.SIGKILL)

@@ -211,3 +211,59 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+AUTH_PROBE = textwrap.dedent("""
+    import os, ssl, time, urllib.error, urllib.request
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    ctx = ssl.create_default_context(cafile=f"{sa}/ca.crt")
+    url = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}/api/v1/namespaces/{open(f'{sa}/namespace').read()}/pods/again"
+    while True:  # its own pod, which the namespace's default ServiceAccount may not read: 403 once authenticated
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer " + open(f"{sa}/token").read()})
+        try:
+            code = urllib.request.urlopen(req, context=ctx, timeout=5).status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        print("auth", code, os.environ["POD_UID"], flush=True)
+        time.sleep(0.2)
+""")
+
+
+def _review(cluster: LocalCluster, token: str):  # -> V1TokenReviewStatus
+    from kubernetes.client import AuthenticationV1Api
+
+    return AuthenticationV1Api(cluster.api_client()).create_token_review({"spec": {"token": token}}).status
+
+
+def test_a_pod_recreated_under_an_earlier_pods_name_gets_its_own_token_and_directory(
+        cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
+    """Issue 38's 401s: the new pod's token is bound to the new pod and accepted from its first request on
+    (the kubelet has the API review it before the containers start); the earlier pod's token is refused once
+    that pod is gone; and the two pods share no directory (log, emptyDir), as a kubelet keeps them by UID."""
+    spec = pod("again", [{"name": "main", "image": "host", "command": [PY, "-c", AUTH_PROBE],
+                          "env": [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}],
+                          "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}]}],
+               volumes=[{"name": "scratch", "emptyDir": {}}], terminationGracePeriodSeconds=2)
+    apply(cluster, namespace, spec)
+    first = started(kubelet, "again")
+    wait(lambda: first.log().count("auth ") >= 3, 60, "the first pod's requests")
+    assert first.exec("touch", "/tmp/left-by-the-first").returncode == 0
+    (first_token,) = [p.read_text() for p in (first.workdir / "volumes").glob("kube-api-access-*/token")]
+    cluster.kubectl("-n", namespace, "delete", "pod", "again", "--wait=false")
+    wait(lambda: cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(spec), check=False).returncode == 0,
+         60, "the name free again")
+    second = wait(lambda: next((p for p in list(kubelet.pods.values()) if p.name == "again" and p.uid != first.uid
+                                and p.started), None), 60, "the second pod started")
+    wait(lambda: second.log().count("auth ") >= 5, 60, "the second pod's requests")
+    lines = [ln.split() for ln in second.log().splitlines() if ln.startswith("auth ")]
+    assert {code for _, code, _ in lines} == {"403"}, lines  # authenticated (as the namespace's default
+    # ServiceAccount, which may not read pods) from its first request on, never 401
+    assert {uid for _, _, uid in lines} == {second.uid}, lines  # its log is its own (the first's is elsewhere)
+    assert second.workdir != first.workdir
+    assert "left-by-the-first" not in second.exec("ls", "-a", "/tmp").stdout  # its emptyDir is its own
+    (second_token,) = [p.read_text() for p in (second.workdir / "volumes").glob("kube-api-access-*/token")]
+    st = _review(cluster, second_token)
+    assert st.authenticated and st.user.extra["authentication.kubernetes.io/pod-uid"] == [second.uid], st
+    # Bound to the first pod's UID, while the name holds a pod of another UID now: refused, once the apiserver's
+    # cache of recent successes (10 s) let go of it.
+    wait(lambda: not _review(cluster, first_token).authenticated, 30, "the first pod's token refused")

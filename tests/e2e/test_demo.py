@@ -1,14 +1,29 @@
 """The README's main job, `pdfleet demo`, runs end to end and leaves no process behind: it ends with a chat
-request through a router's Service, answered by real runtime pods, every byte verified."""
+request through a router's Service, answered by real runtime pods, every byte verified.
+
+No process it started is left (issue 38: runtime pods and sglang-router outlived a demo that passed, and
+a failed one): while each demo runs, the processes in its cluster's network namespace and in its pods'
+(read from its apiserver: ``/proc/<pid>/ns/net`` and its mount namespace's ``/run/netns``) are listed
+every half second, a pod's process re-parented to PID 1 included; after the demo exits none of them is
+alive. Three demos: one that passes, one that fails at step 5 (its runtime pods corrupt what they
+receive, so no canary passes and the chat never answers), and one interrupted at step 5 with Ctrl-C (a
+SIGINT to its process group, as a terminal sends) once its pods and router run."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from pdfleet_operator.devcluster import procs
 
 pytestmark = pytest.mark.cluster
 
@@ -18,14 +33,79 @@ def _procs_under(path: Path) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
+def _run_procs(state: Path) -> list[procs.Proc]:
+    """The processes in the demo's cluster namespace and its pods' namespaces, now."""
+    try:
+        pids = json.loads((state / "cluster" / "pids.json").read_text())
+    except (OSError, ValueError):
+        return []
+    holder = pids.get("kube-apiserver")
+    if holder is None or procs.net_ns(holder) is None:
+        return []
+    inodes = {*procs.pod_namespaces(holder).values(), procs.net_ns(holder)}
+    return procs.in_namespaces({i for i in inodes if i is not None})
+
+
+class Demo:
+    """``pdfleet demo`` in a session of its own (as a terminal runs it), its output and every process of
+    its run seen while it ran."""
+
+    def __init__(self, state: Path, *args: str) -> None:
+        self.state = state
+        self.proc = subprocess.Popen([sys.executable, "-m", "pdfleet_operator.cli", "demo", "--state-dir", str(state),
+                                      *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self.seen: dict[tuple[int, int], procs.Proc] = {}
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def pods_running(self) -> bool:
+        """A runtime pod's server and the router run in the pods' namespaces."""
+        cmds = [p.cmd for p in _run_procs(self.state)]
+        return any("pdfleet-runtime serve" in c for c in cmds) and any("router" in c for c in cmds)
+
+    def run(self, timeout: float = 540.0, interrupt_at_step5: bool = False) -> int:
+        deadline = time.monotonic() + timeout
+        interrupted = False
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            for p in _run_procs(self.state):
+                self.seen[(p.pid, p.start)] = p
+            if interrupt_at_step5 and not interrupted and "[5/6]" in self.out and self.pods_running():
+                os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C
+                interrupted = True
+            time.sleep(0.5)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"the demo did not end within {timeout:.0f}s:\n{self.out[-4000:]}")
+        if interrupt_at_step5:
+            assert interrupted, f"the demo ended before its pods ran at step 5:\n{self.out[-4000:]}"
+        time.sleep(1.0)  # its last line read
+        return self.proc.returncode
+
+    def assert_nothing_left(self) -> None:
+        kinds = {"runtime": "pdfleet-runtime serve", "router": "router", "apiserver": "kube-apiserver"}
+        for kind, part in kinds.items():  # the listing saw the run's processes while it ran
+            assert any(part in p.cmd for p in self.seen.values()), (kind, sorted(self.seen.values(), key=str))
+        left = [str(p) for p in self.seen.values() if p.alive()]
+        assert left == [], f"left running after the demo: {left}\n{self.out[-3000:]}"
+        assert "nothing of the cluster is left running" in self.out, self.out[-3000:]
+        assert _procs_under(self.state) == []
+
+
 def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
-    state = tmp_path / "demo"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdfleet_operator.cli", "demo", "--state-dir", str(state)],
-        capture_output=True, text=True, timeout=400,
-    )
-    out = proc.stdout
-    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    demo = Demo(tmp_path / "demo")
+    rc = demo.run()
+    out = demo.out
+    assert rc == 0, out[-6000:]
     assert "[nixl.replicated-hetero-tp]" in out  # the rejected manifest names its rule
     assert "denied the request" in out
     assert "Available=True" in out
@@ -38,4 +118,20 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
                      r"chat-router-", out), out[-3000:]
     assert "http://chat-router.demo-chat.svc:30000" in out  # kubectl get pdd's ENDPOINT
     assert "all children gone" in out
-    assert _procs_under(state) == []
+    demo.assert_nothing_left()
+
+
+def test_a_demo_that_fails_at_step_5_leaves_nothing_running(tmp_path: Path) -> None:
+    demo = Demo(tmp_path / "demo", "--timeout", "90", "--runtime-arg=--fault-corrupt-received")
+    rc = demo.run()
+    assert rc == 1, demo.out[-6000:]
+    assert "[5/6]" in demo.out and "no answer through the router within 90s" in demo.out, demo.out[-4000:]
+    demo.assert_nothing_left()
+
+
+def test_a_demo_interrupted_at_step_5_leaves_nothing_running(tmp_path: Path) -> None:
+    demo = Demo(tmp_path / "demo")
+    rc = demo.run(interrupt_at_step5=True)
+    assert rc == 130, demo.out[-6000:]
+    assert "interrupted" in demo.out and "cleaning up" in demo.out, demo.out[-4000:]
+    demo.assert_nothing_left()

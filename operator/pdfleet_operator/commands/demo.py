@@ -18,6 +18,8 @@ each of its pods' ``pdfleet.io/transfer-path`` condition in the runtime's place,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import shlex
 import signal
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import yaml
@@ -39,6 +42,9 @@ CHAT_NAMESPACE = "demo-chat"
 CHAT = "chat"
 IMAGE = "ghcr.io/pdfleet/runtime:0.1.0"
 STEPS = 6
+KUBELET_STOP_S = 90.0
+"""How long the clean-up waits for the kubelet to stop its pods: their grace periods (30 s at most here),
+the preStop hooks inside them, and each pod's network teardown, on a loaded host."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep", action="store_true", help="leave the cluster and operator running at the end")
     p.add_argument("--state-dir", type=Path, default=None, help="default: a temporary directory")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for Available (default 120)")
+    p.add_argument("--runtime-arg", action="append", default=[], metavar="ARG",
+                   help="append ARG to the chat deployment's runtime pods' command (repeat), as `pdfleet dev kubelet "
+                   "--arg` does")
     p.set_defaults(handler=run)
+
+
+def _term_with_parent() -> None:
+    """preexec_fn: SIGTERM (not SIGKILL: it then stops its pods) when the demo's process dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _step(n: int, msg: str) -> None:
@@ -87,23 +101,57 @@ def run(args: argparse.Namespace) -> int:
     cluster = LocalCluster(state / "cluster", ClusterOptions(nodes=3, gpus_per_node=8), die_with_parent=not args.keep)
     op = LocalOperator(cluster, state / "operator")
     kubelet: list[subprocess.Popen[bytes]] = []
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: the clean-up below runs
     try:
         return _run(args, cluster, op, state, kubelet)
     except (ClusterError, ToolchainError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr, flush=True)
+        return 130
     finally:
         if not args.keep:
-            print("\ncleaning up: stopping the pods, the operator and the control plane", flush=True)
-            for k in kubelet:  # SIGINT: preStop hooks, SIGTERM, SIGKILL after each pod's grace period
-                k.send_signal(signal.SIGINT)
-                try:
-                    k.wait(60)
-                except subprocess.TimeoutExpired:
-                    k.kill()
-            op.stop()
-            stopped = cluster.stop()
-            print(f"stopped {len(stopped)} control-plane processes; state was in {state}")
+            with _shielded():
+                _clean_up(cluster, op, kubelet, state)
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """While the clean-up runs, a second Ctrl-C or SIGTERM is said and ignored: stopping half-way is what
+    left pods and routers running before (issue 38)."""
+    def said(signum: int, _frame: object) -> None:
+        print(f"\n{signal.Signals(signum).name}: still cleaning up (the pods, the operator, the control plane); "
+              "nothing is left running once this is done", file=sys.stderr, flush=True)
+
+    before = {sig: signal.signal(sig, said) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _clean_up(cluster: LocalCluster, op: LocalOperator, kubelet: list[subprocess.Popen[bytes]], state: Path) -> None:
+    """The kubelet stops its pods as a kubelet does (preStop, SIGTERM, SIGKILL after the grace period), then
+    the operator and the control plane; ``LocalCluster.stop`` also stops whatever is left in the cluster's
+    namespaces (a pod's process re-parented to PID 1, a router) and names what it could not stop."""
+    print("\ncleaning up: stopping the pods, the operator and the control plane", flush=True)
+    for k in kubelet:
+        if k.poll() is None:
+            k.send_signal(signal.SIGTERM)
+        try:
+            k.wait(KUBELET_STOP_S)
+        except subprocess.TimeoutExpired:
+            print(f"the kubelet did not stop its pods within {KUBELET_STOP_S:.0f}s: killing it (its pods' processes "
+                  "are stopped below)", file=sys.stderr, flush=True)
+            k.kill()
+            k.wait()
+        if k.returncode not in (0, None):
+            print(f"the kubelet ended with {k.returncode}; its log: {state / 'kubelet.log'}", file=sys.stderr)
+    op.stop()
+    report = cluster.stop()
+    print(f"{report}; state was in {state}", flush=True)
 
 
 def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, state: Path,
@@ -140,7 +188,7 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, sta
     print(cluster.kubectl("-n", NAMESPACE, "get", "pods,svc,networkpolicy,pdb").stdout.rstrip())
 
     _step(5, "a chat request through a router: real runtime and sglang-router pods (pools on the CPU)")
-    if not _chat(cluster, state, kubelet, args.timeout):
+    if not _chat(cluster, state, kubelet, args.timeout, args.runtime_arg):
         return 1
 
     if args.keep:
@@ -161,13 +209,18 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, sta
     return 1
 
 
-def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[bytes]], timeout: float) -> bool:
+def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[bytes]], timeout: float,
+          runtime_args: Sequence[str] = ()) -> bool:
     """Run the chat deployment's pods, then curl its endpoint with an OpenAI chat body and say what came back."""
     cluster.kubectl("create", "namespace", CHAT_NAMESPACE)
     cmd = [sys.executable, "-m", "pdfleet_operator.cli", "dev", "--state-dir", str(cluster.state_dir), "kubelet",
-           "-n", CHAT_NAMESPACE, "--arg=--device", "--arg=cpu", "--workdir", str(state / "pods")]
+           "-n", CHAT_NAMESPACE, "--arg=--device", "--arg=cpu", *(f"--arg={a}" for a in runtime_args),
+           "--workdir", str(state / "pods")]
     print(f"$ {shlex.join(['pdfleet', *cmd[3:]])}   # the harness's kubelet for {CHAT_NAMESPACE}'s pods")
-    kubelet.append(subprocess.Popen(cmd, stdout=(state / "kubelet.log").open("wb"), stderr=subprocess.STDOUT))
+    # Its own session: a Ctrl-C in the terminal reaches the demo, which stops the kubelet once (_clean_up);
+    # SIGTERM if the demo dies, so it still stops its pods.
+    kubelet.append(subprocess.Popen(cmd, stdout=(state / "kubelet.log").open("wb"), stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_term_with_parent))
     print(cluster.kubectl("apply", "-f", "-", input=json.dumps(_chat_manifest())).stdout.strip())
     deadline = time.monotonic() + timeout
     answer: dict = {}

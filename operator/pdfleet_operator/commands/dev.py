@@ -12,8 +12,10 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from pdfleet_operator.devcluster import (
@@ -40,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=3, help="fake GPU nodes (default 3)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="allocatable nvidia.com/gpu per node (default 8)")
     up.set_defaults(handler=_up)
-    verbs.add_parser("down", help="stop every process `dev up` started").set_defaults(handler=_down)
+    verbs.add_parser("down", help="stop every process `dev up` started, and whatever else runs in the cluster's "
+                     "namespaces (pods, routers, kubelets)").set_defaults(handler=_down)
     verbs.add_parser("status", help="say whether the cluster runs, and where").set_defaults(handler=_status)
     shell = verbs.add_parser("shell", help="a shell (or COMMAND) in the cluster's namespace, kubectl configured")
     shell.add_argument("command", nargs=argparse.REMAINDER, help="run this instead of $SHELL")
@@ -85,9 +88,9 @@ def _up(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
-    stopped = cluster.stop()
-    print(f"stopped {len(stopped)} processes" + (f" ({', '.join(map(str, stopped))})" if stopped else ""))
-    return 0
+    report = cluster.stop()
+    print(report)
+    return 1 if report.left else 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -168,13 +171,30 @@ def _kubelet(args: argparse.Namespace) -> int:
                               extra_args=lambda pod: extra if "pdfleet.io/role" in pod["metadata"].get("labels", {})
                               else ())
     print(f"kubelet for pods of {args.namespace} ({args.selector or 'all'}); logs under {workdir}", flush=True)
+    # SIGINT (Ctrl-C) and SIGTERM stop it the same way, once: a second signal while its pods stop is
+    # said and ignored, so it never leaves a pod half-terminated (issue 38: a second SIGINT, the demo's
+    # after the terminal's Ctrl-C, raised KeyboardInterrupt inside the shutdown, and its pods outlived it).
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stopping.is_set():
+            print(f"{signal.Signals(signum).name}: already stopping the pods (preStop, SIGTERM, SIGKILL after "
+                  "each pod's grace period)", flush=True)
+        stopping.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     kubelet.start()
-    try:
-        while kubelet.is_alive():
-            kubelet.join(1.0)
-    except KeyboardInterrupt:
-        print("stopping: preStop hooks, SIGTERM, then SIGKILL after each pod's grace period", flush=True)
+    while kubelet.is_alive() and not stopping.wait(1.0):
+        pass
+    print("stopping: preStop hooks, SIGTERM, then SIGKILL after each pod's grace period", flush=True)
     kubelet.shutdown()
+    left = kubelet.left_running()
+    if left:
+        print(f"could not stop every process of these pods (their network namespaces stay; `pdfleet dev down` "
+              f"tries again): {left}", file=sys.stderr, flush=True)
+        return 1
+    print("every pod's processes stopped", flush=True)
     return 0
 
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from pdfleet_operator.devcluster import node, sandbox, toolchain
+from pdfleet_operator.devcluster import node, procs, sandbox, toolchain
 from pdfleet_operator.devcluster.certs import CertificateAuthority, write_service_account_key
 
-__all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "gpu_node_manifest"]
+__all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "StopReport", "gpu_node_manifest"]
 
 PID_FILE = "pids.json"
 KUBECONFIG = "kubeconfig.yaml"
@@ -64,6 +64,24 @@ class ClusterOptions:
     @property
     def ranges(self) -> sandbox.Ranges:
         return sandbox.Ranges(self.sandbox_index)
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What ``LocalCluster.stop`` stopped: the control plane's pids, the other processes it found in the
+    cluster's namespaces, and what it could not stop (empty: nothing of the cluster is left)."""
+
+    control_plane: list[int]
+    others: list[procs.Proc]
+    left: list[procs.Proc]
+
+    def __str__(self) -> str:
+        text = f"stopped {len(self.control_plane)} control-plane processes"
+        if self.others:
+            text += f" and {len(self.others)} more left in the cluster's namespaces"
+        if self.left:
+            return text + "; COULD NOT STOP: " + "; ".join(str(p) for p in self.left)
+        return text + "; nothing of the cluster is left running"
 
 
 def free_port() -> int:
@@ -256,8 +274,11 @@ class LocalCluster:
         self._wait_http("coredns", f"http://127.0.0.1:{ports['dns-ready']}/ready", insecure=False)
         self._wait_http("kube-proxy", f"http://127.0.0.1:{ports['proxy-healthz']}/healthz", insecure=False)
 
-    def stop(self, timeout: float = 15.0) -> list[int]:
-        """Stop every recorded process (TERM, then KILL); return the pids that were stopped."""
+    def stop(self, timeout: float = 15.0) -> StopReport:
+        """Stop everything the cluster runs: first every other process in its namespaces (``sweep``: pods'
+        processes, routers, kubelets, operators a run left behind), then every recorded component (TERM,
+        then KILL). What could not be stopped is said through ``progress`` and listed in the report."""
+        others, left = self.sweep()
         pids = self._recorded_pids()
         stopped = []
         for name in reversed(COMPONENTS):
@@ -285,10 +306,39 @@ class LocalCluster:
         gone_by = time.monotonic() + 5
         while any(Path(f"/proc/{pid}").exists() for pid in stopped) and time.monotonic() < gone_by:
             time.sleep(0.05)
+        for pid in stopped:
+            if _alive(pid):
+                left.append(procs.Proc(pid, 0, 0, f"{next(n for n, p in pids.items() if p == pid)} (control plane)"))
+                self.progress(f"could not stop the control plane's pid {pid}")
         pid_file = self.state_dir / PID_FILE
-        if pid_file.exists():
+        if pid_file.exists() and not left:
             pid_file.unlink()
-        return stopped
+        return StopReport(stopped, others, left)
+
+    def sweep(self, timeout: float = 10.0) -> tuple[list[procs.Proc], list[procs.Proc]]:
+        """Stop every process in the cluster's network namespace and its pods' (less this process, its
+        ancestors and the control plane): a kubelet's pods, routers, rank processes re-parented to PID 1,
+        an operator. Returns (stopped, could not be stopped); both are said through ``progress``.
+
+        The namespaces are read from a live component (its ``ns/net`` and its mount namespace's
+        ``/run/netns``): once the control plane is gone nothing names them reliably any more."""
+        pids = self._recorded_pids()
+        holder = next((pid for pid in pids.values() if _alive(pid)), None)
+        if holder is None:
+            return [], []
+        inodes = set(procs.pod_namespaces(holder).values())
+        cluster_ns = procs.net_ns(holder)
+        if cluster_ns is not None:
+            inodes.add(cluster_ns)
+        found = procs.in_namespaces(inodes, exclude=procs.ancestors() | set(pids.values()))
+        if not found:
+            return [], []
+        self.progress(f"stopping {len(found)} processes left in the cluster's namespaces (pods, routers, clients): "
+                      + "; ".join(str(p) for p in found[:8]) + (" ..." if len(found) > 8 else ""))
+        stopped, left = procs.stop(found, timeout)
+        for p in left:
+            self.progress(f"could not stop {p}")
+        return stopped, left
 
     def namespace_pid(self) -> int | None:
         """A live process of the cluster (the apiserver): its namespaces are the cluster's."""

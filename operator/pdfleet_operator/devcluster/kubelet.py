@@ -12,7 +12,6 @@ background so the loop goes on. It runs inside the cluster's private network nam
 from __future__ import annotations
 
 import base64
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,19 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client import CoreV1Api
+from kubernetes.client import AuthenticationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.devcluster import podsandbox
+from pdfleet_operator.devcluster.image import Image, local_image
 from pdfleet_operator.devcluster.podsandbox import PodSandbox
 from pdfleet_operator.devcluster.podspec import PodSpecError
 from pdfleet_operator.devcluster.sandbox import Ranges
 
-__all__ = ["IMAGE_ENV", "Kubelet", "StartedPod", "wait"]
-
-IMAGE_ENV = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "PDFLEET_CACHE")
-"""What every container inherits from the harness (the host's filesystem is every image)."""
+__all__ = ["Kubelet", "StartedPod", "wait"]
 ROLE_LABEL = "pdfleet.io/role"
+POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"  # what a TokenReview says of a pod-bound token
+TOKEN_ACCEPT_S = 30.0
 API_TIMEOUT_S = 15  # no call may hang the loop (the client has no timeout of its own)
 
 
@@ -57,6 +56,7 @@ class Kubelet(threading.Thread):
     extra_args: Callable[[dict], tuple[str, ...]] = lambda pod: ()  # local-run flags for a pod's command
     extra_env: dict[str, str] = field(default_factory=dict)
     rewrite: Callable[[PodSandbox, dict], dict] | None = None  # a stand-in image (standin.SGLangStandIn)
+    image: Image = field(default_factory=local_image)  # this process's interpreter and checkout (image.py)
     pods: dict[str, PodSandbox] = field(default_factory=dict)  # by pod uid
     started: dict[str, StartedPod] = field(default_factory=dict)  # uid -> identity, kept after the pod went
     finished: dict[str, PodSandbox] = field(default_factory=dict)  # terminated pods, logs kept
@@ -65,9 +65,10 @@ class Kubelet(threading.Thread):
     def __post_init__(self) -> None:
         threading.Thread.__init__(self, daemon=True)
         self.core = CoreV1Api(self.api_client)
+        self.auth = AuthenticationV1Api(self.api_client)
         self._stop_event = threading.Event()
         self._stoppers: list[threading.Thread] = []
-        self._base_env = {k: os.environ[k] for k in IMAGE_ENV if k in os.environ} | dict(self.extra_env)
+        self._base_env = self.image.env | dict(self.extra_env)
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     # ---- what a pod's volumes and env read ----------------------------------------------------
@@ -84,15 +85,37 @@ class Kubelet(threading.Thread):
             raise
 
     def _mint(self, pod: dict, sa: str, expiration_s: int, audience: str) -> str:
-        """A token for ``sa`` bound to the pod (deleting the pod invalidates it), as the kubelet asks for."""
+        """A token for ``sa`` bound to the pod (deleting the pod invalidates it), as the kubelet asks for,
+        returned once the API accepts it for this pod (``_accepted``)."""
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         spec: dict = {"expirationSeconds": expiration_s,
-                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                         "uid": pod["metadata"]["uid"]}}
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}}
         if audience:
             spec["audiences"] = [audience]
         tr = self.core.create_namespaced_service_account_token(sa, self.namespace, {"spec": spec},
                                                                _request_timeout=API_TIMEOUT_S)
-        return str(tr.status.token)
+        token = str(tr.status.token)
+        self._accepted(token, name, uid, [audience] if audience else [])
+        return token
+
+    def _accepted(self, token: str, name: str, uid: str, audiences: list[str]) -> None:
+        """Wait until the API authenticates ``token`` as the pod ``uid`` (a TokenReview goes through the
+        authenticator every request goes through). The apiserver checks a pod-bound token against its
+        informer's copy of the pod by name: until that copy is the new pod, a token of a pod recreated under
+        an earlier pod's name is refused (401). A real kubelet starts containers seconds after a pod is
+        created; this one can within a fraction of a second, so it waits for what a pod's first request
+        needs. Not accepted within ``TOKEN_ACCEPT_S``: the start is undone and tried again, with a new token."""
+        deadline = time.monotonic() + TOKEN_ACCEPT_S
+        body = {"spec": {"token": token, **({"audiences": audiences} if audiences else {})}}
+        while True:
+            st = self.auth.create_token_review(body, _request_timeout=API_TIMEOUT_S).status
+            extra = (st.user.extra or {}) if st.authenticated and st.user else {}
+            if (extra.get(POD_UID_CLAIM) or [None])[0] == uid:
+                return
+            if time.monotonic() > deadline:
+                raise PodSpecError(f"pod {name}: the API does not accept the token minted for it (uid {uid}) after "
+                                   f"{TOKEN_ACCEPT_S:.0f}s: {st.error or extra}")
+            time.sleep(0.2)
 
     # ---- one pod -----------------------------------------------------------------------------
     def _start(self, pod: Any) -> None:
@@ -101,8 +124,11 @@ class Kubelet(threading.Thread):
         uid = d["metadata"]["uid"]
         self.started[uid] = StartedPod(d["metadata"]["name"], labels.get(ROLE_LABEL, ""),
                                        labels.get("pdfleet.io/revision", ""), d["spec"]["containers"][0]["image"])
-        sandbox = PodSandbox(d, self.workdir / d["metadata"]["name"], self.ranges, self.api_endpoint,
-                             self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite)
+        # A directory per pod UID, as a kubelet keeps them: a pod recreated under an earlier pod's name shares
+        # no log, volume or emptyDir with the one before (which may still be stopping).
+        sandbox = PodSandbox(d, self.workdir / f"{d['metadata']['name']}_{uid[:8]}", self.ranges, self.api_endpoint,
+                             self._lookup, self._mint, self._base_env, self.extra_args(d), self.rewrite,
+                             image_paths=self.image.paths)
         self.pods[uid] = sandbox
         try:
             sandbox.start()
@@ -175,6 +201,10 @@ class Kubelet(threading.Thread):
 
     def revision_of(self, name: str) -> str:
         return next(s.revision for s in list(self.started.values()) if s.name == name)
+
+    def left_running(self) -> dict[str, list[int]]:
+        """The pods whose processes outlived their termination (their pids), by name; empty: none."""
+        return {p.name: list(p.left) for p in self._all() if p.left}
 
     def _all(self) -> list[PodSandbox]:
         return [*list(self.pods.values()), *list(self.finished.values())]

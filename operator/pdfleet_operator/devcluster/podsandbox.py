@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet_operator.devcluster import podspec
+from pdfleet_operator.devcluster.image import Image
 from pdfleet_operator.devcluster.podspec import Exec, HttpGet, PodSpecError
 from pdfleet_operator.devcluster.sandbox import BRIDGE, Ranges
 
@@ -43,6 +44,9 @@ Lookup = Callable[[str, str], "dict[str, bytes] | None"]
 IPS_IN_USE: set[str] = set()
 """Pod IPs whose network namespace exists in this process's cluster, whichever kubelet made it: a pod
 of an earlier test's kubelet may still be stopping when kwok hands its IP to the next pod."""
+STRAGGLER_WAIT_S = 10.0
+"""How long the pod's network teardown keeps killing what is left in its namespace before it gives up
+(a process in uninterruptible sleep) and keeps the namespace's name, so a later sweep finds it."""
 STAGING = "/etc/netns/.volumes"
 """Where a container's mount namespace first binds its pod's volume directory: on the cluster
 namespace's own tmpfs (``sandbox.enter``), which no volume mount of a pod covers."""
@@ -79,6 +83,9 @@ class PodSandbox:
     extra_args: tuple[str, ...] = ()
     rewrite: Callable[[PodSandbox, dict], dict] | None = None
     """A stand-in image: (this sandbox, a container) -> the container to run (``standin.SGLangStandIn``)."""
+    image_paths: tuple[Path, ...] = ()
+    """The directories the image runs from (``image.Image.paths``): those a volume mount hides are bound
+    back at their own paths, read-only, after the container's mounts."""
     containers: list[Container] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # what the kubelet did, in order (hooks, signals)
 
@@ -90,6 +97,7 @@ class PodSandbox:
         self._veth = f"v{self.uid[:8]}"
         self._terminated = threading.Event()
         self.network_up = False  # its netns exists: its IP is taken on the bridge
+        self.left: list[int] = []  # pids still in its netns after termination (none: nothing left running)
 
     # ---- what callers read -------------------------------------------------------------------
     @property
@@ -246,6 +254,11 @@ class PodSandbox:
         stage = f"{STAGING}/{shlex.quote(self.name)}.{shlex.quote(spec['name'])}"
         script = ["set -e", f"mkdir -p {stage}", f"mount --bind {shlex.quote(str(root))} {stage}"]
         mounts = sorted(spec.get("volumeMounts") or (), key=lambda m: len(Path(m["mountPath"]).parts))
+        # The image's directories a mount hides (a checkout or a venv under /tmp, where every runtime pod
+        # mounts an emptyDir): staged beside the volumes before any mount, bound back read-only after them.
+        hidden = Image({}, self.image_paths).hidden_by(m["mountPath"] for m in mounts)
+        for i, path in enumerate(hidden):
+            script += [f"mkdir -p {stage}.image/{i}", f"mount --bind {shlex.quote(str(path))} {stage}.image/{i}"]
         for m in mounts:
             if m.get("subPath"):
                 raise PodSpecError(f"pod {self.name}: volumeMount {m['name']!r} uses subPath (not supported)")
@@ -259,6 +272,9 @@ class PodSandbox:
                 script.append(f"mount --bind {staged} {dst}")
                 if ro or m.get("readOnly"):
                     script.append(f"mount -o remount,bind,ro {dst}")
+        for i, path in enumerate(hidden):
+            dst = shlex.quote(str(path))
+            script += [f"mkdir -p {dst}", f"mount --bind {stage}.image/{i} {dst}", f"mount -o remount,bind,ro {dst}"]
         script.append(f"cd {shlex.quote(spec.get('workingDir') or '/')}")
         script.append('exec "$@"')
         log_path = self.workdir / f"{spec['name']}.log"
@@ -311,11 +327,18 @@ class PodSandbox:
         namespace's name goes; the IP stays taken if the veth could not be deleted."""
         if not self.network_up:
             return
-        for pid in _netns_pids(self.netns):
-            with contextlib.suppress(OSError):
-                what = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
-                os.kill(pid, signal.SIGKILL)
-                self.events.append(f"SIGKILL straggler {pid}: {what.strip()}")
+        deadline = time.monotonic() + STRAGGLER_WAIT_S
+        while (pids := _netns_pids(self.netns)) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    what = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+                    os.kill(pid, signal.SIGKILL)
+                    self.events.append(f"SIGKILL straggler {pid}: {what.strip()}")
+            time.sleep(0.1)
+        if pids:  # its name stays, so ``LocalCluster.sweep`` finds them; the IP stays taken
+            self.left = pids
+            self.events.append(f"could not stop {pids} in {self.netns}: its name and IP {self.ip} stay")
+            return
         with contextlib.suppress(RuntimeError):
             _ip("link", "delete", self._veth)
         with contextlib.suppress(RuntimeError):

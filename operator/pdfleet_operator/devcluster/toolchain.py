@@ -11,7 +11,10 @@ module that replaces every staging module by its published version.
 
 Everything lands under ``cache_root()/toolchain/<key>/`` (outside git); the
 Go module and build caches live beside it so a second run takes seconds and
-deleting the cache root gives a truly cold build.
+deleting the cache root gives a truly cold build. The directory is built as every cached build is
+(``cachedbuild.ensure_built``): under its lock, marked complete at the end, a failed attempt printed and
+tried once more. A directory found incomplete keeps each binary that runs and reports its version (a
+build killed while writing one leaves a binary that does not); the rest is built again.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pdfleet_operator.cachedbuild import BuildError, die_with_parent, ensure_built, is_complete
 
 __all__ = [
     "PINS",
@@ -40,7 +46,7 @@ __all__ = [
 MODULE_PATH = "k8s.io/kubernetes"
 
 
-class ToolchainError(RuntimeError):
+class ToolchainError(BuildError):
     """A step of the build failed; the message names the step and the log file."""
 
 
@@ -132,7 +138,7 @@ def _run(cmd: list[str], cwd: Path, logfile: Path, step: str) -> str:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.run(
-            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=log, text=True
+            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent
         )
     if proc.returncode != 0:
         tail = "".join(logfile.read_text().splitlines(keepends=True)[-25:])
@@ -245,31 +251,67 @@ def _built(out: Path, names: tuple[str, ...]) -> bool:
     return all((out / n).is_file() and os.access(out / n, os.X_OK) for n in names)
 
 
-def ensure_toolchain(pins: Pins = PINS) -> Path:
-    """Build whatever is missing; return the bin directory.  Idempotent."""
-    if shutil.which("go") is None:
-        raise ToolchainError("the `go` command is not on PATH; install Go >= 1.26")
-    top = toolchain_dir(pins)
-    out = top / "bin"
-    out.mkdir(parents=True, exist_ok=True)
-    logfile = top / "build.log"
-    steps = [
+# How each binary reports its version (the rest take --version).
+VERSION_ARGS = {"kubectl": ("version", "--client"), "helm": ("version",), "coredns": ("-version",)}
+
+
+def _runs(path: Path) -> bool:
+    """A binary that starts and reports its version: a build killed while writing it left one that does not."""
+    try:
+        proc = subprocess.run([str(path), *VERSION_ARGS.get(path.name, ("--version",))], capture_output=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def _steps(pins: Pins, out: Path, logfile: Path) -> list[tuple[tuple[str, ...], Callable[[], None], str]]:
+    return [
         (("etcd",), lambda: _build_etcd(pins, out, logfile), f"etcd {pins.etcd}"),
         (pins.kube_cmds, lambda: _build_kubernetes(pins, out, logfile), f"kubernetes {pins.kubernetes}"),
         (("kwok",), lambda: _install("sigs.k8s.io/kwok/cmd/kwok", pins.kwok, out, logfile, "build kwok"), f"kwok {pins.kwok}"),
         (("helm",), lambda: _install("helm.sh/helm/v3/cmd/helm", pins.helm, out, logfile, "build helm"), f"helm {pins.helm}"),
         (("coredns",), lambda: _build_coredns(pins, out, logfile), f"coredns {pins.coredns}"),
     ]
-    total = time.monotonic()
-    for names, build, label in steps:
-        if _built(out, names):
+
+
+def _names(pins: Pins) -> tuple[str, ...]:
+    return ("etcd", *pins.kube_cmds, "kwok", "helm", "coredns")
+
+
+def _build_all(pins: Pins, top: Path) -> None:
+    """Each step whose binaries do not all run is built (what it left before removed first)."""
+    out = top / "bin"
+    out.mkdir(parents=True, exist_ok=True)
+    logfile = top / "build.log"
+    for names, build, label in _steps(pins, out, logfile):
+        if all((out / n).is_file() and _runs(out / n) for n in names):
             continue
+        for n in names:
+            (out / n).unlink(missing_ok=True)
         _log(f"building {label} (log: {logfile})")
         start = time.monotonic()
         build()
         if not _built(out, names):
             raise ToolchainError(f"{label}: build finished but {names} missing in {out}")
         _log(f"built {label} in {time.monotonic() - start:.0f}s")
+
+
+def ensure_toolchain(pins: Pins = PINS) -> Path:
+    """Build whatever is missing; return the bin directory.  Idempotent; safe to call from several
+    processes at once (one builds, the others wait for its lock and then use what it built)."""
+    top = toolchain_dir(pins)
+    out = top / "bin"
+    if is_complete(top) and _built(out, _names(pins)):
+        return out
+    if shutil.which("go") is None:
+        raise ToolchainError("the `go` command is not on PATH; install Go >= 1.26")
+    total = time.monotonic()
+    try:
+        ensure_built(top, f"the toolchain k8s-{pins.kubernetes}-{pins.key()}", lambda p: _build_all(pins, p),
+                     salvage=True, tag="toolchain")
+    except BuildError as exc:
+        raise ToolchainError(str(exc)) from exc
     _log(f"toolchain ready in {out} ({time.monotonic() - total:.1f}s)")
     return out
 

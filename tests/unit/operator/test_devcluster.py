@@ -64,3 +64,33 @@ def test_local_operator_watches_the_configuration_the_operator_manages() -> None
     from pdfleet_operator.settings import AdmissionSettings
 
     assert AdmissionSettings().configuration_name == WEBHOOK_CONFIGURATION
+
+
+def test_the_toolchain_keeps_each_binary_that_runs_and_builds_the_rest(monkeypatch, tmp_path: Path) -> None:
+    """A build stopped half-way left one good binary and one that does not run (written when it was
+    killed), and no marker: the good one is kept, the rest built again, the marker written at the end;
+    a later call trusts the marker and builds nothing."""
+    monkeypatch.setenv("PDFLEET_CACHE", str(tmp_path))
+    pins = toolchain.Pins()
+    built: list[str] = []
+
+    def write(path: Path, code: int) -> None:
+        path.write_text(f"#!/bin/sh\nexit {code}\n")
+        path.chmod(0o755)
+
+    def fake_steps(pins: toolchain.Pins, out: Path, logfile: Path) -> list:
+        def build(name: str):
+            return lambda: (built.append(name), write(out / name, 0))
+        return [((n,), build(n), n) for n in toolchain._names(pins)]
+
+    monkeypatch.setattr(toolchain, "_steps", fake_steps)
+    top = toolchain.toolchain_dir(pins)
+    (top / "bin").mkdir(parents=True)
+    write(top / "bin" / "etcd", 0)
+    write(top / "bin" / "kube-apiserver", 3)  # starts but fails: not trusted
+    out = toolchain.ensure_toolchain(pins)
+    assert out == top / "bin" and (top / ".complete").exists()
+    assert "etcd" not in built and "kube-apiserver" in built and "coredns" in built, built
+    built.clear()
+    toolchain.ensure_toolchain(pins)
+    assert built == []
