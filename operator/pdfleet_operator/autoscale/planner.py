@@ -4,12 +4,12 @@ Like the rollout step planner it reads nothing and writes nothing; the clock is 
 little it remembers (recent recommendations, when each role last grew or shrank) comes in and goes
 out as ``PlannerState``, which the operator keeps in status. Rules, in the order they apply:
 
-1. each role's signals give a recommendation (``signals``: the largest wins); decode's is raised by
-   the growth the prefill recommendation is about to send it;
+1. each role's signals give a recommendation (``signals``: the largest wins); decode's counts the
+   inflow the prefill recommendation is about to send it;
 2. stabilization, per role, as an HPA's behavior: grow only to the smallest recommendation of the
-   scale-up window, shrink only to the largest of the scale-down window; and never reverse within a
+   scale-up window, shrink only to the largest of the scale-down window; never reverse within a
    window (no shrink within scaleDownStabilizationSeconds of a growth, no growth within
-   scaleUpStabilizationSeconds of a shrink);
+   scaleUpStabilizationSeconds of a shrink); shrink at most once per ``SHRINK_SPACING_S``;
 3. the bounds: never outside [minReplicas, maxReplicas];
 4. the GPU budget: never more than ``gpuBudget`` GPUs in the desired replicas, and no role grows
    while the desired replicas plus the draining ones (which still hold GPUs) would exceed it;
