@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pdfleet_operator.api.autoscaling import autoscaling_violations
 from pdfleet_operator.api.constants import API_VERSION, KIND, LIST_KIND
 from pdfleet_operator.api.crd import openapi_schema
 from pdfleet_operator.api.models import PDDeploymentSpec
@@ -129,11 +130,15 @@ def check_schema(value: Any, schema: Mapping[str, Any], path: str, errors: list[
         supported = ", ".join(f'"{e}"' for e in schema["enum"])
         errors.append(_v("schema", f"unsupported value {_short(value)}: supported values: {supported}", path))
     if type(value) in (int, float):
-        if "minimum" in schema and value < schema["minimum"]:
+        if "minimum" in schema and schema.get("exclusiveMinimum") and value <= schema["minimum"]:
+            errors.append(_v("schema", f"{value} should be greater than {schema['minimum']}", path))
+        elif "minimum" in schema and value < schema["minimum"]:
             errors.append(
                 _v("schema", f"{value} should be greater than or equal to {schema['minimum']}", path)
             )
-        if "maximum" in schema and value > schema["maximum"]:
+        if "maximum" in schema and schema.get("exclusiveMaximum") and value >= schema["maximum"]:
+            errors.append(_v("schema", f"{value} should be less than {schema['maximum']}", path))
+        elif "maximum" in schema and value > schema["maximum"]:
             errors.append(_v("schema", f"{value} should be less than or equal to {schema['maximum']}", path))
     elif isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
@@ -240,8 +245,8 @@ def check_cel(obj: Mapping[str, Any]) -> list[Violation]:
                         rule.id,
                         rule.message,
                         field_path,
-                        reason=r.reason if r else "a CEL rule of the CRD",
-                        fix=r.fix if r else rule.message,
+                        reason=r.reason if r else rule.reason or "a CEL rule of the CRD",
+                        fix=r.fix if r else rule.fix or rule.message,
                     )
                 )
     return out
@@ -305,7 +310,10 @@ def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:
 
 
 def _with_engine(verdict: Verdict, spec: PDDeploymentSpec) -> Verdict:
-    """The engine's rules (flags, version, start-up and transfer rejections) added to the matrix's."""
+    """The engine's rules (flags, version, start-up and transfer rejections) and the autoscaling checks that
+    need a loop over replica counts (``api.autoscaling``) added to the matrix's."""
+    errors, warnings = autoscaling_violations(spec)
+    verdict = Verdict(verdict.violations + tuple(errors), verdict.warnings + tuple(warnings), verdict.matrix_versions)
     inp = engine_input(spec)
     if inp is None:  # the built-in runtime speaks sglang-router's protocol
         wrong = router_violation("pdfleet", spec.router.kind.value if spec.router and spec.router.kind else None)

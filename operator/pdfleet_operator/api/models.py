@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, Field, StringConstraints
 
+from pdfleet_operator.api.autoscaling import AutoscalingSpec
 from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, ConditionType, RolloutPhase
 from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
 from pdfleet_runtime.config import SERVED_NAME_PATTERN
@@ -22,6 +23,7 @@ from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_VERSION_PA
 
 __all__ = [
     "DEFAULT_GPU_MEMORY_GIB",
+    "AutoscalingSpec",
     "Condition",
     "EngineKind",
     "EngineOverride",
@@ -438,6 +440,12 @@ class PDDeploymentSpec(ApiModel):
         None,
         description="The deployment's endpoint: sglang-router pods behind a Service (status.endpoint). "
         "Absent: no router, clients reach no endpoint.",
+    )
+    # -- autoscaling (issue 48; the models live in api/autoscaling.py) --
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Autoscale both roles on PD signals within bounds, a prefill:decode ratio band and a GPU "
+        "budget (docs/autoscaling.md). Absent: each role keeps spec.<role>.replicas.",
     )
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pdfleet_operator.api.autoscaling import AUTOSCALING_RULES
+
 __all__ = ["CEL_RULES", "CelRule"]
 
 Obj = Mapping[str, Any]
@@ -35,6 +37,8 @@ class CelRule:
     message: str
     check: Callable[[Obj], bool]
     field_path: str | None = None
+    reason: str = ""  # why the rule exists, for rules that are not matrix rules (shown by `pdfleet validate`)
+    fix: str = ""  # how to fix a violation, likewise
 
     def to_schema(self) -> dict[str, str]:
         out = {"rule": self.rule, "message": f"{self.id}: {self.message}", "reason": "FieldValueInvalid"}
@@ -103,6 +107,120 @@ def _device_map_ok(o: Obj) -> bool:
 
 
 _GPU_KEY = "[0-9]|[1-5][0-9]|6[0-3]"
+
+
+# -- spec.autoscaling (api/autoscaling.py; the loop-needing checks run beside the matrix) -------------
+
+_AS = "spec.autoscaling"
+_AS_ROLES = (f"{_AS}.prefill", f"{_AS}.decode")
+_SIGNALS = {"prefill": ("backlog", "ttft"), "decode": ("kvCache", "runningRequests", "itl")}
+
+
+def _as_rule(rule_id: str, at: tuple[str, ...], rule: str, message: str, check: Callable[[Obj], bool],
+             field_path: str | None = None) -> CelRule:
+    r = AUTOSCALING_RULES[rule_id]
+    return CelRule(rule_id, at, rule, message, check, field_path, r.reason, r.fix)
+
+
+def _replicas_in_range(o: Obj, role: str) -> bool:
+    a = o.get("autoscaling")
+    if a is None:
+        return True
+    bounds = a[role]
+    if bounds["minReplicas"] > bounds["maxReplicas"]:
+        return True  # autoscaling-min-max reports it
+    return bounds["minReplicas"] <= o[role]["replicas"] <= bounds["maxReplicas"]
+
+
+def _gpus_cel(role: str) -> str:
+    return (f"self.autoscaling.{role}.minReplicas * self.{role}.parallelism.tensor * "
+            f"self.{role}.parallelism.pipeline")
+
+
+def _minimum_gpus(o: Obj) -> int:
+    return sum(o["autoscaling"][r]["minReplicas"] * o[r]["parallelism"]["tensor"] * o[r]["parallelism"]["pipeline"]
+               for r in ("prefill", "decode"))
+
+
+def _budget_ok(o: Obj) -> bool:
+    a = o.get("autoscaling")
+    return a is None or "gpuBudget" not in a or _minimum_gpus(o) <= a["gpuBudget"]
+
+
+def _ratio_relaxed(o: Obj) -> bool:
+    """The band meets the bounds' box over the reals (the exact integer check runs beside the matrix)."""
+    band, p, d = o.get("prefillDecodeRatio"), o["prefill"], o["decode"]
+    if band is None or band["min"] > band["max"] or p["minReplicas"] > p["maxReplicas"] or (
+            d["minReplicas"] > d["maxReplicas"]):
+        return True
+    return (band["min"] * float(d["minReplicas"]) <= float(p["maxReplicas"])
+            and band["max"] * float(d["maxReplicas"]) >= float(p["minReplicas"]))
+
+
+_AUTOSCALING_RULES: tuple[CelRule, ...] = (
+    *(
+        _as_rule(
+            "autoscaling-replicas-in-range",
+            ("spec",),
+            f"!has(self.autoscaling) || self.autoscaling.{role}.minReplicas > self.autoscaling.{role}.maxReplicas || "
+            f"(self.{role}.replicas >= self.autoscaling.{role}.minReplicas && "
+            f"self.{role}.replicas <= self.autoscaling.{role}.maxReplicas)",
+            f"{role}.replicas must lie within autoscaling.{role}.minReplicas..maxReplicas: it is the count the "
+            "fleet starts from",
+            lambda o, role=role: _replicas_in_range(o, role),
+            f".{role}.replicas",
+        )
+        for role in ("prefill", "decode")
+    ),
+    _as_rule(
+        "autoscaling-budget-minimums",
+        ("spec",),
+        f"!has(self.autoscaling) || !has(self.autoscaling.gpuBudget) || "
+        f"{_gpus_cel('prefill')} + {_gpus_cel('decode')} <= self.autoscaling.gpuBudget",
+        "autoscaling.gpuBudget is below the GPUs of both roles' minReplicas (each replica holds tensor x "
+        "pipeline GPUs): raise the budget or lower minReplicas",
+        _budget_ok,
+        ".autoscaling.gpuBudget",
+    ),
+    _as_rule(
+        "autoscaling-min-max",
+        _AS_ROLES,
+        "self.minReplicas <= self.maxReplicas",
+        "minReplicas must not exceed maxReplicas",
+        lambda o: o["minReplicas"] <= o["maxReplicas"],
+        ".minReplicas",
+    ),
+    *(
+        _as_rule(
+            "autoscaling-signal",
+            (f"{_AS}.{role}.signals",),
+            " || ".join(f"has(self.{s})" for s in names),
+            f"set at least one {role} signal: {', '.join(names)}",
+            lambda o, names=names: any(s in o for s in names),
+        )
+        for role, names in _SIGNALS.items()
+    ),
+    _as_rule(
+        "autoscaling-ratio-order",
+        (f"{_AS}.prefillDecodeRatio",),
+        "self.min <= self.max",
+        "prefillDecodeRatio.min must not exceed prefillDecodeRatio.max",
+        lambda o: o["min"] <= o["max"],
+        ".max",
+    ),
+    _as_rule(
+        "autoscaling-ratio-feasible",
+        (_AS,),
+        "!has(self.prefillDecodeRatio) || self.prefillDecodeRatio.min > self.prefillDecodeRatio.max || "
+        "self.prefill.minReplicas > self.prefill.maxReplicas || self.decode.minReplicas > self.decode.maxReplicas || "
+        "(self.prefillDecodeRatio.min * double(self.decode.minReplicas) <= double(self.prefill.maxReplicas) && "
+        "self.prefillDecodeRatio.max * double(self.decode.maxReplicas) >= double(self.prefill.minReplicas))",
+        "no prefill and decode replica counts inside their min/max have a ratio inside prefillDecodeRatio: widen "
+        "the band or move the bounds",
+        _ratio_relaxed,
+        ".prefillDecodeRatio",
+    ),
+)
 
 CEL_RULES: tuple[CelRule, ...] = (
     CelRule(
@@ -289,4 +407,5 @@ CEL_RULES: tuple[CelRule, ...] = (
         lambda o: o["port"] != o["metricsPort"],
         ".metricsPort",
     ),
+    *_AUTOSCALING_RULES,
 )

@@ -1,0 +1,301 @@
+"""``spec.autoscaling``: each role's replica bounds and signals, the ratio band and the GPU budget.
+
+Kept apart from ``models.py`` (which only names the field) so the autoscaling API, its admission
+checks (``autoscaling_violations``) and its docs move together. The decision itself is
+``pdfleet_operator.autoscale.planner``; docs/autoscaling.md describes both.
+
+A role's ``signals`` object sets one or more signals; the planner takes the largest replica count
+any of them asks for (as an HPA with several metrics does). The structural schema cannot say "at
+least one of", so a CEL rule does (``autoscaling-signal``).
+
+Besides the CEL rules (``rules.py``, which the apiserver enforces itself), two checks need a loop
+over replica counts and run where the capability matrix runs (the webhook and ``pdfleet
+validate``): ``autoscaling-ratio-feasible`` exactly (its CEL twin is the real-number relaxation)
+and ``autoscaling-budget-feasible``.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import TYPE_CHECKING, NamedTuple
+
+from pydantic import Field
+
+from pdfleet_operator.api.kube import ApiModel
+from pdfleet_runtime.matrix import Severity, Violation
+
+if TYPE_CHECKING:
+    from pdfleet_operator.api.models import PDDeploymentSpec
+
+__all__ = [
+    "AUTOSCALING_RULES",
+    "AutoscalingSpec",
+    "BacklogSignal",
+    "DecodeAutoscaling",
+    "DecodeSignals",
+    "KVCacheSignal",
+    "LatencySignal",
+    "Percentile",
+    "PrefillAutoscaling",
+    "PrefillSignals",
+    "RatioBand",
+    "RunningRequestsSignal",
+    "autoscaling_violations",
+    "cheapest_in_band",
+    "gpus_per_replica",
+]
+
+MAX_WINDOW_SECONDS = 3600
+"""Stabilization windows are bounded at an hour: the planner keeps its recommendations that long."""
+
+
+class Percentile(StrEnum):
+    """Which percentile of a latency histogram a latency signal reads."""
+
+    P50 = "p50"
+    P90 = "p90"
+    P95 = "p95"
+    P99 = "p99"
+
+
+class BacklogSignal(ApiModel):
+    """Prefill backlog in seconds: queued prompt tokens over the prefill rate of one replica."""
+
+    target_seconds: float = Field(
+        gt=0,
+        le=600,
+        description="Seconds of queued prompt tokens the prefill role may hold: the planner keeps the "
+        "queue a newly queued prompt waits behind below this (e.g. 1.5 for a ~2 s TTFT target). Arrivals "
+        "are served at their measured rate and a standing backlog is cleared within one start-up time.",
+    )
+    prefill_tokens_per_second: float | None = Field(
+        None,
+        gt=0,
+        le=1e8,
+        description="Prompt tokens one prefill replica computes per second, declared (measure it through "
+        "the transfer path you serve on: a slow KV fabric lowers it). Unset: measured from the pods' "
+        "prefill throughput while they are busy.",
+    )
+
+
+class LatencySignal(ApiModel):
+    """A latency percentile against its target (TTFT for prefill, inter-token latency for decode)."""
+
+    percentile: Percentile = Field(Percentile.P90, description="p50, p90 (default), p95 or p99.")
+    target_seconds: float = Field(gt=0, le=600, description="The percentile's target in seconds.")
+
+
+class KVCacheSignal(ApiModel):
+    """Decode KV-cache use: the fraction of the role's KV tokens in use or wanted."""
+
+    target: float = Field(
+        gt=0,
+        le=1,
+        description="KV-cache use per decode replica to aim at, a fraction (e.g. 0.8: act at 80% full). "
+        "Requests waiting for decode admission and prompts already in prefill count as wanted.",
+    )
+
+
+class RunningRequestsSignal(ApiModel):
+    """Requests a decode replica runs at once (its batch), waiting ones included."""
+
+    target_per_replica: int = Field(
+        ge=1, le=65536, description="Running requests per decode replica to aim at (its batch size)."
+    )
+
+
+class PrefillSignals(ApiModel):
+    """The prefill role's signals: set one or both; the larger replica count wins."""
+
+    backlog: BacklogSignal | None = Field(None, description="Seconds of queued prompt tokens.")
+    ttft: LatencySignal | None = Field(None, description="A time-to-first-token percentile.")
+
+
+class DecodeSignals(ApiModel):
+    """The decode role's signals: set one or more; the largest replica count wins."""
+
+    kv_cache: KVCacheSignal | None = Field(None, description="KV-cache use.")
+    running_requests: RunningRequestsSignal | None = Field(None, description="Running requests per replica.")
+    itl: LatencySignal | None = Field(None, description="An inter-token latency percentile.")
+
+
+class _RoleBounds(ApiModel):
+    min_replicas: int = Field(ge=1, le=4096, description="Fewest replicas the autoscaler keeps.")
+    max_replicas: int = Field(ge=1, le=4096, description="Most replicas the autoscaler asks for.")
+    scale_up_stabilization_seconds: int = Field(
+        0,
+        ge=0,
+        le=MAX_WINDOW_SECONDS,
+        description="Scale up only to the smallest count recommended over this window, and never within "
+        "it after a scale-down (as an HPA's behavior.scaleUp window). Default 0.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300,
+        ge=0,
+        le=MAX_WINDOW_SECONDS,
+        description="Scale down only to the largest count recommended over this window, and never within "
+        "it after a scale-up. Default 300. A removed replica leaves through a drain.",
+    )
+
+
+class PrefillAutoscaling(_RoleBounds):
+    """Bounds, signals and windows of the prefill role."""
+
+    signals: PrefillSignals = Field(description="What the prefill role scales on (at least one).")
+
+
+class DecodeAutoscaling(_RoleBounds):
+    """Bounds, signals and windows of the decode role."""
+
+    signals: DecodeSignals = Field(description="What the decode role scales on (at least one).")
+
+
+class RatioBand(ApiModel):
+    """Bounds on prefill replicas per decode replica."""
+
+    min: float = Field(gt=0, le=4096, description="Fewest prefill replicas per decode replica, e.g. 0.25.")
+    max: float = Field(gt=0, le=4096, description="Most prefill replicas per decode replica, e.g. 2.")
+
+
+class AutoscalingSpec(ApiModel):
+    """Autoscaling of both roles on PD signals (docs/autoscaling.md). Absent: replicas are fixed."""
+
+    prefill: PrefillAutoscaling = Field(description="The prefill role's bounds, signals and windows.")
+    decode: DecodeAutoscaling = Field(description="The decode role's bounds, signals and windows.")
+    prefill_decode_ratio: RatioBand | None = Field(
+        None,
+        description="Keep prefill replicas / decode replicas inside this band whenever the bounds, the "
+        "budget and the windows allow. Unset: no band.",
+    )
+    gpu_budget: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="Most GPUs the deployment's replicas may hold (each replica holds tensor x pipeline), "
+        "draining ones included. Unset: no budget.",
+    )
+
+
+# -- admission checks that need a loop (the webhook and `pdfleet validate`) ------------------------
+
+
+class _Rule(NamedTuple):
+    """Why a rule exists and how to fix a violation (the CEL rules of ``rules.py`` use these too)."""
+
+    reason: str
+    fix: str
+
+
+AUTOSCALING_RULES: dict[str, _Rule] = {
+    "autoscaling-min-max": _Rule(
+        "the autoscaler keeps each role's replicas between minReplicas and maxReplicas",
+        "lower minReplicas or raise maxReplicas",
+    ),
+    "autoscaling-signal": _Rule(
+        "a role with autoscaling needs a signal to scale on",
+        "set a signal: prefill backlog or ttft; decode kvCache, runningRequests or itl",
+    ),
+    "autoscaling-replicas-in-range": _Rule(
+        "spec.<role>.replicas is the count the fleet starts from before the first decision",
+        "set replicas between the role's minReplicas and maxReplicas",
+    ),
+    "autoscaling-ratio-order": _Rule(
+        "the ratio band is [min, max] of prefill replicas per decode replica",
+        "swap prefillDecodeRatio.min and .max, or set min <= max",
+    ),
+    "autoscaling-ratio-feasible": _Rule(
+        "no prefill and decode replica counts inside their min/max have a ratio inside the band, so the "
+        "band could never hold",
+        "widen prefillDecodeRatio, or move the roles' minReplicas/maxReplicas so a ratio in the band exists",
+    ),
+    "autoscaling-budget-minimums": _Rule(
+        "the minimum replicas of both roles already hold more GPUs than the budget allows",
+        "raise gpuBudget to at least the minimums' GPUs, or lower minReplicas",
+    ),
+    "autoscaling-max-unreachable": _Rule(
+        "a maxReplicas the GPU budget can never reach is a bound that does nothing",
+        "lower maxReplicas to what the budget holds, or raise gpuBudget",
+    ),
+    "autoscaling-budget-feasible": _Rule(
+        "every replica count inside min/max whose ratio is in the band holds more GPUs than the budget",
+        "raise gpuBudget, widen prefillDecodeRatio, or lower minReplicas",
+    ),
+}
+
+
+def gpus_per_replica(spec: PDDeploymentSpec, role: str) -> int:
+    """GPUs one replica of ``role`` holds: tensor x pipeline (over all its nodes)."""
+    p = getattr(spec, role).parallelism
+    return p.tensor * p.pipeline
+
+
+def cheapest_in_band(
+    prefill: tuple[int, int], decode: tuple[int, int], band: tuple[float, float] | None, gpus: tuple[int, int]
+) -> tuple[int, int] | None:
+    """The (prefill, decode) counts inside both bounds and the band that hold the fewest GPUs, or None
+    when the band admits no pair. Exact over integers (the CEL twin only checks the real relaxation)."""
+    (pa, pb), (da, db) = prefill, decode
+    if pa > pb or da > db:
+        return None
+    if band is None:
+        return pa, da
+    lo, hi = band
+    best: tuple[int, int] | None = None
+    for d in range(da, db + 1):
+        p = max(pa, math.ceil(lo * d - 1e-9))
+        if p <= min(pb, math.floor(hi * d + 1e-9)) and (
+            best is None or p * gpus[0] + d * gpus[1] < best[0] * gpus[0] + best[1] * gpus[1]
+        ):
+            best = (p, d)
+    return best
+
+
+def _violation(rule: str, message: str, path: str, severity: Severity = Severity.ERROR) -> Violation:
+    r = AUTOSCALING_RULES[rule]
+    return Violation(rule, message, (path,), r.reason, r.fix, severity)
+
+
+def autoscaling_violations(spec: PDDeploymentSpec) -> tuple[list[Violation], list[Violation]]:
+    """(errors, warnings) of the loop-needing checks of ``spec.autoscaling``: none when it is absent or
+    its bounds are already wrong (the CEL rules report those)."""
+    a = spec.autoscaling
+    if a is None or a.prefill.min_replicas > a.prefill.max_replicas or a.decode.min_replicas > a.decode.max_replicas:
+        return [], []
+    band = (a.prefill_decode_ratio.min, a.prefill_decode_ratio.max) if a.prefill_decode_ratio else None
+    if band is not None and band[0] > band[1]:
+        return [], []
+    gpus = (gpus_per_replica(spec, "prefill"), gpus_per_replica(spec, "decode"))
+    bounds = ((a.prefill.min_replicas, a.prefill.max_replicas), (a.decode.min_replicas, a.decode.max_replicas))
+    best = cheapest_in_band(*bounds, band, gpus)
+    if best is None:
+        assert band is not None
+        return [_violation(
+            "autoscaling-ratio-feasible",
+            f"no prefill count in [{bounds[0][0]}, {bounds[0][1]}] and decode count in [{bounds[1][0]}, "
+            f"{bounds[1][1]}] has a prefill/decode ratio in [{band[0]:g}, {band[1]:g}]",
+            "spec.autoscaling.prefillDecodeRatio",
+        )], []
+    need = best[0] * gpus[0] + best[1] * gpus[1]
+    minimums = bounds[0][0] * gpus[0] + bounds[1][0] * gpus[1]
+    if a.gpu_budget is None:
+        return [], []
+    if need > a.gpu_budget and minimums <= a.gpu_budget:
+        return [_violation(
+            "autoscaling-budget-feasible",
+            f"gpuBudget {a.gpu_budget} is below the cheapest counts that keep the ratio band: prefill "
+            f"{best[0]} x {gpus[0]} + decode {best[1]} x {gpus[1]} = {need} GPUs",
+            "spec.autoscaling.gpuBudget",
+        )], []
+    warnings = []
+    for i, role in enumerate(("prefill", "decode")):
+        top = bounds[i][1] * gpus[i] + bounds[1 - i][0] * gpus[1 - i]
+        if top > a.gpu_budget:
+            warnings.append(_violation(
+                "autoscaling-max-unreachable",
+                f"{role} maxReplicas {bounds[i][1]} holds {bounds[i][1] * gpus[i]} GPUs: with the other role at "
+                f"its minimum that is {top} GPUs, above gpuBudget {a.gpu_budget}, so the budget caps {role} first",
+                f"spec.autoscaling.{role}.maxReplicas",
+                Severity.WARNING,
+            ))
+    return [], warnings
