@@ -27,11 +27,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pdfleet_operator.api.autoscaling import autoscaling_violations
 from pdfleet_operator.api.constants import API_VERSION, KIND, LIST_KIND
 from pdfleet_operator.api.crd import openapi_schema
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.api.rules import CEL_RULES
+from pdfleet_operator.autoscale.admission import autoscaling_violations
 from pdfleet_operator.engine import engine_input
 from pdfleet_runtime.engine_rules import evaluate_engine, router_violation
 from pdfleet_runtime.layouts import PRESETS, LayoutRef
@@ -312,8 +312,9 @@ def check_matrix(spec: Mapping[str, Any]) -> Verdict | None:
 def _with_engine(verdict: Verdict, spec: PDDeploymentSpec) -> Verdict:
     """The engine's rules (flags, version, start-up and transfer rejections) and the autoscaling checks that
     need a loop over replica counts (``api.autoscaling``) added to the matrix's."""
-    errors, warnings = autoscaling_violations(spec)
-    verdict = Verdict(verdict.violations + tuple(errors), verdict.warnings + tuple(warnings), verdict.matrix_versions)
+    scaling_errors, scaling_warnings = autoscaling_violations(spec)
+    verdict = Verdict(verdict.violations + tuple(scaling_errors), verdict.warnings + tuple(scaling_warnings),
+                      verdict.matrix_versions)
     inp = engine_input(spec)
     if inp is None:  # the built-in runtime speaks sglang-router's protocol
         wrong = router_violation("pdfleet", spec.router.kind.value if spec.router and spec.router.kind else None)

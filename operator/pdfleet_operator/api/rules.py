@@ -11,6 +11,7 @@ These rules read only the object, never the layout presets or the matrix: the ap
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -129,7 +130,11 @@ def _replicas_in_range(o: Obj, role: str) -> bool:
     bounds = a[role]
     if bounds["minReplicas"] > bounds["maxReplicas"]:
         return True  # autoscaling-min-max reports it
-    return bounds["minReplicas"] <= o[role]["replicas"] <= bounds["maxReplicas"]
+    return bool(bounds["minReplicas"] <= o[role]["replicas"] <= bounds["maxReplicas"])
+
+
+def _has_signal(o: Obj, names: tuple[str, ...]) -> bool:
+    return any(s in o for s in names)
 
 
 def _gpus_cel(role: str) -> str:
@@ -153,8 +158,8 @@ def _ratio_relaxed(o: Obj) -> bool:
     if band is None or band["min"] > band["max"] or p["minReplicas"] > p["maxReplicas"] or (
             d["minReplicas"] > d["maxReplicas"]):
         return True
-    return (band["min"] * float(d["minReplicas"]) <= float(p["maxReplicas"])
-            and band["max"] * float(d["maxReplicas"]) >= float(p["minReplicas"]))
+    return bool(band["min"] * float(d["minReplicas"]) <= float(p["maxReplicas"])
+                and band["max"] * float(d["maxReplicas"]) >= float(p["minReplicas"]))
 
 
 _AUTOSCALING_RULES: tuple[CelRule, ...] = (
@@ -167,7 +172,7 @@ _AUTOSCALING_RULES: tuple[CelRule, ...] = (
             f"self.{role}.replicas <= self.autoscaling.{role}.maxReplicas)",
             f"{role}.replicas must lie within autoscaling.{role}.minReplicas..maxReplicas: it is the count the "
             "fleet starts from",
-            lambda o, role=role: _replicas_in_range(o, role),
+            functools.partial(_replicas_in_range, role=role),
             f".{role}.replicas",
         )
         for role in ("prefill", "decode")
@@ -196,7 +201,7 @@ _AUTOSCALING_RULES: tuple[CelRule, ...] = (
             (f"{_AS}.{role}.signals",),
             " || ".join(f"has(self.{s})" for s in names),
             f"set at least one {role} signal: {', '.join(names)}",
-            lambda o, names=names: any(s in o for s in names),
+            functools.partial(_has_signal, names=names),
         )
         for role, names in _SIGNALS.items()
     ),
