@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--count", type=int, default=1, help="requests (default 1)")
     syn.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     syn.add_argument("--timeout", type=float, default=60.0, help="per request, seconds (default 60)")
+    syn.add_argument("--worker-key-file", type=Path, default=None,
+                     help="the deployment's worker key (Secret <deployment>-worker-auth, item key), sent as "
+                     "Authorization: Bearer (pods the operator runs want it)")
     syn.add_argument("--json", action="store_true", help="print one JSON line per request")
     syn.add_argument("--prefill-url", default=None,
                      help="OpenAI mode: the prefill pod's HTTP base URL; each request goes to both pods as SGLang's "
@@ -265,7 +268,8 @@ def _synthetic(args: argparse.Namespace) -> int:
             return EXIT_REJECTED
 
         def one(i: int) -> dict[str, object]:
-            return check_openai(args.prefill_url, args.url, args.bootstrap, i, timeout_s=args.timeout)
+            return check_openai(args.prefill_url, args.url, args.bootstrap, i, timeout_s=args.timeout,
+                                key=_worker_key(args))
     else:
         def one(i: int) -> dict[str, object]:
             return _synthetic_one(args)
@@ -283,13 +287,20 @@ def _synthetic(args: argparse.Namespace) -> int:
     return EXIT_OK if failed == 0 else EXIT_MISMATCH
 
 
+def _worker_key(args: argparse.Namespace) -> str | None:
+    path = getattr(args, "worker_key_file", None)
+    return Path(path).read_text().strip() if path is not None else None
+
+
 def _synthetic_one(args: argparse.Namespace) -> dict[str, object]:
     import urllib.error
     import urllib.request
 
     data = json.dumps({"tokens": args.tokens, "timeoutS": args.timeout}).encode()
+    key = _worker_key(args)
     req = urllib.request.Request(f"{args.url.rstrip('/')}/v1/synthetic", data=data,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
     try:
         with urllib.request.urlopen(req, timeout=args.timeout + 60) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]

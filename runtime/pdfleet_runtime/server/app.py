@@ -330,6 +330,7 @@ class PodServer:
                     self.readiness.discovery_error = f"cannot find prefill pods: {e}"
                 self.router.found(endpoints)
                 self.readiness.forget_peers({str(e) for e in endpoints})
+                self.metrics.forget_peers({str(e) for e in endpoints})
                 tokens = min(o.canary_tokens, o.config.kv_tokens)
                 for ep in list(endpoints):
                     if not self.drain.serving:
@@ -342,7 +343,7 @@ class PodServer:
                     check = self.readiness.record_canary(str(ep), canary)
                     if check.ok:
                         self.router.shunned.discard(str(ep))
-                    self.metrics.canary_gbps.labels(str(ep)).set(check.gbps or 0.0)
+                    self.metrics.canary(str(ep), check.gbps or 0.0)
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)

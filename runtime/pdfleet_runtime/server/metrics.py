@@ -11,6 +11,7 @@ decode rank, as reported in its status).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -75,6 +76,7 @@ class ServerMetrics:
                                       "gave back (held with nothing running or fencing past the grace: a bug)",
                                       registry=r)
         self._reclaimed_seen: dict[int, int] = {}
+        self._peers: set[str] = set()
         self.staged = StagedCollector(role)
         r.register(self.staged)
 
@@ -88,6 +90,18 @@ class ServerMetrics:
             if n > self._reclaimed_seen.get(rank, 0):
                 self.pool_reclaimed.inc(n - self._reclaimed_seen.get(rank, 0))
             self._reclaimed_seen[rank] = n
+
+    def canary(self, peer: str, gbps: float) -> None:
+        self.canary_gbps.labels(peer).set(gbps)
+        self._peers.add(peer)
+
+    def forget_peers(self, keep: set[str]) -> None:
+        """Prefill pods discovery no longer names: their canary gauge goes (a series per pod ever seen
+        would grow with every rollout)."""
+        for peer in self._peers - keep:
+            with contextlib.suppress(KeyError):
+                self.canary_gbps.remove(peer)
+        self._peers &= keep
 
     def in_flight_from(self, fn: Callable[[], float]) -> None:
         self.in_flight.labels(self.role).set_function(fn)

@@ -146,7 +146,9 @@ class WorkerApi:
         launcher = self.pod.launcher
         up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.world
         serving = self.pod.drain.serving
-        caller = request.remote if request is not None else None
+        # Only callers holding the worker key are routers whose checks end a drain's window (anyone may ask).
+        caller = (request.remote if request is not None and self.pod.auth.allows(request.headers.get("Authorization"))
+                  else None)
         self.pod.router_checks.answered(caller, serving and up, time.monotonic())
         if not serving:
             return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")

@@ -31,9 +31,12 @@ HTTP_LIMITS = HttpLimits(per_peer=256, total=4096, idle_s=10.0, read_s=10.0, exe
 
 PROTECTED = frozenset({
     "/v1/chat/completions", "/v1/completions", "/generate", "/v1/synthetic",
-    "/health", "/health_generate", "/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models",
+    "/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models",
 })
-"""Routes that start or hold work, or tell what the pod serves and holds: the worker key is required."""
+"""Routes that start or hold work, or tell what the pod serves and holds: the worker key is required.
+``/health`` stays open: sglang-router 0.3.2 probes it without its key when it first finds a worker (its
+connection-mode check); it says only 200 or 503, and only callers with the key count as routers in a
+drain (``openai_api.WorkerApi._health``)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -36,7 +36,13 @@ from pdfleet_runtime.server.options import FaultOptions
 from pdfleet_runtime.server.pipe import RankSpec, TransferOp, TransferResult
 from pdfleet_runtime.server.rank_requests import DecodeRequests, SyntheticSource
 from pdfleet_runtime.server.readiness import Problem, Readiness
-from pdfleet_runtime.server.routing import CALLER_FAULT, NOT_THE_PATH, RequestRouter, SyntheticResult, canary_result
+from pdfleet_runtime.server.routing import (
+    CALLER_FAULT,
+    NOT_THE_PATH,
+    RequestRouter,
+    SyntheticResult,
+    canary_result,
+)
 from tests.server.harness import config
 
 SECRET = b"failure-kinds-secret-0123456789ab"
