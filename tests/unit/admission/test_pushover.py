@@ -155,3 +155,58 @@ def test_a_large_request_without_a_turn_is_denied_not_queued_forever(tmp_path: P
     assert codes == [200, 429, 429], [r["response"] for _, r in results]
     busy = next(r for _, r in results if not r["response"]["allowed"])["response"]
     assert busy["uid"].startswith("u") and "large requests" in busy["status"]["message"]
+
+
+def test_slow_senders_hold_only_their_own_connection(tmp_path: Path) -> None:
+    """Issue 39: two connections each sending ~300 KiB of a review, then a byte a second, took both turns (the
+    turn was taken before the body was read, which had no deadline): a normal ~400 KiB review 3 s later was
+    denied 429 after 5 s. Now the body is read first within ``body_read_seconds``; the slow senders are cut
+    (408) at that deadline and the normal review is answered at once."""
+    import ssl
+
+    verdicts = Verdicts()
+    server = _server(tmp_path, lambda b: review(b, verdicts), body_read_seconds=3.0)
+
+    async def slow_sender(url: str, ctx: ssl.SSLContext, uid: str) -> tuple[float, bytes]:
+        host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        obj = example("llama-dense")
+        obj["metadata"]["annotations"] = {"pad": "s" * (300 << 10)}
+        body = Review(obj).uid(uid).body()
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=ctx, server_hostname=host)
+        writer.write(f"POST /{VALIDATE_WEBHOOK_ID} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body) + 100}\r\n\r\n".encode() + body[:-10])
+        await writer.drain()
+        t0 = time.monotonic()
+        answer = b""
+        try:
+            for i in range(30):  # then a byte a second, until the webhook answers and closes
+                try:
+                    answer += await asyncio.wait_for(reader.read(65536), 1.0)
+                    if answer and reader.at_eof():
+                        break
+                except TimeoutError:
+                    writer.write(body[-10 + i % 10:][:1])
+                    await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+        return time.monotonic() - t0, answer
+
+    async def calls(url: str, s: aiohttp.ClientSession) -> tuple[list[tuple[float, bytes]], float, Any]:
+        ctx = ssl.create_default_context(cafile=str(server.cafile))
+        slow = [asyncio.create_task(slow_sender(url, ctx, f"slow{i}")) for i in range(2)]
+        await asyncio.sleep(1.0)  # both slow senders are mid-body now
+        obj = example("llama-dense")
+        obj["metadata"]["annotations"] = {"pad": "n" * (400 << 10)}
+        t0 = time.monotonic()
+        _, normal = await _post(s, f"{url}/{VALIDATE_WEBHOOK_ID}", Review(obj).uid("normal").body())
+        took = time.monotonic() - t0
+        return await asyncio.gather(*slow), took, normal
+
+    slow, took, normal = asyncio.run(_serve(server, _kopf_fn, calls))
+    assert normal["response"]["uid"] == "normal" and normal["response"]["allowed"] is True, normal["response"]
+    assert took < 1.0, took
+    for waited, answer in slow:  # denied at the read deadline and closed, not held for 25 s
+        assert b'"code": 408' in answer and b"did not arrive within 3s" in answer, answer[-300:]
+        assert waited < 3.0 + 2.0, waited
