@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import random
 import ssl
@@ -265,3 +266,94 @@ def test_the_router_key_is_on_no_command_line(fleet: Fleet) -> None:
         seen += any(m in cmdline for m in (b"router-launch", b"sglang::router", b"router-front"))
         assert secret.encode() not in cmdline and (key is None or key.encode() not in cmdline), proc.name
     assert seen >= 2 or key is None  # the router pod's router and front were among them (this tree)
+
+
+# A STAND-IN for a pod someone else made with the deployment's labels (no Secret mounted): it answers what
+# the router registers a worker with and records every request it is sent (path, Authorization, body).
+ROGUE = r"""
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def _answer(self, body):
+        raw = json.dumps(body).encode()
+        self.send_response(200); self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(raw))); self.end_headers(); self.wfile.write(raw)
+    def do_GET(self):
+        print("GET", self.path, self.headers.get("Authorization"), flush=True)
+        self._answer({"disaggregation_mode": "decode", "model_path": sys.argv[1], "served_model_name": sys.argv[1],
+                      "is_generation": True})
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        print("POST", self.path, self.headers.get("Authorization"), body[:400].decode(errors="replace"), flush=True)
+        self._answer({"error": "a stand-in"})
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"""
+
+
+def test_what_a_pod_that_only_carries_the_labels_can_and_cannot_see(fleet: Fleet) -> None:
+    """Low: the router adds any pod carrying the role labels as a worker (docs/security.md said a pod without the
+    Secret cannot receive state: true for state, not for prompts). Measured here, as docs/security.md now says:
+    such a pod receives prompts and the router's worker key; it gets no transfer state and no Secret."""
+    rogue = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rogue-decode", "labels": {
+        "pdfleet.io/deployment": NAME, "pdfleet.io/role": "decode", "app.kubernetes.io/managed-by": "pdfleet-operator"}},
+        "spec": {"automountServiceAccountToken": True, "containers": [{
+            "name": "main", "image": "host", "command": ["python3", "-c", ROGUE, NAME],
+            "ports": [{"name": "http", "containerPort": 8080}]}]}}
+    fleet.cluster.kubectl("-n", fleet.ns, "apply", "-f", "-", input=json.dumps(rogue))
+    try:
+        pod = fleet.wait(lambda: next((p for p in list(fleet.runner.pods.values()) if p.name == "rogue-decode"
+                                       and p.started), None), 60, "the rogue pod running")
+        client = openai.OpenAI(base_url=fleet.router_url() + "/v1", api_key="unused", max_retries=0, timeout=15)
+        prompt = f"a secret prompt {random.getrandbits(32):x}"
+
+        def sent_to_rogue() -> bool:
+            with contextlib.suppress(openai.OpenAIError):
+                client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
+                                               max_tokens=4)
+            return prompt in pod.log()
+
+        fleet.wait(sent_to_rogue, 120, "the router sending a request to the pod that carries the labels")
+        log = pod.log()
+        key = worker_key(fleet)
+        print(f"rogue pod saw: {[ln[:100] for ln in log.splitlines() if ln.startswith('POST')][:2]}", flush=True)
+        assert prompt in log  # CAN: prompts in clear
+        assert key is None or f"Bearer {key}" in log  # CAN: the router's worker key with each call
+        # CANNOT: speak to the prefill's bootstrap (every message is signed with the deployment key it lacks).
+        prefill = pods(fleet, "prefill")[0]
+        out = pod.exec("python3", "-c", (
+            "import urllib.request, urllib.error, sys\n"
+            "r = urllib.request.Request(sys.argv[1], data=b'{\"type\": \"hello\"}', headers={'Content-Type': "
+            "'application/json', 'Content-Length': '17'})\n"
+            "try:\n    urllib.request.urlopen(r, timeout=10); print(200)\n"
+            "except urllib.error.HTTPError as e:\n    print(e.code)\n"), f"http://{prefill.bootstrap}/v1/messages")
+        assert out.stdout.strip() == "401", (out.stdout, out.stderr)
+        # CANNOT: read the deployment's Secrets (its ServiceAccount, the namespace's default, may not).
+        token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        has_token = pod.exec("test", "-f", token).returncode == 0
+        if has_token:
+            code = pod.exec("sh", "-c", "curl -sS -o /dev/null -w '%{http_code}' --max-time 5 -k -H "
+                            f"\"Authorization: Bearer $(cat {token})\" "
+                            f"https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/{fleet.ns}"
+                            f"/secrets/{NAME}-transfer-auth").stdout.strip()
+            assert code == "403", code
+        # CANNOT: find the transfer key on its filesystem (nothing of the deployment is mounted).
+        assert pod.exec("test", "-e", "/var/run/pdfleet/auth/key").returncode != 0
+    finally:
+        fleet.cluster.kubectl("-n", fleet.ns, "delete", "pod", "rogue-decode", "--wait=false", check=False)
+
+
+def test_the_router_replaces_client_bootstrap_fields_and_its_token_only_reads_pods(fleet: Fleet) -> None:
+    """Issue 39 held (regression tests): the router replaces a client's ``bootstrap_host``, ``bootstrap_port``
+    and ``bootstrap_room`` with its own; its ServiceAccount may only read pods."""
+    body = {**chat_body(NAME, 3), "bootstrap_host": "10.99.99.99", "bootstrap_port": 1, "bootstrap_room": 5}
+    code, ans = call("POST", fleet.router_url() + "/v1/chat/completions", body, None, 30)
+    assert code == 200, ans
+    assert ans["pdfleet"]["room"] != 5 and ans["pdfleet"]["prefill"] != "10.99.99.99:1", ans["pdfleet"]
+    assert verify_chat_answer({**body, "bootstrap_room": ans["pdfleet"]["room"]}, ans) is None
+    sa = f"system:serviceaccount:{fleet.ns}:{NAME}-router"
+    allowed = {(verb, res): fleet.cluster.kubectl("-n", fleet.ns, "auth", "can-i", verb, res, f"--as={sa}",
+                                                  check=False).stdout.strip()
+               for verb, res in (("list", "pods"), ("watch", "pods"), ("get", "secrets"), ("create", "pods"),
+                                 ("patch", "pods/status"), ("list", "pddeployments.pdfleet.io"))}
+    assert allowed == {("list", "pods"): "yes", ("watch", "pods"): "yes", ("get", "secrets"): "no",
+                       ("create", "pods"): "no", ("patch", "pods/status"): "no",
+                       ("list", "pddeployments.pdfleet.io"): "no"}, allowed

@@ -123,6 +123,10 @@ def test_worker_routes_want_the_key_probes_and_metrics_do_not(pair: Pair) -> Non
                 assert r.status == 200
     code, rooms = pair.prefill.get("/server_info")
     assert code == 200 and rooms["internal_states"][0]["num_queue_reqs"] == 0  # nothing held by the 401s
+    # Held (a regression test): a body over 1 MiB is refused 413, with the key too.
+    big = {**pair.body(), "messages": [{"role": "user", "content": "x" * (1 << 20)}]}
+    code, _ = http("POST", pair.decode.url + "/v1/chat/completions", big, 10, key=KEY)
+    assert code == 413
 
 
 def test_malformed_bodies_are_400_and_the_decode_dials_only_discovered_prefill_pods(pair: Pair) -> None:

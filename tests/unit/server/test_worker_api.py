@@ -98,3 +98,24 @@ def test_bad_bodies_name_the_field(endpoint: Endpoint, body: dict[str, object], 
     with pytest.raises(ApiError) as e:
         parse_request(endpoint, json.dumps(body).encode())
     assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": NaN}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": Infinity}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1e400}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 9223372036854775808}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "max_tokens": NaN}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "max_tokens": -1}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "bootstrap_port": 70000}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "max_tokens": 1e9}',
+    b'{"messages": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+    b'{"messages": [{"role": "user", "content": "\\ud800"}], "bootstrap_room": 1}',
+    b'"\\udfff"',
+])
+def test_numbers_out_of_range_deep_nesting_and_lone_surrogates_are_400(raw: bytes) -> None:
+    """Issue 39: NaN, inf and out-of-range numbers were refused (held: kept as a regression test); deeply nested
+    JSON and a lone surrogate gave 500 and are now 400 naming the problem."""
+    with pytest.raises(ApiError) as e:
+        parse_request(Endpoint.CHAT, raw)
+    assert e.value.status == 400, e.value.message
