@@ -241,7 +241,8 @@ def test_random_model_values_add_no_router_series(fleet: Fleet) -> None:
         except openai.APIStatusError as e:
             codes.append(e.status_code)
     after = _router_series(fleet)
-    grew = sorted(after - before)
+    # Series the router makes on its own meanwhile (pod discovery events) are no client's doing.
+    grew = sorted(s for s in after - before if not s.startswith("smg_discovery_"))
     print(f"router: {len(before)} series before, {len(after)} after 64 random models; new: {grew[:3]}", flush=True)
     assert codes == [404] * 64, codes
     assert not grew, grew[:5]

@@ -165,7 +165,7 @@ def test_slow_senders_hold_only_their_own_connection(tmp_path: Path) -> None:
     import ssl
 
     verdicts = Verdicts()
-    server = _server(tmp_path, lambda b: review(b, verdicts), body_read_seconds=3.0)
+    server = _server(tmp_path, lambda b: review(b, verdicts))  # body_read_seconds: 3 s by default
 
     async def slow_sender(url: str, ctx: ssl.SSLContext, uid: str) -> tuple[float, bytes]:
         host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
