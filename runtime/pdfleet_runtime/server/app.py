@@ -228,6 +228,7 @@ class PodServer:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.opts.bind_host, self.opts.http_port))
+        self.http_port = sock.getsockname()[1]  # port 0 (tests): the one chosen
         self._http_server = await asyncio.get_running_loop().create_server(auth.guard, sock=sock, backlog=1024)
         self._admin = await start_admin(self._drain, self._undrain, self.opts.admin_port)
 

@@ -140,6 +140,8 @@ class SyntheticSource(_Items):
             idx = self.take(request_id, fill.tokens)
         except PoolExhausted as e:
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
+        except ValueError as e:  # the id holds items already: refused, nothing allocated
+            raise SyntheticError(FailureReason.CONFLICT, str(e)) from None
         if self.allocated is not None:
             self.allocated(request_id, idx)
         if self.fill_delay_s > 0:
