@@ -97,6 +97,7 @@ def test_a_repeated_room_leaves_the_decode_pools_as_they_were(fleet: Fleet) -> N
         assert dcode == 200 and out["p"][0] == 200, (dcode, ans, out)
         assert verify_chat_answer(body, ans) is None
         second.append(call("POST", decode.url + "/v1/chat/completions", body, key, 30))
+    print(f"repeated rooms: the second sends answered {[code for code, _ in second]}", flush=True)
     assert all(code == 409 and b["error"]["code"] == "room_conflict" for code, b in second), second[:2]
 
     def held() -> int:
@@ -251,7 +252,8 @@ def test_random_model_values_add_no_router_series(fleet: Fleet) -> None:
 
 
 def test_the_router_key_is_on_no_command_line(fleet: Fleet) -> None:
-    """Low: the router's key was on its command line (``/proc/<pid>/cmdline``, ``ps``)."""
+    """Low: the router's key was on its command line (``/proc/<pid>/cmdline``, ``ps``) and in its environment
+    (the kubelet expanded ``$(VAR)`` from a Secret-backed variable)."""
     key = worker_key(fleet)
     cp = fleet.cluster.kubectl("-n", fleet.ns, "get", "secret", f"{NAME}-router-keys", "-o",
                                "jsonpath={.data.control-plane-api-keys}").stdout
@@ -261,11 +263,13 @@ def test_the_router_key_is_on_no_command_line(fleet: Fleet) -> None:
     for proc in Path("/proc").iterdir():  # every process of this machine, the router pods' included
         try:
             cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
         except OSError:
             continue
         # The launcher's process takes the router's title (``sglang::router``) once it starts it.
         seen += any(m in cmdline for m in (b"router-launch", b"sglang::router", b"router-front"))
-        assert secret.encode() not in cmdline and (key is None or key.encode() not in cmdline), proc.name
+        for where in (cmdline, environ):
+            assert secret.encode() not in where and (key is None or key.encode() not in where), proc.name
     assert seen >= 2 or key is None  # the router pod's router and front were among them (this tree)
 
 
