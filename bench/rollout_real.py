@@ -37,8 +37,9 @@ from pod_memory import MemorySampler
 from rollout_router import PodScraper, RouterWatch, admin_key, drain_stamps, router_retries, workers
 from rollout_watch import PodWatch
 
+from pdfleet_operator.api.models import RouterSpec
 from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
+from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S, upstream_port
 from pdfleet_runtime.config import READINESS_GATE
 from tests.e2e.chat import ChatTraffic
 
@@ -164,9 +165,10 @@ def _router_url(core: Any, ns: str) -> str:
     return f"http://{core.read_namespaced_service(f'{NAME}-router', ns).spec.cluster_ip}:{ROUTER_PORT}"
 
 
-def _router_pod_url(runner: Any) -> str:
+def _router_pod(runner: Any) -> tuple[str, Any]:
+    """A router pod's control URL (the router on its loopback, behind the front) and the pod to reach it from."""
     pod = next(p for p in list(runner.pods.values()) if p.name.startswith(f"{NAME}-router-") and p.started)
-    return f"http://{pod.ip}:{ROUTER_PORT}"
+    return f"http://127.0.0.1:{upstream_port(RouterSpec(image='x', port=ROUTER_PORT))}", pod  # the spec's ports
 
 
 def _router_serves(core: Any, ns: str, runner: Any, key: str, selector: str, n: int) -> bool:
@@ -175,7 +177,8 @@ def _router_serves(core: Any, ns: str, runner: Any, key: str, selector: str, n: 
     ips = {p.status.pod_ip for p in core.list_namespaced_pod(ns, label_selector=selector).items
            if p.metadata.deletion_timestamp is None and p.status.pod_ip}
     try:
-        healthy = {u for u, ok in workers(_router_pod_url(runner), key).items() if ok}
+        url, pod = _router_pod(runner)
+        healthy = {u for u, ok in workers(url, key, pod).items() if ok}
     except (OSError, ValueError, StopIteration):
         return False
     if len(ips) != n or not all(any(f"//{ip}:" in u for u in healthy) for ip in ips):
@@ -200,7 +203,8 @@ def _timed_arm(core: Any, ns: str, runner: Any, key: str, selector: str, n: int,
     """One rollout under client traffic through the router: its time (until the watch shows ``n`` live
     Ready pods of ``mark``), what the traffic, the router and the pods counted, and the watch."""
     retries0 = router_retries(runner, NAME)
-    scraper, router = PodScraper(runner), RouterWatch(_router_pod_url(runner), key)
+    url, pod = _router_pod(runner)
+    scraper, router = PodScraper(runner), RouterWatch(url, key, pod)
     traffic = ChatTraffic(_router_url(core, ns), NAME, concurrency=concurrency(n))
     watch = PodWatch(core, ns, selector, n, surge, unavailable, check=check)
     memory = MemorySampler(runner)

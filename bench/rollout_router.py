@@ -39,19 +39,29 @@ def admin_key(core: Any, ns: str, deployment: str) -> str:
     return base64.b64decode(secret.data["control-plane-api-keys"]).decode().split(":", 3)[3]
 
 
-def workers(url: str, key: str) -> dict[str, bool]:
-    """The router's worker set: worker URL -> is_healthy."""
-    req = urllib.request.Request(f"{url}/workers", headers={"Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return {w["url"]: bool(w["is_healthy"]) for w in json.loads(resp.read())["workers"]}
+def workers(url: str, key: str, via: Any = None) -> dict[str, bool]:
+    """The router's worker set: worker URL -> is_healthy. The control endpoints are on the router pod's
+    loopback only (its front refuses them): ``via`` is that pod (``PodSandbox``), whose network the GET uses."""
+    if via is not None:
+        out = via.exec("curl", "-sS", "--fail", "--max-time", "5", "-H", f"Authorization: Bearer {key}",
+                       f"{url}/workers", timeout_s=10)
+        if out.returncode != 0:
+            raise OSError(f"GET {url}/workers in {via.name}: {out.stderr.strip()}")
+        raw = out.stdout.encode()
+    else:
+        req = urllib.request.Request(f"{url}/workers", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            raw = resp.read()
+    return {w["url"]: bool(w["is_healthy"]) for w in json.loads(raw)["workers"]}
 
 
 @dataclass(eq=False)
 class RouterWatch(threading.Thread):
     """Every change of the router's worker set, as (monotonic time, state) per worker URL."""
 
-    url: str  # a router pod's http://IP:PORT (the Service would pick any router replica)
+    url: str  # the router's control URL (its pod's loopback: http://127.0.0.1:PORT)
     key: str
+    via: Any = None  # the router pod (``PodSandbox``) whose network reaches that loopback
     transitions: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     errors: int = 0
 
@@ -63,7 +73,7 @@ class RouterWatch(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.wait(POLL_S):
             try:
-                now_set = workers(self.url, self.key)
+                now_set = workers(self.url, self.key, self.via)
             except (OSError, ValueError):
                 self.errors += 1
                 continue

@@ -31,6 +31,7 @@ from pdfleet_operator.resources.names import (
     group_secret_name,
     router_secret_name,
     secret_name,
+    worker_secret_name,
 )
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 from pdfleet_operator.resources.revisions import parse_revisions
@@ -125,13 +126,14 @@ def _epoch(value: object) -> float | None:
 
 
 def snapshot_of(owner: Owner, pods: Iterable[Mapping], revisions: Iterable[Mapping], *, secret_exists: bool,
-                router_secret_exists: bool) -> Snapshot:
+                router_secret_exists: bool, worker_secret_exists: bool = True) -> Snapshot:
     """The planner's snapshot from pod and ControllerRevision bodies (listed, or from the watched state)."""
     observed = (p for p in (observed_pod(item, owner.uid) for item in pods) if p is not None)
     owned = [r for r in revisions
              if any(ref.get("uid") == owner.uid for ref in r["metadata"].get("ownerReferences") or ())]
     return Snapshot(pods=tuple(sorted(observed, key=lambda p: p.name)), secret_exists=secret_exists,
-                    revisions=parse_revisions(owned), router_secret_exists=router_secret_exists)
+                    revisions=parse_revisions(owned), router_secret_exists=router_secret_exists,
+                    worker_secret_exists=worker_secret_exists)
 
 
 def with_group_secrets(snapshot: Snapshot, owner: Owner, roles: Iterable[Role], exists) -> Snapshot:
@@ -152,7 +154,8 @@ def observe(api: ApiClient, owner: Owner) -> Snapshot:
         owner.namespace, label_selector=selector, _preload_content=False).data)["items"]
     return snapshot_of(owner, pods, revisions,
                        secret_exists=secret_exists(api, secret_name(owner.name), owner.namespace),
-                       router_secret_exists=secret_exists(api, router_secret_name(owner.name), owner.namespace))
+                       router_secret_exists=secret_exists(api, router_secret_name(owner.name), owner.namespace),
+                       worker_secret_exists=secret_exists(api, worker_secret_name(owner.name), owner.namespace))
 
 
 def secret_exists(api: ApiClient, name: str, namespace: str) -> bool:

@@ -71,4 +71,5 @@ class Snapshot:
     secret_exists: bool = False
     revisions: Mapping[tuple[Role, str], PDDeploymentSpec] = field(default_factory=dict)
     router_secret_exists: bool = False
+    worker_secret_exists: bool = False
     group_secrets: frozenset[Role] = frozenset()  # roles whose group key Secret exists (read for grouped roles only)

@@ -37,6 +37,7 @@ from pdfleet_operator.resources.names import (
     role_selector,
     router_secret_name,
     secret_name,
+    worker_secret_name,
 )
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import group_network_policy, network_policy, pod_disruption_budget
@@ -45,7 +46,7 @@ from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.router import router_children, router_kind, router_secret, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
-from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use
+from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use, worker_secret
 from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
 from pdfleet_runtime.config import GROUP_PORT
@@ -319,6 +320,12 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
             body = _owned(group_secret(owner.name, owner.namespace, role), owner)
             actions.append(Action(ActionKind.CREATE, "v1", "Secret", group_secret_name(owner.name, role), body=body,
                                   reason=f"{role.value} replica groups' key (rank messages between their pods)"))
+    if not snapshot.worker_secret_exists:
+        # Made whenever missing: its pods cannot start without it (a deployment from before the worker key
+        # gets it on its first pass). A new key while routers hold the old one: restart them (docs/security.md).
+        body = _owned(worker_secret(owner.name, owner.namespace), owner)
+        actions.append(Action(ActionKind.CREATE, "v1", "Secret", worker_secret_name(owner.name), body=body,
+                              reason="the worker key (routers to the worker API)"))
     # vllm-router has no admin API: no key to hold
     if spec.router is not None and router_kind(spec) is RouterKind.SGLANG and not snapshot.router_secret_exists:
         body = _owned(router_secret(owner.name, owner.namespace), owner)

@@ -48,7 +48,7 @@ from pdfleet_operator.plan import (
     plan,
     pods_running,
 )
-from pdfleet_operator.resources.names import router_secret_name, secret_name
+from pdfleet_operator.resources.names import router_secret_name, secret_name, worker_secret_name
 from pdfleet_operator.resources.secret import (
     AUTH_SECRET_MISSING,
     missing_group_key_in_use,
@@ -259,7 +259,8 @@ class Reconciler:
             snapshot = snapshot_of(
                 owner, view.of("Pod"), view.of("ControllerRevision"),
                 secret_exists=self._secret_exists(owner.namespace, secret_name(owner.name)),
-                router_secret_exists=self._secret_exists(owner.namespace, router_secret_name(owner.name)))
+                router_secret_exists=self._secret_exists(owner.namespace, router_secret_name(owner.name)),
+                worker_secret_exists=self._secret_exists(owner.namespace, worker_secret_name(owner.name)))
         grouped = grouped_roles(spec, snapshot)
         if not grouped:
             return snapshot

@@ -89,6 +89,15 @@ class AdmissionSettings(_Frozen):
         5.0, gt=0, description="How long a large request waits for a turn; below the apiserver's webhook "
         "timeout (10 s in the chart), so the caller gets our denial rather than a timeout."
     )
+    body_read_seconds: float = Field(
+        3.0, gt=0, description="A request's whole body must arrive within this, before a large one waits for a "
+        "turn; a slower sender is denied (code 408) and cut, and holds no turn meanwhile. The apiserver sends "
+        "a review at once; read, wait and judging stay within its webhook timeout (10 s in the chart)."
+    )
+    body_buffer_bytes: int = Field(
+        64 << 20, ge=1 << 20, description="Bytes of large request bodies being read or waiting for a turn, counted "
+        "as they arrive; past it a large request is denied (code 429). Room for 16 reviews of 4 MiB at once."
+    )
     inline_body_bytes: int = Field(
         256 << 10,
         ge=0,

@@ -56,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--json", action="store_true", help="print one JSON line")
     _serve_parser(sub)
     _agent_parser(sub)
+    rl = sub.add_parser("router-launch", help="the router pod: sglang-router with its keys read from files")
+    rl.add_argument("--api-key-file", required=True, type=Path, help="the deployment's worker key (--api-key)")
+    rl.add_argument("--control-plane-keys-file", type=Path, default=None,
+                    help="the router's control-plane keys, one 'id:name:role:key' a line")
+    rl.add_argument("router_args", nargs=argparse.REMAINDER, help="-- then sglang_router.launch_router's arguments")
+    rf = sub.add_parser("router-front", help="the router pod's front: limits, the served model, the worker key")
+    rf.add_argument("--listen", default="0.0.0.0:30000", help="host:port clients reach (default 0.0.0.0:30000)")
+    rf.add_argument("--upstream", required=True, help="the router on the pod's loopback, http://127.0.0.1:PORT")
+    rf.add_argument("--served-model", required=True, help="the one model name the deployment serves")
+    rf.add_argument("--api-key-file", required=True, type=Path, help="the worker key the router was started with")
+    rf.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     drn = sub.add_parser("drain", help="drain this pod through its loopback admin port (the preStop hook)")
     drn.add_argument("--config", required=True, type=Path, help="the runtime config (for adminPort)")
     drn.add_argument("--wait", action="store_true", help="return once drained (or the drain budget passed)")
@@ -66,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--count", type=int, default=1, help="requests (default 1)")
     syn.add_argument("--concurrency", type=int, default=1, help="requests in flight at once (default 1)")
     syn.add_argument("--timeout", type=float, default=60.0, help="per request, seconds (default 60)")
+    syn.add_argument("--worker-key-file", type=Path, default=None,
+                     help="the deployment's worker key (Secret <deployment>-worker-auth, item key), sent as "
+                     "Authorization: Bearer (pods the operator runs want it)")
     syn.add_argument("--json", action="store_true", help="print one JSON line per request")
     syn.add_argument("--prefill-url", default=None,
                      help="OpenAI mode: the prefill pod's HTTP base URL; each request goes to both pods as SGLang's "
@@ -108,7 +122,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--fence-timeout", dest="fence_timeout_s", type=float, default=None,
                      help="longest a failed request's items wait for the prefill's fence, seconds (default 35)")
     srv.add_argument("--room-ttl", dest="room_ttl_s", type=float, default=None,
-                     help="prefill: seconds a bootstrap_room is held for its decode (default 30)")
+                     help="prefill: seconds a bootstrap_room no decode claimed is held (default 10)")
     srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     srv.add_argument("--stand-in-for", default=None, help=argparse.SUPPRESS)
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -191,6 +205,39 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(opts, in_cluster=bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
 
 
+def _router_launch(args: argparse.Namespace) -> int:
+    from pdfleet_runtime.front.launch import LaunchError, launch
+
+    argv = args.router_args[1:] if args.router_args[:1] == ["--"] else args.router_args
+    try:
+        launch(argv, api_key_file=args.api_key_file, control_keys_file=args.control_plane_keys_file)
+    except LaunchError as e:
+        print(f"pdfleet-runtime router-launch: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    return EXIT_OK
+
+
+def _router_front(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from pdfleet_runtime.front.launch import LaunchError, key_text
+    from pdfleet_runtime.front.proxy import FrontSettings, serve_front
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, _, port = args.listen.rpartition(":")
+    try:
+        key = key_text(args.api_key_file, "the worker key")
+        if not host or not port.isdigit():
+            raise LaunchError(f"--listen {args.listen!r}: give host:port")
+        settings = FrontSettings(served_model=args.served_model, upstream=args.upstream.rstrip("/"), api_key=key)
+    except LaunchError as e:
+        print(f"pdfleet-runtime router-front: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    asyncio.run(serve_front(settings, host.strip("[]"), int(port)))
+    return EXIT_OK
+
+
 def _drain(args: argparse.Namespace) -> int:
     import os
 
@@ -225,7 +272,8 @@ def _synthetic(args: argparse.Namespace) -> int:
             return EXIT_REJECTED
 
         def one(i: int) -> dict[str, object]:
-            return check_openai(args.prefill_url, args.url, args.bootstrap, i, timeout_s=args.timeout)
+            return check_openai(args.prefill_url, args.url, args.bootstrap, i, timeout_s=args.timeout,
+                                key=_worker_key(args))
     else:
         def one(i: int) -> dict[str, object]:
             return _synthetic_one(args)
@@ -243,13 +291,20 @@ def _synthetic(args: argparse.Namespace) -> int:
     return EXIT_OK if failed == 0 else EXIT_MISMATCH
 
 
+def _worker_key(args: argparse.Namespace) -> str | None:
+    path = getattr(args, "worker_key_file", None)
+    return Path(path).read_text().strip() if path is not None else None
+
+
 def _synthetic_one(args: argparse.Namespace) -> dict[str, object]:
     import urllib.error
     import urllib.request
 
     data = json.dumps({"tokens": args.tokens, "timeoutS": args.timeout}).encode()
+    key = _worker_key(args)
     req = urllib.request.Request(f"{args.url.rstrip('/')}/v1/synthetic", data=data,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
     try:
         with urllib.request.urlopen(req, timeout=args.timeout + 60) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
@@ -314,6 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _agent(args)
     if args.command == "synthetic":
         return _synthetic(args)
+    if args.command == "router-launch":
+        return _router_launch(args)
+    if args.command == "router-front":
+        return _router_front(args)
     if args.command == "drain":
         return _drain(args)
     return 0

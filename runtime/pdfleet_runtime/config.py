@@ -142,6 +142,9 @@ class RuntimeConfig(_Model):
         "(never a load-balanced Service: each prefill pod's registry is its own)."
     )
     secret_path: Path = Field(description="File holding the per-deployment secret that signs messages.")
+    worker_key_path: Path | None = Field(
+        None, description="File holding the deployment's worker key: the routes of the HTTP port that start or hold "
+        "work want it as 'Authorization: Bearer <key>' (the routers send it). Unset: no key asked (local runs).")
     http_port: int = Field(HTTP_PORT, ge=1, le=65535)
     admin_port: int = Field(ADMIN_PORT, ge=1, le=65535,
                             description="Drain and cancel; listens on the pod's loopback only (docs/security.md).")

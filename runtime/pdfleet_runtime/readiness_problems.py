@@ -34,6 +34,9 @@ class Problem(StrEnum):
     GROUP_MEMBER_LOST = "GroupMemberLost"
     """A member of this replica's group went away: the group serves nothing until it restarts as a unit
     (the operator restarts the group; it is not a failure of the revision the group runs)."""
+    POOLS_HELD = "PoolsHeld"
+    """A rank's pools have no room for a request while no request runs on the pod: held items that nothing
+    will give back soon (failed requests fencing, or orphans until the rank's reconcile frees them)."""
 
 
 GATE_FAILURES: frozenset[Problem] = frozenset({

@@ -1,8 +1,11 @@
 """The router role on the real control plane: sglang-router 0.3.2 run from its rendered command.
 
-The harness's kubelet runs the router pod's command verbatim in its pod sandbox, with the pod's own
-ServiceAccount token and in-cluster configuration, so the rendering (command, env from the keys
-Secret) and the router's Role (get/list/watch pods) are what is tested. The router objects are
+The harness's kubelet runs the router pod's two containers verbatim in its pod sandbox (the router,
+started by ``pdfleet-runtime router-launch`` with its keys from the mounted Secrets and listening on
+the pod's loopback, and the front on the router port), with the pod's own ServiceAccount token and
+in-cluster configuration, so the rendering and the router's Role (get/list/watch pods) are what is
+tested. The router's control endpoints are reached from inside its pod (its loopback), as an admin
+would through ``kubectl port-forward``; through the Service the front refuses them. The router objects are
 exactly what ``plan`` renders for ``spec.router`` (owner references stripped: no PDDeployment exists
 here, and the garbage collector would delete them).
 
@@ -30,8 +33,8 @@ from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_operator.devcluster.kubelet import Kubelet, wait
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan
-from pdfleet_operator.resources.names import LABEL_ROUTABLE, pod_labels, router_name
-from pdfleet_operator.resources.router import CONTROL_PLANE_KEY, ROUTER_DROP_BOUND_S
+from pdfleet_operator.resources.names import LABEL_ROUTABLE, pod_labels, router_name, worker_secret_name
+from pdfleet_operator.resources.router import CONTROL_PLANE_KEY, ROUTER_DROP_BOUND_S, upstream_port
 from pdfleet_runtime.config import HTTP_PORT
 
 pytestmark = pytest.mark.cluster
@@ -80,7 +83,8 @@ def router_objects(namespace: str) -> list[dict]:
         body = a.body
         if body is None or a.kind not in (ActionKind.APPLY, ActionKind.CREATE) or body["kind"] == "Pod":
             continue
-        if not body["metadata"]["name"].startswith(router_name(NAME)):
+        if not body["metadata"]["name"].startswith(router_name(NAME)) and body["metadata"]["name"] != \
+                worker_secret_name(NAME):
             continue
         body["metadata"].pop("ownerReferences")
         if body["kind"] == "Deployment":  # the test kubelet's selector; nothing else changes
@@ -129,7 +133,7 @@ def started(kubelet: Kubelet, prefix: str, timeout: float = 90):  # -> PodSandbo
 
 
 def http(client, method: str, url: str, key: str | None = None, body: dict | None = None) -> tuple[int, str]:
-    """curl from inside the client pod: (status, body)."""
+    """curl from inside a pod (the client, or the router for its loopback): (status, body)."""
     cmd = ["curl", "-sS", "--max-time", "5", "-X", method, "-w", "\n%{http_code}", url]
     if key:
         cmd += ["-H", f"Authorization: Bearer {key}"]
@@ -157,7 +161,7 @@ def test_router_discovers_the_deployment_through_its_service_and_refuses_anonymo
     objs = router_objects(namespace)
     assert {o["kind"] for o in objs} == {"ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy",
                                          "Deployment", "Secret"}
-    secret = next(o for o in objs if o["kind"] == "Secret")
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] != worker_secret_name(NAME))
     key = base64.b64decode(secret["data"][CONTROL_PLANE_KEY]).decode().rsplit(":", 1)[1]
     stand_in = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stand-in-worker"},
                 "data": {"worker.py": STAND_IN}}
@@ -170,21 +174,27 @@ def test_router_discovers_the_deployment_through_its_service_and_refuses_anonymo
     router, client = started(kubelet, router_name(NAME) + "-"), started(kubelet, "client")
     ips = {p["metadata"]["name"]: started(kubelet, p["metadata"]["name"]).ip for p in [*pods, stray]}
     svc = json.loads(cluster.kubectl("-n", namespace, "get", "svc", router_name(NAME), "-o", "json").stdout)
-    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}"
+    front = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}"
+    assert _spec().router is not None
+    url = f"http://127.0.0.1:{upstream_port(_spec().router)}"  # the router itself, on its pod's loopback
     expected = {f"http://{ips[p['metadata']['name']]}:{HTTP_PORT}" for p in pods}
     try:
-        wait(lambda: worker_urls(client, url, key) == expected, 120, "the router's /workers = the deployment's pods")
+        wait(lambda: worker_urls(router, url, key) == expected, 120, "the router's /workers = the deployment's pods")
     except AssertionError as e:
-        raise AssertionError(f"{e}: got {worker_urls(client, url, key)} want {expected}; router log:\n"
+        raise AssertionError(f"{e}: got {worker_urls(router, url, key)} want {expected}; router log:\n"
                              f"{kubelet.log_of(router.name)[-4000:]}") from None
-    # By the Service's name too (CoreDNS), as status.endpoint says.
-    assert http(client, "GET", f"http://{router_name(NAME)}.{namespace}.svc:30000/health")[0] == 200
-    # Control endpoints: anonymous or wrong-key registration is refused and registers nothing.
+    # By the Service's name too (CoreDNS), as status.endpoint says: the front passes /health to the router.
+    wait(lambda: http(client, "GET", f"http://{router_name(NAME)}.{namespace}.svc:30000/health")[0] == 200, 30,
+         "/health through the Service and the front")
+    # Control endpoints: through the Service the front refuses them, even with the admin key; on the router's
+    # loopback anonymous or wrong-key registration is refused and registers nothing.
     rogue = {"url": f"http://{ips['other-decode-9']}:{HTTP_PORT}", "worker_type": "decode"}
-    assert http(client, "POST", f"{url}/workers", None, rogue)[0] == 401
-    assert http(client, "POST", f"{url}/workers", "wrong-key", rogue)[0] == 401
-    assert http(client, "GET", f"{url}/workers")[0] == 401
-    assert worker_urls(client, url, key) == expected
+    assert http(client, "POST", f"{front}/workers", key, rogue)[0] == 404
+    assert http(client, "GET", f"{front}/workers", key)[0] == 404
+    assert http(router, "POST", f"{url}/workers", None, rogue)[0] == 401
+    assert http(router, "POST", f"{url}/workers", "wrong-key", rogue)[0] == 401
+    assert http(router, "GET", f"{url}/workers")[0] == 401
+    assert worker_urls(router, url, key) == expected
 
     # What takes a pod out of the router (sglang-router 0.3.2), measured: see resources/router.py.
     drained = pods[2]["metadata"]["name"]
@@ -192,26 +202,26 @@ def test_router_discovers_the_deployment_through_its_service_and_refuses_anonymo
     # 1. The drain's label flip: not in the router's selectors, the pod stays a worker (its deletion is seen).
     cluster.kubectl("-n", namespace, "label", "pod", drained, f"{LABEL_ROUTABLE}=false", "--overwrite")
     time.sleep(3)
-    assert workers(client, url, key).get(drained_url) is True
+    assert workers(router, url, key).get(drained_url) is True
     # 2. The worker's /health failing: the router's health check marks it unhealthy (no new requests).
     sandbox = started(kubelet, drained)
     t0 = time.monotonic()
     sandbox.exec("touch", "/run/state/sick")
-    wait(lambda: workers(client, url, key).get(drained_url) is False, 30, "the router marked the pod unhealthy")
+    wait(lambda: workers(router, url, key).get(drained_url) is False, 30, "the router marked the pod unhealthy")
     unhealthy_s = time.monotonic() - t0
     # 3. Deletion (the drain's end): discovery removes the worker on the deletion timestamp.
     t0 = time.monotonic()
     cluster.kubectl("-n", namespace, "delete", "pod", drained, "--wait=false")
-    wait(lambda: drained_url not in worker_urls(client, url, key), 30, "the router removed the deleted pod")
+    wait(lambda: drained_url not in worker_urls(router, url, key), 30, "the router removed the deleted pod")
     removed_s = time.monotonic() - t0
     print(f"router: unhealthy after {unhealthy_s:.2f} s (bound {ROUTER_DROP_BOUND_S} s), "
           f"removed {removed_s:.2f} s after the delete")
     assert unhealthy_s <= ROUTER_DROP_BOUND_S
-    assert worker_urls(client, url, key) == expected - {drained_url}
+    assert worker_urls(router, url, key) == expected - {drained_url}
     # The positive control of the 401s: with the admin key the same registration is accepted.
-    code, text = http(client, "POST", f"{url}/workers", key, rogue)
+    code, text = http(router, "POST", f"{url}/workers", key, rogue)
     assert 200 <= code < 300, (code, text)
-    wait(lambda: rogue["url"] in worker_urls(client, url, key), 30, "the registration made with the key")
+    wait(lambda: rogue["url"] in worker_urls(router, url, key), 30, "the registration made with the key")
 
 
 def test_the_operator_creates_the_router_and_reports_the_endpoint(cluster: LocalCluster, namespace: str,

@@ -32,9 +32,9 @@ def test_drain_is_refused_from_another_address_and_taken_from_the_pods_loopback(
     pod.start()
     try:
         _wait_up(url)
-        for method in ("GET", "POST", "DELETE"):
+        for method in ("GET", "POST", "DELETE", "PUT", "PATCH"):  # issue 39 found 404 for every method: kept
             code, body = http(method, url + "/drain?wait=true", None, 10)
-            assert code in (404, 405), (method, code, body)
+            assert code == 404, (method, code, body)
             assert http("GET", url + "/healthz", None, 10)[1]["phase"] == "serving", method
         with socket.socket() as s:  # the admin port does not listen on the pod's address
             assert s.connect_ex((POD_IP, admin_port)) != 0

@@ -9,10 +9,15 @@ CA bundle kopf publishes stay right), and replaces only ``_serve``:
   to pure ``bytes -> AdmissionReview`` functions (``review.review``); ids of other kopf webhook
   handlers are passed to kopf's function, with every failure turned into a denial;
 - the body is read with a size limit of our own, so a huge request gets a denial, not a 413;
-- requests larger than ``inline_bytes`` are read and judged at most ``max_concurrent`` at a time
-  (others wait up to ``wait_s``, then get a denial), so a burst of large bodies cannot take the
-  operator past its memory limit: the webhook is ``failurePolicy: Fail``, an OOM-killed operator
-  blocks every PDDeployment write;
+- the whole body is read first, within ``read_s`` (a slow sender is denied and cut at that deadline),
+  and only then does a large one wait for a turn: a sender trickling bytes holds only its own
+  connection, never a turn another review needs (issue 39: two slow senders made a normal large
+  review wait 5 s for a 429). Bodies being read or waiting are bounded in bytes (``buffer_bytes``,
+  counted as they arrive; past it a request is denied 429);
+- requests larger than ``inline_bytes`` are judged at most ``max_concurrent`` at a time (others wait
+  up to ``wait_s``, then get a denial), so a burst of large bodies cannot take the operator past its
+  memory limit: the webhook is ``failurePolicy: Fail``, an OOM-killed operator blocks every
+  PDDeployment write;
 - every answer is HTTP 200 with a well-formed AdmissionReview, whatever came in;
 - the listener runs on a thread with its own event loop, so a review never waits behind the watch
   events and reconcile passes of kopf's loop (a fleet of a thousand pods kept it busy enough to
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ipaddress
 import json
 import sys
@@ -55,8 +61,16 @@ class _TooLarge(Exception):
         self.prefix = prefix
 
 
+class _Slow(Exception):
+    """The body did not arrive within the read deadline."""
+
+    def __init__(self, message: str, prefix: bytes) -> None:
+        super().__init__(message)
+        self.prefix = prefix
+
+
 class _Busy(Exception):
-    """No turn for a large request within the wait."""
+    """No turn for a large request within the wait, or no room in the body budget."""
 
     def __init__(self, message: str, prefix: bytes) -> None:
         super().__init__(message)
@@ -80,6 +94,8 @@ class AdmissionServer(kopf.WebhookServer):
         inline_bytes: int = 256 << 10,
         max_concurrent: int = 2,
         wait_s: float = 5.0,
+        read_s: float = 3.0,
+        buffer_bytes: int = 64 << 20,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -88,6 +104,10 @@ class AdmissionServer(kopf.WebhookServer):
         self.max_body_bytes = max_body_bytes
         self.inline_bytes = inline_bytes
         self.wait_s = wait_s
+        self.read_s = read_s
+        self.buffer_bytes = buffer_bytes
+        self.buffered = 0
+        """Bytes of request bodies read and not yet answered (the webhook's loop only)."""
         self._large = asyncio.Semaphore(max_concurrent)  # bound to the webhook's loop at first use
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:  # type: ignore[override]
@@ -129,22 +149,63 @@ class AdmissionServer(kopf.WebhookServer):
     ) -> aiohttp.web.Response:
         webhook = request.match_info.get("id", "")
         turn: asyncio.Semaphore | None = None
+        parts: list[bytes] = []
+        cut = False  # the body was not read to its end: the connection is closed, never drained
         try:
-            parts, more = await self._read(request, [], self.inline_bytes)
-            if more:  # a large request: read the rest and judge it only with a turn
+            await self._read_all(request, parts)
+            body = b"".join(parts)
+            if len(body) > self.inline_bytes:  # a large request is judged only with a turn
                 turn = await self._turn(parts)
-                parts, _ = await self._read(request, parts, self.max_body_bytes)
-            resp = await self._answer(fn, webhook, b"".join(parts), request)
+            resp = await self._answer(fn, webhook, body, request)
         except _TooLarge as exc:
+            cut = True
             resp = deny(f"the request exceeds {self.max_body_bytes} bytes", scan_uid(exc.prefix), code=413)
+        except _Slow as exc:
+            cut = True
+            resp = deny(str(exc), scan_uid(exc.prefix), code=408)
         except _Busy as exc:
+            cut = True
             resp = deny(str(exc), scan_uid(exc.prefix), code=429)
         except Exception as exc:  # a broken stream: still an answer (CancelledError is not an Exception)
+            cut = True
             resp = deny(f"the request body could not be read: {type(exc).__name__}: {exc}")
         finally:
+            self.buffered -= sum(map(len, parts))
             if turn is not None:
                 turn.release()
-        return aiohttp.web.Response(body=json.dumps(resp).encode(), content_type="application/json")
+        out = aiohttp.web.Response(body=json.dumps(resp).encode(), content_type="application/json")
+        if cut:  # answered now, then closed: aiohttp would otherwise linger reading the rest for 10 s
+            out.force_close()
+            await out.prepare(request)
+            await out.write_eof()
+            if request.transport is not None:
+                request.transport.close()  # after the answer's bytes are flushed
+        return out
+
+    async def _read_all(self, request: aiohttp.web.Request, parts: list[bytes]) -> None:
+        """The whole body into ``parts`` within ``read_s``, each chunk counted in ``buffered`` as it comes
+        (the caller gives it back); ``_Slow``, ``_TooLarge`` or ``_Busy`` (the body budget is spent)."""
+        if (request.content_length or 0) > self.max_body_bytes:  # denied on its first chunk (the uid is there)
+            prefix = b""
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(1.0, self.read_s)):
+                    prefix = await request.content.read(_CHUNK)
+            raise _TooLarge(prefix)
+        try:
+            async with asyncio.timeout(self.read_s):
+                size = 0
+                while chunk := await request.content.read(_CHUNK):
+                    parts.append(chunk)
+                    size += len(chunk)
+                    self.buffered += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise _TooLarge(b"".join(parts[:2]))
+                    if self.buffered > self.buffer_bytes and size > self.inline_bytes:
+                        raise _Busy(f"the webhook holds {self.buffered} bytes of request bodies (limit "
+                                    f"{self.buffer_bytes}); retry", b"".join(parts[:2]))
+        except TimeoutError:
+            raise _Slow(f"the request body did not arrive within {self.read_s:g}s ({sum(map(len, parts))} bytes "
+                        "came)", b"".join(parts[:2])) from None
 
     async def _turn(self, parts: list[bytes]) -> asyncio.Semaphore:
         try:
@@ -153,18 +214,6 @@ class AdmissionServer(kopf.WebhookServer):
             raise _Busy(f"the webhook is judging other large requests; none finished within {self.wait_s:g}s "
                         "(retry; large requests are judged a few at a time)", b"".join(parts[:2])) from None
         return self._large
-
-    async def _read(self, request: aiohttp.web.Request, parts: list[bytes], limit: int) -> tuple[list[bytes], bool]:
-        """Read on through the stream (so aiohttp's 1 MiB ``client_max_size``, a 413, never applies)
-        until its end or past ``limit`` bytes: (the parts, whether more than ``limit`` came).
-        Past ``max_body_bytes`` it raises ``_TooLarge``."""
-        size = sum(map(len, parts))
-        while size <= limit and (chunk := await request.content.read(_CHUNK)):
-            parts.append(chunk)
-            size += len(chunk)
-        if size > self.max_body_bytes:
-            raise _TooLarge(b"".join(parts[:2]))
-        return parts, size > limit
 
     async def _answer(
         self, fn: Any, webhook: str, body: bytes, request: aiohttp.web.Request
@@ -226,6 +275,8 @@ def server_kwargs(settings: AdmissionSettings) -> dict[str, Any]:
         "inline_bytes": settings.inline_body_bytes,
         "max_concurrent": settings.max_concurrent_reviews,
         "wait_s": settings.review_wait_seconds,
+        "read_s": settings.body_read_seconds,
+        "buffer_bytes": settings.body_buffer_bytes,
         "addr": settings.host,
         "port": settings.port or None,
         "path": settings.path or None,

@@ -21,6 +21,8 @@ __all__ = [
     "LABEL_MEMBER",
     "LABEL_ROUTABLE",
     "MANAGED_BY",
+    "SECRET_FILE",
+    "WORKER_SECRET_MOUNT",
     "config_name",
     "group_pod_name",
     "group_policy_name",
@@ -35,6 +37,7 @@ __all__ = [
     "secret_name",
     "service_account_name",
     "service_name",
+    "worker_secret_name",
 ]
 
 LABEL_INDEX = f"{GROUP}/index"
@@ -77,6 +80,17 @@ def config_name(deployment: str, role: Role, revision: str) -> str:
 
 def secret_name(deployment: str) -> str:
     return _fit(f"{deployment}-transfer-auth", 253)
+
+
+SECRET_FILE = "key"
+"""The item of every key Secret (transfer, group, worker key) and its file in the mount."""
+WORKER_SECRET_MOUNT = "/var/run/pdfleet/worker-auth"
+"""Where runtime and router pods mount the worker key (routers to the worker API)."""
+
+
+def worker_secret_name(deployment: str) -> str:
+    """The worker key (item ``key``): the routers send it to the workers, whose worker API wants it."""
+    return _fit(f"{deployment}-worker-auth", 253)
 
 
 def router_name(deployment: str) -> str:

@@ -24,6 +24,7 @@ from pdfleet_operator.resources.names import (
     secret_name,
     service_account_name,
     service_name,
+    worker_secret_name,
 )
 from pdfleet_operator.resources.revision import compat_key
 from pdfleet_operator.resources.runtime_config import (
@@ -31,6 +32,7 @@ from pdfleet_operator.resources.runtime_config import (
     CONFIG_MOUNT,
     GROUP_SECRET_MOUNT,
     SECRET_MOUNT,
+    WORKER_SECRET_MOUNT,
 )
 from pdfleet_runtime.config import (
     BOOTSTRAP_PORT,
@@ -161,6 +163,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
             {"name": "auth", "mountPath": SECRET_MOUNT, "readOnly": True},
+            {"name": "worker-auth", "mountPath": WORKER_SECRET_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
@@ -194,6 +197,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(name, role, revision)}},
             {"name": "auth", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}},
+            {"name": "worker-auth", "secret": {"secretName": worker_secret_name(name), "defaultMode": 0o400}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}},
             {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         ],

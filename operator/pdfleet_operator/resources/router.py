@@ -28,21 +28,25 @@ from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterKind
 from pdfleet_operator.resources.names import (
     LABEL_MEMBER,
     MANAGED_BY,
+    SECRET_FILE,
+    WORKER_SECRET_MOUNT,
     owner_labels,
     router_name,
     router_secret_name,
+    worker_secret_name,
 )
 from pdfleet_runtime.config import HTTP_PORT
 from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
 
 __all__ = [
     "CONTROL_PLANE_KEY",
+    "FRONT_CONTAINER",
     "HEALTH_FAILURES",
-    "KEYS_ENV",
     "LABEL_ROUTER",
     "ROUTER_CONTAINER",
     "ROUTER_DROP_BOUND_S",
     "endpoint_url",
+    "front_command",
     "router_children",
     "router_command",
     "router_deployment",
@@ -54,6 +58,7 @@ __all__ = [
     "router_secret",
     "router_service",
     "router_service_account",
+    "upstream_port",
     "vllm_router_command",
     "worker_port",
 ]
@@ -61,7 +66,8 @@ __all__ = [
 LABEL_ROUTER = f"{GROUP}/router"
 ROUTER_CONTAINER = "router"
 CONTROL_PLANE_KEY = "control-plane-api-keys"  # the Secret's key: 'id:name:role:secret' for --control-plane-api-keys
-KEYS_ENV = "PDFLEET_ROUTER_CONTROL_PLANE_KEYS"
+ROUTER_KEYS_MOUNT = "/var/run/pdfleet/router-keys"
+FRONT_CONTAINER = "front"
 KEY_ID, KEY_NAME = "pdfleet", "pdfleet-operator"
 # The check's timeout is 2 s, not 1: on a busy node a healthy worker's /health can take over a second, and
 # two slow answers in a row marked the only new prefill unhealthy while the old one drained (every request
@@ -145,17 +151,27 @@ def vllm_router_command(deployment: str, namespace: str, spec: PDDeploymentSpec)
     ]
 
 
+def upstream_port(router: RouterSpec) -> int:
+    """Where sglang-router listens, on the pod's loopback only (the front takes the router port)."""
+    return next(p for p in (router.port + 1, router.port + 2, router.port - 1) if p != router.metrics_port
+                and 0 < p < 65536)
+
+
 def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
-    """``launch_router`` in PD mode with Kubernetes discovery of the deployment's routable pods (vllm-router's
-    command for a vLLM fleet)."""
+    """``launch_router`` in PD mode with Kubernetes discovery of the deployment's routable pods, started by
+    ``pdfleet-runtime router-launch`` with its keys read from the mounted Secrets (never in the command);
+    vllm-router's command for a vLLM fleet."""
     router = spec.router
     assert router is not None
     if router_kind(spec) is RouterKind.VLLM:
         return vllm_router_command(deployment, namespace, spec)
     return [
-        "python3", "-m", "sglang_router.launch_router",
+        "pdfleet-runtime", "router-launch",
+        "--api-key-file", f"{WORKER_SECRET_MOUNT}/{SECRET_FILE}",
+        "--control-plane-keys-file", f"{ROUTER_KEYS_MOUNT}/{CONTROL_PLANE_KEY}",
+        "--",
         "--pd-disaggregation",
-        "--host", "0.0.0.0", "--port", str(router.port),
+        "--host", "127.0.0.1", "--port", str(upstream_port(router)),
         "--prometheus-host", "0.0.0.0", "--prometheus-port", str(router.metrics_port),
         "--prefill-policy", router.prefill_policy.value,
         "--decode-policy", router.decode_policy.value,
@@ -168,7 +184,19 @@ def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> l
         "--health-failure-threshold", str(HEALTH_FAILURES),
         "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
         "--worker-startup-check-interval", str(STARTUP_CHECK_S),
-        "--control-plane-api-keys", f"$({KEYS_ENV})",
+    ]
+
+
+def front_command(deployment: str, spec: PDDeploymentSpec) -> list[str]:
+    """The router pod's front on the router port: limits, the served model only, the worker key added."""
+    router = spec.router
+    assert router is not None
+    return [
+        "pdfleet-runtime", "router-front",
+        "--listen", f"0.0.0.0:{router.port}",
+        "--upstream", f"http://127.0.0.1:{upstream_port(router)}",
+        "--served-model", spec.model.served_name or deployment,
+        "--api-key-file", f"{WORKER_SECRET_MOUNT}/{SECRET_FILE}",
     ]
 
 
@@ -189,27 +217,68 @@ def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec) -
     router = spec.router
     assert router is not None
     resources = router.resources.model_dump(by_alias=True, exclude_none=True, mode="json")
-    probe = {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5}
+    security = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if router_kind(spec) is RouterKind.VLLM:
+        return _router_deployment(deployment, namespace, router, [_vllm_router_container(deployment, namespace,
+                                                                                          spec, security)], [])
+    worker_key = {"name": "worker-auth", "mountPath": WORKER_SECRET_MOUNT, "readOnly": True}
     container = {
         "name": ROUTER_CONTAINER,
         "image": router.image,
         "command": router_command(deployment, namespace, spec),
-        "env": [] if router_kind(spec) is RouterKind.VLLM else [{"name": KEYS_ENV, "valueFrom": {"secretKeyRef": {
-            "name": router_secret_name(deployment), "key": CONTROL_PLANE_KEY}}}],
+        "ports": [{"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"}],
+        "volumeMounts": [worker_key, {"name": "router-keys", "mountPath": ROUTER_KEYS_MOUNT, "readOnly": True}],
+        # Its serving port is on loopback (the front's upstream); its metrics listener says it is alive.
+        "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
+                          "failureThreshold": 6},
+        "resources": resources,
+        "securityContext": security,
+    }
+    front = {
+        "name": FRONT_CONTAINER,
+        "image": router.image,
+        "command": front_command(deployment, spec),
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "volumeMounts": [worker_key],
+        # Through the front to the router: ready once both answer.
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5},
+        "securityContext": security,
+    }
+    volumes = [
+        {"name": "worker-auth", "secret": {"secretName": worker_secret_name(deployment), "defaultMode": 0o440}},
+        {"name": "router-keys", "secret": {"secretName": router_secret_name(deployment), "defaultMode": 0o440}},
+    ]
+    return _router_deployment(deployment, namespace, router, [container, front], volumes)
+
+
+def _vllm_router_container(deployment: str, namespace: str, spec: PDDeploymentSpec, security: dict) -> dict:
+    """vllm-router in its own image, serving the router port itself: it has no admin API to lock and the vLLM
+    pods it sends to take no pdfleet worker key, so no launcher and no front (a remaining item of issue 39)."""
+    router = spec.router
+    assert router is not None
+    probe = {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5}
+    return {
+        "name": ROUTER_CONTAINER,
+        "image": router.image,
+        "command": router_command(deployment, namespace, spec),
         "ports": [
             {"name": "http", "containerPort": router.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"},
         ],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "httpGet": {"path": "/liveness", "port": "http"}, "failureThreshold": 6},
-        "resources": resources,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "securityContext": security,
     }
+
+
+def _router_deployment(deployment: str, namespace: str, router: RouterSpec, containers: list[dict],
+                       volumes: list[dict]) -> dict:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -223,8 +292,10 @@ def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec) -
                 "spec": {
                     "serviceAccountName": router_name(deployment),
                     "automountServiceAccountToken": True,  # its discovery lists and watches pods
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
-                    "containers": [container],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                        "fsGroup": 65532},
+                    "containers": containers,
+                    "volumes": volumes,
                 },
             },
         },

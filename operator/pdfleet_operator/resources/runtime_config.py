@@ -8,18 +8,24 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.resources.names import config_name, group_service_name, owner_labels, service_name
+from pdfleet_operator.resources.names import (
+    SECRET_FILE,
+    WORKER_SECRET_MOUNT,
+    config_name,
+    group_service_name,
+    owner_labels,
+    service_name,
+)
 from pdfleet_operator.resources.router import HEALTH_FAILURES, ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import GROUP_PORT, GroupConfig, RuntimeConfig
 from pdfleet_runtime.records import ParallelShape
 
-__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "GROUP_SECRET_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "runtime_config",
-           "runtime_configmap"]
+__all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "GROUP_SECRET_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "WORKER_SECRET_MOUNT",
+           "runtime_config", "runtime_configmap"]
 
 CONFIG_MOUNT = "/etc/pdfleet"
 CONFIG_FILE = "runtime.yaml"
 SECRET_MOUNT = "/var/run/pdfleet/auth"
-SECRET_FILE = "key"
 GROUP_SECRET_MOUNT = "/var/run/pdfleet/group-auth"  # the role's group key (multi-node replicas), this role only
 
 
@@ -41,6 +47,7 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         kv_tokens=mine.pool.kv_tokens_per_replica,
         prefill_service=service_name(name, Role.PREFILL),
         secret_path=f"{SECRET_MOUNT}/{SECRET_FILE}",
+        worker_key_path=f"{WORKER_SECRET_MOUNT}/{SECRET_FILE}",
         drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
         # With routers, a drain answers /health 503 this long before it refuses work (docs/router.md).
         router_drop_seconds=ROUTER_DROP_BOUND_S if spec.router is not None else 0.0,

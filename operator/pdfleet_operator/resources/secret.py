@@ -19,10 +19,11 @@ import base64
 import secrets
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.resources.names import group_secret_name, owner_labels, secret_name
+from pdfleet_operator.resources.names import group_secret_name, owner_labels, secret_name, worker_secret_name
 from pdfleet_operator.resources.runtime_config import SECRET_FILE
 
-__all__ = ["AUTH_SECRET_MISSING", "auth_secret", "group_secret", "missing_group_key_in_use", "missing_key_in_use"]
+__all__ = ["AUTH_SECRET_MISSING", "auth_secret", "group_secret", "missing_group_key_in_use", "missing_key_in_use",
+           "worker_secret"]
 
 AUTH_SECRET_MISSING = "AuthSecretMissing"
 
@@ -36,6 +37,13 @@ def _key_secret(secret: str, deployment: str, namespace: str, key: bytes | None)
         "metadata": {"name": secret, "namespace": namespace, "labels": owner_labels(deployment)},
         "data": {SECRET_FILE: base64.b64encode(key).decode()},
     }
+
+
+def worker_secret(name: str, namespace: str, key: str | None = None) -> dict:
+    """``<deployment>-worker-auth``: the key the routers send to the worker API (``Authorization: Bearer``), so
+    text, not bytes; mounted into the runtime pods and the router pods (docs/security.md)."""
+    return _key_secret(worker_secret_name(name), name, namespace,
+                       (key if key is not None else secrets.token_urlsafe(32)).encode())
 
 
 def auth_secret(name: str, namespace: str, key: bytes | None = None) -> dict:

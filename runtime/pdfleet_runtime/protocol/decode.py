@@ -65,7 +65,7 @@ from .messages import (
     Welcome,
     parse_wire,
 )
-from .states import FailureReason, RequestState, RequestTracker, StateTimeouts
+from .states import FailureReason, IllegalTransition, RequestState, RequestTracker, StateTimeouts
 
 if TYPE_CHECKING:
     from .staged import DecodeStaging
@@ -117,6 +117,9 @@ class TransferOutcome:
     """``time.monotonic()`` when this rank knew every byte was in place (the last staged chunk scattered,
     or the last source's status for direct writes); 0 for a failed request."""
     staged: bool = False
+    accepted: bool = True
+    """False when the coordinator never took the request (its id is in use or was used recently): nothing
+    was sent, no release will come, the caller still owns the items it allocated."""
 
 
 def _refusal_cause(code: RefusalCode) -> FailureReason | None:
@@ -166,8 +169,18 @@ class DecodeRank:
         self._link_lock = asyncio.Lock()
         self.handshakes = 0
         self._fences: set[asyncio.Task[None]] = set()
+        self._fencing: set[str] = set()
         self.fenced = {"at_once": 0, "ack": 0, "deadline": 0}
         """How failed requests' items were released (counts): nothing in flight, sources' fence, deadline."""
+
+    def tracks(self, request_id: str) -> bool:
+        """Whether ``request_id`` is in flight or ended recently here (``transfer`` would refuse it)."""
+        return request_id in self.tracker
+
+    @property
+    def fencing(self) -> set[str]:
+        """Failed requests whose items wait for their sources' fence (or the deadline)."""
+        return set(self._fencing)
 
     @property
     def fences_pending(self) -> int:
@@ -297,7 +310,14 @@ class DecodeRank:
         t0 = self._clock()
         budget = timeout_s or self.settings.timeouts.transferring_s
         deadline = t0 + budget
-        self.tracker.start(request_id, deadline=deadline)
+        try:
+            self.tracker.start(request_id, deadline=deadline)
+        except (IllegalTransition, OverflowError) as e:
+            # Never taken: nothing was sent and the caller still owns its items (``accepted`` False).
+            return TransferOutcome(request_id, RequestState.FAILED, FailureReason.CONFLICT,
+                                   f"request id {request_id} was already used on this decode rank (it is kept "
+                                   f"{self.tracker.timeouts.retain_s:g}s after it ended): send a new id ({e})",
+                                   (), 0.0, accepted=False)
         reports: dict[Pair, StatusReport] = {}
         link: _Link | None = None
         sent = False
@@ -361,6 +381,9 @@ class DecodeRank:
         except ProtocolError as e:
             self.tracker.fail(request_id, FailureReason.REFUSED, f"prefill pod refused: {e}")
             cause = _refusal_cause(e.code)
+        except Exception as e:  # a bug must not strand the items: failed, then released as any failure is
+            log.exception("decode rank %s: request %s failed unexpectedly", self.me, request_id)
+            self.tracker.fail(request_id, FailureReason.RANK, f"decode rank error: {type(e).__name__}: {e}")
         rec = self.tracker.get(request_id)
         if receivers:
             abort.set()  # a failed request's receivers stop between chunks (a finished one's have ended)
@@ -467,7 +490,9 @@ class DecodeRank:
         task = asyncio.get_running_loop().create_task(
             self._fence(link if cancelled else None, request_id, sources, self._clock() + self.fence_timeout_s(link)))
         self._fences.add(task)
+        self._fencing.add(request_id)
         task.add_done_callback(self._fences.discard)
+        task.add_done_callback(lambda _: self._fencing.discard(request_id))
 
     async def _fence(self, link: _Link | None, request_id: str, sources: tuple[Pair, ...], deadline: float) -> None:
         """Release the items once every source fenced its status, or at ``deadline`` (never before)."""

@@ -282,6 +282,10 @@ class PrefillRank:
     def in_flight(self) -> int:
         return sum(1 for r in self._requests.values() if not r.released)
 
+    def holding(self) -> set[str]:
+        """Requests whose source items this coordinator still holds (it releases each once)."""
+        return {rid for rid, r in self._requests.items() if not r.released}
+
     async def run(self, stop: asyncio.Event) -> None:
         """Poll, report and expire until ``stop`` is set (then flush reports for a moment)."""
         tasks = [asyncio.create_task(self._poll_loop(stop)), asyncio.create_task(self._report_loop(stop)),

@@ -143,6 +143,7 @@ class RequestTracker:
                  limit: int = 100_000) -> None:
         self.timeouts, self._clock, self._limit = timeouts, clock, limit
         self._records: dict[str, RequestRecord] = {}
+        self._purged_at = clock()
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._records
@@ -159,6 +160,8 @@ class RequestTracker:
     def start(self, request_id: str, state: RequestState = RequestState.BOOTSTRAPPING,
               *, deadline: float | None = None) -> RequestRecord:
         """Track a new request; ``deadline`` (absolute, clock's time) caps the state's budget."""
+        if self._clock() - self._purged_at >= self.timeouts.retain_s:
+            self.purge()  # terminal records go after retain_s, not only at the limit
         if request_id in self._records:
             raise IllegalTransition(f"request {request_id!r} is already tracked")
         if len(self._records) >= self._limit:
@@ -207,7 +210,7 @@ class RequestTracker:
 
     def purge(self) -> list[str]:
         """Drop terminal records older than ``retain_s``."""
-        now = self._clock()
+        now = self._purged_at = self._clock()
         gone = [k for k, r in self._records.items() if r.state.terminal and now > r.deadline]
         for k in gone:
             del self._records[k]

@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,7 +42,8 @@ from pdfleet_runtime.protocol.discovery import (
     StaticResolver,
 )
 from pdfleet_runtime.protocol.group import group_codec
-from pdfleet_runtime.protocol.keys import load_secret, mounted_keys, new_rank_key
+from pdfleet_runtime.protocol.http_guard import GuardedServer
+from pdfleet_runtime.protocol.keys import Keyring, load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 
 from .admin import start_admin
@@ -50,18 +52,22 @@ from .gate import GateWriter, NoGate
 from .group import GroupRanks
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .openai_api import WorkerApi
+from .openai_api import WorkerApi, request_items
 from .options import ServeOptions
 from .pipe import LegReport, RankStats, StatsOp, Transport
-from .readiness import Readiness
+from .readiness import Readiness, pools_held
 from .router_checks import RouterChecks
-from .routing import NOT_THE_PATH, RequestRouter, canary_result
+from .routing import CALLER_FAULT, NOT_THE_PATH, RequestRouter, canary_result
+from .worker_api import ApiError, load_json
+from .worker_auth import WorkerAuth
 
 __all__ = ["GATE_REASSERT_S", "PodServer"]
 
 # The gate condition is written again this often with an unchanged verdict, so a value someone else
 # wrote (the pod's status is patchable by more than this runtime) does not stick.
 GATE_REASSERT_S = 30.0
+POOLS_S = 2.0
+"""How often the pod reads its ranks' pool accounting (metrics and the ``PoolsHeld`` readiness fact)."""
 
 log = logging.getLogger("pdfleet_runtime.server")
 _ID_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/@+=-")
@@ -104,6 +110,9 @@ class PodServer:
         self.launcher: RankLauncher | GroupRanks | None = None
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
+        self._http_server: asyncio.Server | None = None
+        self.auth = WorkerAuth(Keyring.from_file(cfg.worker_key_path) if cfg.worker_key_path else None)
+        """The worker key required on the routes that start or hold work, and the port's bounds."""
         self._admin: web.AppRunner | None = None
         self.metrics.in_flight_from(lambda: float(self._in_flight_estimate()))
         self.worker = WorkerApi(self)
@@ -142,6 +151,7 @@ class PodServer:
             self.metrics.transport.labels(h.spec.name, cfg.backend.value, str(t.requested), str(t.engine_protocol),
                                           str(t.effective), str(t.pinned).lower()).set(1)
         self._tasks.append(loop.create_task(_kept(self._gate_loop)))
+        self._tasks.append(loop.create_task(_kept(self._pools_loop)))
         if not isinstance(self.gate, NoGate):  # in a cluster: follow the operator's drain requests
             self._tasks.append(loop.create_task(_kept(self._pod_loop)))
         if self.role is Role.DECODE:
@@ -190,6 +200,8 @@ class PodServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._admin is not None:
             await self._admin.cleanup()
+        if self._http_server is not None:
+            self._http_server.close()
         if self._runner is not None:  # first: no request may reach a rank that is stopping
             await self._runner.cleanup()
         if self.launcher is not None:
@@ -198,18 +210,36 @@ class PodServer:
             await self.bootstrap.stop()
 
     async def _start_http(self) -> None:
-        app = web.Application()
+        auth = self.auth
+        app = web.Application(middlewares=[auth.middleware])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/synthetic", self._synthetic)
         self.worker.add_routes(app)
-        # Handlers still running at exit are cut after 2 s (the drain has already waited for transfers).
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        # Handlers still running at exit are cut after 2 s (the drain has already waited for transfers); a
+        # refused body is never drained ("lingering"): its connection is closed.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+                                     keepalive_timeout=auth.limits.idle_s, lingering_time=0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.opts.bind_host, self.opts.http_port, reuse_address=True)
-        await site.start()
+        assert self._runner.server is not None
+        auth.guard = GuardedServer(self._runner.server, auth.limits)
+        family = socket.AF_INET6 if ":" in self.opts.bind_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.opts.bind_host, self.opts.http_port))
+        self.http_port = sock.getsockname()[1]  # port 0 (tests): the one chosen
+        self._http_server = await asyncio.get_running_loop().create_server(auth.guard, sock=sock, backlog=1024)
         self._admin = await start_admin(self._drain, self._undrain, self.opts.admin_port)
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """A request's body within the port's read deadline (``ApiError`` 408 when it trickles in)."""
+        try:
+            async with asyncio.timeout(self.auth.limits.read_s):
+                return await request.read()
+        except TimeoutError:
+            raise ApiError(408, f"the body did not arrive within {self.auth.limits.read_s:g}s",
+                           code="request_timeout") from None
 
     # ------------------------------------------------------------------ HTTP
 
@@ -265,7 +295,9 @@ class PodServer:
             lost = self.launcher.lost if isinstance(self.launcher, GroupRanks) else []
             return web.json_response({"error": "; ".join(lost) or "rank processes are not up"}, status=503)
         try:
-            body = await request.json() if request.can_read_body else {}
+            body = load_json(await self.read_body(request)) if request.can_read_body else {}
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
             tokens = int(body.get("tokens", self.opts.canary_tokens))
             rid = str(body.get("requestId") or f"syn-{uuid.uuid4().hex[:16]}")
             seed = int(body.get("seed", 0))
@@ -275,10 +307,13 @@ class PodServer:
                 raise ValueError(f"tokens must be in 1..{self.opts.config.kv_tokens}, timeoutS in (0, 3600]")
             if not 0 < len(rid) <= 200 or not set(rid) <= _ID_OK or rid.startswith("canary-"):
                 raise ValueError(f"requestId {rid[:50]!r} is not a valid request id")
-        except (ValueError, TypeError, AttributeError) as e:
+        except ApiError as e:
+            return web.json_response({"error": f"bad synthetic request: {e.message}"}, status=e.status)
+        except (ValueError, TypeError, AttributeError, OverflowError) as e:
             return web.json_response({"error": f"bad synthetic request: {e}"}, status=400)
-        res = await self.router.run("request", tokens, rid, seed, timeout_s, verify=verify)
-        status = 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 502
+        res = await self.router.run("request", tokens, rid, seed, timeout_s, verify=verify,
+                                    own_budget=timeout_s >= self.opts.request_timeout_s)
+        status = 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 409 if res.failure in CALLER_FAULT else 502
         return web.json_response(res.as_json(), status=status)
 
     # ------------------------------------------------------------------ loops
@@ -296,6 +331,7 @@ class PodServer:
                     self.readiness.discovery_error = f"cannot find prefill pods: {e}"
                 self.router.found(endpoints)
                 self.readiness.forget_peers({str(e) for e in endpoints})
+                self.metrics.forget_peers({str(e) for e in endpoints})
                 tokens = min(o.canary_tokens, o.config.kv_tokens)
                 for ep in list(endpoints):
                     if not self.drain.serving:
@@ -308,7 +344,7 @@ class PodServer:
                     check = self.readiness.record_canary(str(ep), canary)
                     if check.ok:
                         self.router.shunned.discard(str(ep))
-                    self.metrics.canary_gbps.labels(str(ep)).set(check.gbps or 0.0)
+                    self.metrics.canary(str(ep), check.gbps or 0.0)
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)
@@ -335,6 +371,30 @@ class PodServer:
                 except Exception as e:  # the API may be briefly unavailable: retried next tick
                     log.warning("cannot write the readiness gate: %s", e)
             await asyncio.sleep(0.25)
+
+    async def _pools_loop(self) -> None:
+        """The ranks' held items by reason into the metrics and the ``PoolsHeld`` fact, every ``POOLS_S``."""
+        cfg = self.opts.config
+        tokens = min(self.opts.canary_tokens, cfg.kv_tokens)
+        need = request_items(cfg, tokens)
+        while True:
+            await asyncio.sleep(POOLS_S)
+            launcher = self.launcher
+            if launcher is None or launcher.up < cfg.shape.world:
+                continue
+            try:
+                stats = [s for s in await launcher.call_all(StatsOp(), timeout_s=5.0) if isinstance(s, RankStats)]
+            except RankCallError:
+                continue
+            held: dict[str, int] = {}
+            for st in stats:
+                for k, v in st.held_by.items():
+                    held[k] = held.get(k, 0) + v
+            lowest = {k: min(st.free.get(k, 0) for st in stats) for k in {k for st in stats for k in st.free}}
+            self.metrics.pools(held, lowest, {i: st.reclaimed for i, st in enumerate(stats)})
+            active = self.router.active if self.role is Role.DECODE else self.worker.running
+            self.readiness.pools_held = pools_held([st.held_by for st in stats], [st.free for st in stats], need,
+                                                   active)
 
     async def _pod_loop(self) -> None:
         """Follow the operator's drain request on this pod (the ``pdfleet.io/drain-started``

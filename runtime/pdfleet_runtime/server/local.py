@@ -86,12 +86,20 @@ class LocalPod:
     """One ``serve`` process; ``start`` returns it, ``stop`` ends it and its rank processes."""
 
     def __init__(self, workdir: Path, name: str, cfg: RuntimeConfig, secret: bytes, *, offset: int | None = None,
-                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None, worker_key: str | None = None) -> None:
+        """``worker_key``: the worker API wants it (``workerKeyPath``), as in a cluster; this pod's own calls
+        (``get``, ``post``, ``synthetic``) send it."""
         self.name, self.workdir = name, workdir
         self.offset = free_offset() if offset is None else offset
         secret_file = workdir / "secret"
         secret_file.write_bytes(secret)
-        self.cfg = cfg.model_copy(update={"secret_path": secret_file})
+        update: dict[str, Any] = {"secret_path": secret_file}
+        self.worker_key = worker_key
+        if worker_key is not None:
+            key_file = workdir / f"{name}-worker-key"
+            key_file.write_text(worker_key)
+            update["worker_key_path"] = key_file
+        self.cfg = cfg.model_copy(update=update)
         self.config_path = workdir / f"{name}.yaml"
         self.config_path.write_text(self.cfg.to_yaml())
         self.log_path = workdir / f"{name}.log"
@@ -158,10 +166,10 @@ class LocalPod:
     # ------------------------------------------------------------------ HTTP
 
     def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, Any]:
-        return http("GET", self.url + path, None, timeout_s)
+        return http("GET", self.url + path, None, timeout_s, key=self.worker_key)
 
     def post(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> tuple[int, Any]:
-        return http("POST", self.url + path, body, timeout_s)
+        return http("POST", self.url + path, body, timeout_s, key=self.worker_key)
 
     def synthetic(self, tokens: int = 32, timeout_s: float = 30.0, **kw: Any) -> tuple[int, Any]:
         return self.post("/v1/synthetic", {"tokens": tokens, "timeoutS": timeout_s, **kw}, timeout_s + 30)
@@ -198,9 +206,12 @@ class LocalPod:
         raise AssertionError(f"{self.name}: readiness never became {want} (last: {body})\n{self.log()[-3000:]}")
 
 
-def http(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> tuple[int, Any]:
+def http(method: str, url: str, body: dict[str, Any] | None, timeout_s: float, *,
+         key: str | None = None) -> tuple[int, Any]:
+    """One call; ``key``: sent as ``Authorization: Bearer`` (the worker key)."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, json.loads(resp.read() or b"null")

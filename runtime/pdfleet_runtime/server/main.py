@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pdfleet_runtime.protocol.keys import SecretError
+
 from .app import PodServer
 from .gate import make_gate
 from .member import MemberServer
@@ -21,4 +23,9 @@ def serve(opts: ServeOptions, *, in_cluster: bool = False) -> int:
                      opts.pod_name, cfg.readiness_gate, opts.kubeconfig)
     if opts.is_member:  # a replica group's member: its ranks only, for its leader
         return asyncio.run(MemberServer(opts, gate=gate).run())
-    return asyncio.run(PodServer(opts, gate=gate).run())
+    try:
+        pod = PodServer(opts, gate=gate)
+    except SecretError as e:  # the worker key's file (workerKeyPath) missing or too short
+        logging.getLogger("pdfleet_runtime.server").error("cannot start: %s", e)
+        return 1
+    return asyncio.run(pod.run())

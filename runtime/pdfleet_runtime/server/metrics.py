@@ -11,6 +11,7 @@ decode rank, as reported in its status).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -63,8 +64,44 @@ class ServerMetrics:
         self.mismatched = Counter("pdfleet_verify_mismatched_bytes", "Bytes of synthetic requests that arrived "
                                   "different from the seeded state (decode pods)", registry=r)
         self.ranks_up = Gauge("pdfleet_rank_processes_up", "Rank processes running", registry=r)
+        self.pool_held = Gauge("pdfleet_pool_requests_held", "Requests holding pool items, summed over the ranks, "
+                               "by why: running (a transfer has them), fencing (failed, kept until no write can "
+                               "land), orphaned (neither: the rank gives them back after a grace)", ["reason"],
+                               registry=r)
+        for reason in ("running", "fencing", "orphaned"):
+            self.pool_held.labels(reason).set(0)
+        self.pool_free = Gauge("pdfleet_pool_items_free", "Free pool items of the rank with the fewest, per index "
+                               "kind (page, swa_page, slot, row)", ["kind"], registry=r)
+        self.pool_reclaimed = Counter("pdfleet_pool_requests_reclaimed", "Orphaned requests whose items a rank "
+                                      "gave back (held with nothing running or fencing past the grace: a bug)",
+                                      registry=r)
+        self._reclaimed_seen: dict[int, int] = {}
+        self._peers: set[str] = set()
         self.staged = StagedCollector(role)
         r.register(self.staged)
+
+    def pools(self, held_by: Mapping[str, int], free: Mapping[str, int], reclaimed: Mapping[int, int]) -> None:
+        """The ranks' latest accounting (``RankStats``): held by reason, the lowest free count, reclaims per rank."""
+        for reason in ("running", "fencing", "orphaned"):
+            self.pool_held.labels(reason).set(held_by.get(reason, 0))
+        for kind, n in free.items():
+            self.pool_free.labels(kind).set(n)
+        for rank, n in reclaimed.items():
+            if n > self._reclaimed_seen.get(rank, 0):
+                self.pool_reclaimed.inc(n - self._reclaimed_seen.get(rank, 0))
+            self._reclaimed_seen[rank] = n
+
+    def canary(self, peer: str, gbps: float) -> None:
+        self.canary_gbps.labels(peer).set(gbps)
+        self._peers.add(peer)
+
+    def forget_peers(self, keep: set[str]) -> None:
+        """Prefill pods discovery no longer names: their canary gauge goes (a series per pod ever seen
+        would grow with every rollout)."""
+        for peer in self._peers - keep:
+            with contextlib.suppress(KeyError):
+                self.canary_gbps.remove(peer)
+        self._peers &= keep
 
     def in_flight_from(self, fn: Callable[[], float]) -> None:
         self.in_flight.labels(self.role).set_function(fn)

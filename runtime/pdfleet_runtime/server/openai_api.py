@@ -60,7 +60,7 @@ from .worker_api import (
 if TYPE_CHECKING:
     from .app import PodServer
 
-__all__ = ["WorkerApi", "request_state_bytes"]
+__all__ = ["WorkerApi", "request_items", "request_state_bytes"]
 
 log = logging.getLogger("pdfleet_runtime.server")
 ROOM_WAIT_S = 2.0
@@ -70,14 +70,22 @@ _UNREACHABLE = frozenset({FailureReason.PEER_UNREACHABLE, FailureReason.PEER_LOS
                           FailureReason.NO_PEER})
 
 
+def _counts(cfg: RuntimeConfig, tokens: int) -> dict[IndexKind, int]:
+    layout = resolve_layout(cfg.layout)
+    return {IndexKind.PAGE: pages_for_tokens(tokens, layout.page_size),
+            IndexKind.SWA_PAGE: swa_pages_for_tokens(tokens, layout.swa.window, layout.page_size)
+            if layout.swa else 0, IndexKind.SLOT: 1, IndexKind.ROW: 1}
+
+
+def request_items(cfg: RuntimeConfig, tokens: int) -> dict[str, int]:
+    """Items of each index kind one request of ``tokens`` tokens takes on a rank (``RankStats.free``'s keys)."""
+    return {k.value: n for k, n in _counts(cfg, tokens).items() if n}
+
+
 def request_state_bytes(cfg: RuntimeConfig, tokens: int, *, decode_side: bool) -> int:
     """Bytes a request of ``tokens`` tokens occupies on every rank of the decode pod (what a transfer moves)."""
-    layout = resolve_layout(cfg.layout)
     shape = cfg.shape if decode_side else cfg.peer_shape
-    counts = {IndexKind.PAGE: pages_for_tokens(tokens, layout.page_size),
-              IndexKind.SWA_PAGE: swa_pages_for_tokens(tokens, layout.swa.window, layout.page_size)
-              if layout.swa else 0, IndexKind.SLOT: 1, IndexKind.ROW: 1}
-    return replica_bytes(layout, shape.tp, shape.pp, counts)
+    return replica_bytes(resolve_layout(cfg.layout), shape.tp, shape.pp, _counts(cfg, tokens))
 
 
 def _pool_bytes(cfg: RuntimeConfig) -> int:
@@ -138,7 +146,9 @@ class WorkerApi:
         launcher = self.pod.launcher
         up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.world
         serving = self.pod.drain.serving
-        caller = request.remote if request is not None else None
+        # Only callers holding the worker key are routers whose checks end a drain's window (anyone may ask).
+        caller = (request.remote if request is not None and self.pod.auth.allows(request.headers.get("Authorization"))
+                  else None)
         self.pod.router_checks.answered(caller, serving and up, time.monotonic())
         if not serving:
             return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")
@@ -162,7 +172,7 @@ class WorkerApi:
 
     async def _pools(self) -> dict[str, Any]:
         """Items held and free per index kind over every rank (tests check that failed requests free them)."""
-        held, free = 0, dict[str, int]()
+        held, free, why = 0, dict[str, int](), dict[str, int]()
         if self.pod.launcher is not None and self.pod.launcher.up:
             with contextlib.suppress(RankCallError):
                 for st in await self.pod.launcher.call_all(StatsOp(), timeout_s=5.0):
@@ -170,7 +180,9 @@ class WorkerApi:
                         held += st.held
                         for k, v in st.free.items():
                             free[k] = free.get(k, 0) + v
-        return {"held": held, "free": free}
+                        for k, v in st.held_by.items():
+                            why[k] = why.get(k, 0) + v
+        return {"held": held, "free": free, "heldBy": why}
 
     async def _model_info(self, _: web.Request) -> web.Response:
         return web.json_response({"model_path": self.model, "tokenizer_path": None, "is_generation": True,
@@ -185,10 +197,10 @@ class WorkerApi:
     def _handler(self, ep: Endpoint):  # type: ignore[no-untyped-def]
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
-                req = parse_request(ep, await request.read())
+                req = parse_request(ep, await self.pod.read_body(request))
                 self._check(req)
                 if self.pod.role is Role.PREFILL:
-                    return await self._prefill(req)
+                    return await self._prefill(req, request.remote or "")
                 return await self._decode(request, req)
             except ApiError as e:
                 headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
@@ -214,12 +226,12 @@ class WorkerApi:
                            f"{self.pod.opts.config.kv_tokens} (kvTokens): send a shorter prompt", param="prompt",
                            code="context_length_exceeded")
 
-    async def _prefill(self, req: WorkerRequest) -> web.Response:
+    async def _prefill(self, req: WorkerRequest, source: str) -> web.Response:
         cfg = self.pod.opts.config
         nbytes = request_state_bytes(cfg, req.prompt_tokens, decode_side=False)
         assert req.room is not None
         try:
-            room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes)
+            room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes, source)
         except RoomError as e:
             raise ApiError(e.status, str(e), code=e.code, param="bootstrap_room",
                            retry_after=1 if e.status == 503 else None) from e
@@ -276,12 +288,16 @@ class WorkerApi:
 
     async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
         o = self.pod.opts
-        host = req.host or "127.0.0.1"
-        port = req.port or o.bootstrap_port
+        ep = PeerEndpoint(req.host or "127.0.0.1", req.port or o.bootstrap_port)
+        if not await self.pod.router.known(ep, self.pod.resolver):
+            # Never dialled: a decode sends signed messages only to prefill pods its own discovery names.
+            raise ApiError(400, f"bootstrap_host:bootstrap_port {ep} is not a prefill pod of this deployment (the "
+                           "prefill Service does not name it): send the request through the router",
+                           param="bootstrap_host", code="unknown_prefill")
         self.running += 1
         self.used_tokens += req.prompt_tokens
         try:
-            res = await self.pod.router.pull(PeerEndpoint(host, port), req.prompt_tokens, req.request_id, req.seed,
+            res = await self.pod.router.pull(ep, req.prompt_tokens, req.request_id, req.seed,
                                              o.request_timeout_s, retry_refused_s=ROOM_WAIT_S)
         finally:
             self.running -= 1
@@ -317,6 +333,9 @@ class WorkerApi:
         if failure in _UNREACHABLE:
             return ApiError(503, f"no prefill reachable for bootstrap_room {req.room}: {reason}",
                             code="prefill_unreachable", retry_after=1)
+        if failure is FailureReason.CONFLICT:
+            return ApiError(409, f"bootstrap_room {req.room} is in flight on this decode or was used moments ago: "
+                            f"send a new room ({reason})", param="bootstrap_room", code="room_conflict")
         if failure in (FailureReason.BUSY, FailureReason.DRAINING):
             return ApiError(503, f"no room for the request: {reason}", code=str(failure), retry_after=1)
         return ApiError(502, f"the transfer of bootstrap_room {req.room} failed ({failure}): {reason}",

@@ -131,8 +131,9 @@ class ServeOptions:
     request_timeout_s: float = 60.0
     write_timeout_s: float = 30.0
     fence_timeout_s: float = 35.0
-    room_ttl_s: float = 30.0
-    """Prefill: how long a room (``bootstrap_room``) is held for its decode before it expires."""
+    room_ttl_s: float = 10.0
+    """Prefill: how long a room (``bootstrap_room``) nobody claimed is held for its decode before it expires (the
+    router sends both bodies at once: a claim comes within moments, so an unclaimed room frees its place soon)."""
     gate: bool = True
     """Patch the readiness-gate condition when running in a cluster (or with ``kubeconfig``)."""
     kubeconfig: Path | None = None

@@ -222,6 +222,11 @@ class RankStats:
     handshakes: int = 0
     staged: dict[str, Any] = field(default_factory=dict)
     """``protocol.staged.StagedMetrics.to_dict()``: bytes and requests per path, chunk and signal times."""
+    held_by: dict[str, int] = field(default_factory=dict)
+    """Held requests by why: ``running``, ``fencing`` (decode: failed, waiting for the sources' fence),
+    ``orphaned`` (neither: given back by the rank's reconcile after its grace)."""
+    reclaimed: int = 0
+    """Orphaned requests the rank's reconcile gave back since it started."""
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,23 @@ log = logging.getLogger("pdfleet_runtime.server.rank")
 
 
 class _Items:
-    """The items a rank holds for requests in flight, by request id."""
+    """The items a rank holds for requests in flight, by request id, and why each is held.
 
-    def __init__(self, pools: RankPools, alloc: RequestAllocator) -> None:
+    Every held request is ``running`` (its coordinator has it), ``fencing`` (failed, waiting until no
+    source can still write it) or ``orphaned`` (neither: a path that dropped it without a release).
+    ``reconcile`` gives back what stayed orphaned past ``orphan_grace_s`` and counts it (``reclaimed``):
+    no code path should leave one, and a leak must not cost the pod its pools for good.
+    """
+
+    def __init__(self, pools: RankPools, alloc: RequestAllocator, *, orphan_grace_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pools, self.alloc = pools, alloc
         self.held: dict[str, RequestIndices] = {}
         self.reserved: dict[str, RequestIndices] = {}
+        self.orphan_grace_s, self._clock = orphan_grace_s, clock
+        self._orphan_since: dict[str, float] = {}
+        self.reclaimed = 0
+        """Orphaned requests whose items ``reconcile`` gave back (each a bug: logged)."""
 
     def reset(self, alloc: RequestAllocator, reserve: tuple[tuple[str, int], ...]) -> None:
         """A fresh allocator (no request may be held), then ``reserve``'s requests allocated in order."""
@@ -57,18 +68,50 @@ class _Items:
         self.reserved = {rid: alloc.allocate(tokens) for rid, tokens in reserve}
 
     def take(self, request_id: str, tokens: int) -> RequestIndices:
-        """The request's items: its reservation, else newly allocated (``PoolExhausted`` when full)."""
+        """The request's items: its reservation, else newly allocated (``PoolExhausted`` when full).
+        An id already held is refused (``ValueError``) before anything is allocated: its items would leak."""
+        if request_id in self.held:
+            raise ValueError(f"request {request_id} already holds items on this rank")
         idx = self.reserved.pop(request_id, None)
         self.held[request_id] = idx if idx is not None else self.alloc.allocate(tokens)
         return self.held[request_id]
 
     def release(self, request_id: str) -> None:
         idx = self.held.pop(request_id, None)
+        self._orphan_since.pop(request_id, None)
         if idx is not None:
             self.alloc.free(idx)
 
     def free(self) -> dict[str, int]:
         return {k.value: v for k, v in self.alloc.free_counts().items()}
+
+    def running(self) -> set[str]:
+        """Held requests a coordinator has (subclasses say which)."""
+        return set(self.held)
+
+    def fencing(self) -> set[str]:
+        return set()
+
+    def held_by(self) -> dict[str, int]:
+        """Held requests by why: running, fencing, orphaned (the ``pdfleet_pool_requests_held`` metric)."""
+        running, fencing = self.running(), self.fencing()
+        out = {"running": 0, "fencing": 0, "orphaned": 0}
+        for rid in self.held:
+            out["running" if rid in running else "fencing" if rid in fencing else "orphaned"] += 1
+        return out
+
+    def reconcile(self) -> list[str]:
+        """Held items against the running requests: orphans past the grace are given back; their ids."""
+        now, running, fencing = self._clock(), self.running(), self.fencing()
+        orphans = [rid for rid in self.held if rid not in running and rid not in fencing]
+        self._orphan_since = {rid: self._orphan_since.get(rid, now) for rid in orphans}
+        gone = [rid for rid, since in self._orphan_since.items() if now - since >= self.orphan_grace_s]
+        for rid in gone:
+            log.error("request %s: items held with no request running or fencing for %.0fs; given back",
+                      rid, now - self._orphan_since[rid])
+            self.release(rid)
+            self.reclaimed += 1
+        return gone
 
 
 class SyntheticSource(_Items):
@@ -80,17 +123,25 @@ class SyntheticSource(_Items):
     """
 
     def __init__(self, pools: RankPools, alloc: RequestAllocator, *, corrupt: bool = False,
-                 fill_delay_s: float = 0.0) -> None:
-        super().__init__(pools, alloc)
+                 fill_delay_s: float = 0.0, orphan_grace_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(pools, alloc, orphan_grace_s=orphan_grace_s, clock=clock)
         self.corrupt, self.fill_delay_s = corrupt, fill_delay_s
         self.allocated: Callable[[str, RequestIndices], None] | None = None
         """Called with a request's items before its state is made (the staged path cuts its plans then)."""
+        self.holding: Callable[[], set[str]] | None = None
+        """The coordinator's requests that still hold items (``PrefillRank.holding``); None: all held run."""
+
+    def running(self) -> set[str]:
+        return set(self.held) if self.holding is None else self.holding()
 
     async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
         try:
             idx = self.take(request_id, fill.tokens)
         except PoolExhausted as e:
             raise SyntheticError(FailureReason.BUSY, f"prefill pools are full: {e}") from None
+        except ValueError as e:  # the id holds items already: refused, nothing allocated
+            raise SyntheticError(FailureReason.CONFLICT, str(e)) from None
         if self.allocated is not None:
             self.allocated(request_id, idx)
         if self.fill_delay_s > 0:
@@ -104,7 +155,7 @@ class SyntheticSource(_Items):
         return idx
 
     def stats(self, in_flight: int) -> RankStats:
-        return RankStats(in_flight, len(self.held), self.free())
+        return RankStats(in_flight, len(self.held), self.free(), held_by=self.held_by(), reclaimed=self.reclaimed)
 
 
 def _ready_at(pools: RankPools) -> float:
@@ -120,11 +171,14 @@ class DecodeRequests(_Items):
     """A decode rank's synthetic requests: one ``DecodeRank`` per prefill pod, every byte checked."""
 
     def __init__(self, spec: RankSpec, pools: RankPools, alloc: RequestAllocator, info: PeerInfo, *,
-                 staging: DecodeStaging | None = None) -> None:
-        super().__init__(pools, alloc)
+                 staging: DecodeStaging | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        # An orphan is given back only after any write could have ended (the fence's own bound, and more).
+        super().__init__(pools, alloc, orphan_grace_s=2 * max(spec.fence_timeout_s, spec.write_timeout_s + 5.0),
+                         clock=clock)
         self.spec, self.info, self.staging = spec, info, staging
         self.coords: dict[Endpoint, DecodeRank] = {}
         self.in_flight = 0
+        self._running: set[str] = set()
         self.arena: SeededArena | None = None
         """Set by ``SeededArenaOp`` (parity): what each request left in this rank's arena."""
 
@@ -164,22 +218,34 @@ class DecodeRequests(_Items):
     async def transfer(self, op: TransferOp) -> TransferResult:
         """One synthetic request into this rank; the outcome, bytes, engine write time and the byte check."""
         request_id, seed = op.request_id, op.seed
-        if request_id in self.held:
+        if request_id in self.held or any(c.tracks(request_id) for c in self.coords.values()):
+            # Refused before anything is allocated: the id is in flight, fencing, or ended moments ago.
             return TransferResult(request_id, RequestState.FAILED, FailureReason.CONFLICT,
-                                  reason=f"request id {request_id} is already in flight on this rank")
+                                  reason=f"request id {request_id} is in flight or was used recently on this "
+                                  "rank: send a new id")
         try:
             idx = self.take(request_id, op.tokens)
         except PoolExhausted as e:
             return TransferResult(request_id, RequestState.FAILED, FailureReason.BUSY,
                                   reason=f"decode pools are full: {e}")
         self.in_flight += 1
+        self._running.add(request_id)
         try:
+            # From here the coordinator owns the items: it releases them (``release``) at once or after the
+            # fence, on every path but a request it never took, whose items come back here.
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
                 request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens),
                 staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0,
                 wait_refused_s=op.wait_refused_s)
+        except BaseException:
+            # Only cancellation reaches here (the rank is stopping): nothing may still write into items
+            # that go with the process, and a coordinator that never ran gives nothing back.
+            self._running.discard(request_id)
+            raise
         finally:
             self.in_flight -= 1
+        if not out.accepted:
+            self._free(request_id)
         moved = sum(r.bytes for r in out.reports)
         write_s = max((r.write_seconds for r in out.reports), default=0.0)
         mismatched, bad_buffers = -1, ()
@@ -189,6 +255,7 @@ class DecodeRequests(_Items):
             bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
             mismatched, bad_buffers = sum(bad.values()), tuple(sorted(bad))
             self._done(request_id, seed)
+        self._running.discard(request_id)
         log.info("request %s <- %s: %s%s, %d bytes (engine %.4fs, request %.4fs)%s%s", request_id, out.endpoint,
                  out.state.value, f" ({out.failure.value}: {out.reason})" if out.failure else "", moved, write_s,
                  out.seconds, f", {mismatched} bytes differ" if mismatched > 0 else "",
@@ -200,6 +267,12 @@ class DecodeRequests(_Items):
                               mismatched_buffers=bad_buffers,
                               reports=tuple(out.reports) if out.state is RequestState.SUCCESS else ())
 
+    def running(self) -> set[str]:
+        return set(self._running)
+
+    def fencing(self) -> set[str]:
+        return set().union(*(c.fencing for c in self.coords.values()))
+
     def stats(self) -> RankStats:
         fenced: dict[str, int] = {}
         for c in self.coords.values():
@@ -207,7 +280,8 @@ class DecodeRequests(_Items):
                 fenced[k] = fenced.get(k, 0) + v
         return RankStats(self.in_flight, len(self.held), self.free(), fenced,
                          fences_pending=sum(c.fences_pending for c in self.coords.values()),
-                         handshakes=sum(c.handshakes for c in self.coords.values()))
+                         handshakes=sum(c.handshakes for c in self.coords.values()),
+                         held_by=self.held_by(), reclaimed=self.reclaimed)
 
     async def close(self) -> None:
         for coord in self.coords.values():

@@ -45,6 +45,8 @@ from .staging_setup import staging_of
 __all__ = ["rank_main"]
 
 log = logging.getLogger("pdfleet_runtime.server.rank")
+RECONCILE_S = 5.0
+"""How often a rank compares the items it holds with the requests running (``rank_requests._Items``)."""
 
 
 def rank_main(conn: Connection, spec: pipe.RankSpec) -> None:
@@ -186,7 +188,8 @@ class _Rank:
         if spec.faults.write_delay_s > 0:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
         self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent,
-                                             fill_delay_s=spec.faults.fill_delay_s)
+                                             fill_delay_s=spec.faults.fill_delay_s,
+                                             orphan_grace_s=2 * spec.write_timeout_s + 10.0)
         client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(mounted_keys(spec.config.secret_path, spec.secret),
                                                                   f"{spec.instance}-{spec.tp}-{spec.pp}",
                                                                   rank_key=spec.rank_key))
@@ -196,8 +199,10 @@ class _Rank:
                                  release=source.release, synthetic=source.fill, on_report=self._on_report,
                                  staging=self.staging)
         source.allocated = self.coord.prepare
+        source.holding = self.coord.holding
         await self.coord.register()
         self._ready()
+        self._spawn_reconcile()
         try:
             await self.coord.run(self.stop)
         finally:
@@ -214,10 +219,23 @@ class _Rank:
     async def _decode(self) -> None:
         self.work = DecodeRequests(self.spec, self.pools, self.alloc, self.info, staging=self.staging)
         self._ready()
+        self._spawn_reconcile()
         try:
             await self.stop.wait()
         finally:
             await self.work.close()
+
+    def _spawn_reconcile(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._reconcile_loop())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _reconcile_loop(self) -> None:
+        """Held items against running requests, every ``RECONCILE_S`` (``_Items.reconcile``)."""
+        while not self.stop.is_set():
+            await asyncio.sleep(RECONCILE_S)
+            if self.work is not None:
+                self.work.reconcile()
 
     def stats(self) -> pipe.RankStats:
         st = self.work.stats(self.coord.in_flight) if isinstance(self.work, SyntheticSource) else self.work.stats()

@@ -21,7 +21,7 @@ from typing import Any
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.readiness_problems import Problem
 
-__all__ = ["CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify"]
+__all__ = ["CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify", "pools_held"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,22 @@ def busy(failure: FailureReason | None, cause: FailureReason | None = None) -> b
     """A transfer that failed for room on either side (pools full of other requests): it says nothing
     about the path, so it is no verdict either way (a canary then waits for its next round)."""
     return FailureReason.BUSY in (failure, cause)
+
+
+def pools_held(held_by: list[dict[str, int]], free: list[dict[str, int]], need: dict[str, int],
+               active: int) -> str:
+    """The ``PoolsHeld`` fact from every rank's accounting (``RankStats.held_by``, ``free``): some rank lacks
+    the items of one request (``need``, per index kind) while nothing runs on the pod (``active`` requests
+    admitted, and no rank holds a running one). '' when there is room or work runs."""
+    running = sum(h.get("running", 0) for h in held_by)
+    short = sorted({k for f in free for k, n in need.items() if k in f and f[k] < n})
+    if not short or active or running:
+        return ""
+    fencing = sum(h.get("fencing", 0) for h in held_by)
+    orphaned = sum(h.get("orphaned", 0) for h in held_by)
+    return (f"pools full with no request running: no free {', '.join(short)} for one request; {fencing} "
+            f"requests held while their writes are fenced, {orphaned} held by no request (given back after the "
+            "rank's grace)")
 
 
 _PROBLEMS: MappingProxyType[tuple[FailureReason | None, FailureReason | None], Problem] = MappingProxyType({
@@ -110,6 +126,8 @@ class Readiness:
     """A group leader's members that went away (``server.group.GroupRanks.lost``)."""
     group_waiting: str = ""
     """A group leader's members not joined yet, in a sentence; '' when complete (or no group)."""
+    pools_held: str = ""
+    """Why the pools have no room with nothing running, in a sentence; '' when they have room or run work."""
 
     # ------------------------------------------------------------------ facts
 
@@ -168,6 +186,8 @@ class Readiness:
         if self.failed_in_row >= self.failures_not_ready:
             return Verdict(False, Problem.FAILING, f"{self.failed_in_row} transfers failed in a row, the last: "
                            f"{self.last_failure}")
+        if self.pools_held:
+            return Verdict(False, Problem.POOLS_HELD, self.pools_held)
         return self._decode() if self.role == "decode" else self._prefill()
 
     def _decode(self) -> Verdict:

@@ -54,6 +54,8 @@ class Room:
     bytes: int
     created: float
     claimed: float | None = None
+    source: str = ""
+    """The address the body came from (a router): unclaimed rooms are bounded per source."""
     claimant: str = ""
     """The decode instance that claimed it (its every rank may claim; another decode may not)."""
     request_id: str = ""
@@ -68,9 +70,11 @@ class Room:
 class RoomTable:
     """The rooms of one prefill pod (pure; the pod server owns one)."""
 
-    def __init__(self, *, max_rooms: int, max_bytes: int, ttl_s: float,
+    def __init__(self, *, max_rooms: int, max_bytes: int, ttl_s: float, max_per_source: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_rooms, self.max_bytes, self.ttl_s, self._clock = max_rooms, max_bytes, ttl_s, clock
+        self.max_per_source = max_per_source if max_per_source is not None else max(1, max_rooms // 2)
+        """Unclaimed rooms one source may hold: a caller alone cannot take every room (two routers each half)."""
         self.rooms: dict[int, Room] = {}
         self.expired = 0
         """Rooms no decode claimed in time (the ``pdfleet_rooms_expired_total`` metric)."""
@@ -79,8 +83,9 @@ class RoomTable:
     def held_bytes(self) -> int:
         return sum(r.bytes for r in self.rooms.values() if not r.done)
 
-    def hold(self, room: int, seed: int, tokens: int, nbytes: int) -> Room:
-        """Hold a room for its decode; ``RoomError`` when it is held already or the bounds are reached."""
+    def hold(self, room: int, seed: int, tokens: int, nbytes: int, source: str = "") -> Room:
+        """Hold a room for its decode; ``RoomError`` when it is held already or the bounds are reached (the
+        pod's rooms and bytes, and the unclaimed rooms of ``source``)."""
         self.expire()
         if room in self.rooms:
             raise RoomError(f"bootstrap_room {room} is already held on this prefill pod: send a new room",
@@ -91,7 +96,11 @@ class RoomTable:
         if self.held_bytes + nbytes > self.max_bytes:
             raise RoomError(f"holding {nbytes} more bytes would exceed this pod's {self.max_bytes} bytes of pools "
                             f"({self.held_bytes} held): retry later", code="busy", status=503)
-        r = self.rooms[room] = Room(room, seed, tokens, nbytes, self._clock())
+        mine = sum(1 for r in live if r.source == source and r.claimed is None)
+        if mine >= self.max_per_source:
+            raise RoomError(f"{mine} rooms sent from {source or 'this source'} wait for their decode (the limit per "
+                            "source): retry later", code="busy", status=503)
+        r = self.rooms[room] = Room(room, seed, tokens, nbytes, self._clock(), source=source)
         return r
 
     def claim(self, room: int, instance: str = "", request_id: str = "") -> Room:

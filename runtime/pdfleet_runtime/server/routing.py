@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.discovery import Endpoint, ResolveError, Resolver
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.seeded import request_seed
 
@@ -27,12 +27,15 @@ from .metrics import ServerMetrics
 from .pipe import TransferOp, TransferResult
 from .readiness import CanaryResult, Problem, Readiness, busy, classify
 
-__all__ = ["NOT_THE_PATH", "RequestRouter", "SyntheticResult", "canary_result"]
+__all__ = ["CALLER_FAULT", "NOT_THE_PATH", "RequestRouter", "SyntheticResult", "canary_result"]
 
 log = logging.getLogger("pdfleet_runtime.server")
 
 NOT_THE_PATH = frozenset({FailureReason.BUSY, FailureReason.NO_PEER, FailureReason.DRAINING})
 """Failures that say nothing about a transfer path: no metric failure, no readiness fact, HTTP 503."""
+CALLER_FAULT = frozenset({FailureReason.CONFLICT})
+"""The caller's mistake (a request id in use or used moments ago): refused before anything was allocated,
+no metric failure, no readiness fact, HTTP 409."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,21 @@ class RequestRouter:
         self.active = 0
         """Requests admitted and not answered (the decode pod's in-flight count)."""
         self._rr = itertools.count()
+        self._resolved_at = 0.0
+
+    async def known(self, ep: Endpoint, resolver: Resolver) -> bool:
+        """Whether ``ep`` is a prefill pod discovery names: the last answer, else discovery asked again now (a
+        pod the router found before this pod's last round), at most once a second."""
+        if ep in self.endpoints:
+            return True
+        now = time.monotonic()
+        if now - self._resolved_at >= 1.0:
+            self._resolved_at = now
+            try:
+                self.found(await asyncio.to_thread(resolver.resolve))
+            except ResolveError:
+                return False
+        return ep in self.endpoints
 
     def found(self, endpoints: list[Endpoint]) -> None:
         """Discovery's answer: forget shunned pods it no longer names."""
@@ -90,9 +108,10 @@ class RequestRouter:
         self.shunned &= {str(e) for e in endpoints}
 
     async def run(self, kind: str, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                            verify: bool = True, endpoint: Endpoint | None = None) -> SyntheticResult:
+                  verify: bool = True, endpoint: Endpoint | None = None, own_budget: bool = True) -> SyntheticResult:
         """One request through every rank of this decode pod; tries the next prefill pod (up to 3) when one
-        refused it as draining or was unreachable before anything accepted it."""
+        refused it as draining or was unreachable before anything accepted it. ``own_budget`` False (a caller's
+        shorter ``timeout_s``): its failures are no readiness fact and shun no prefill pod."""
         self.active += 1
         t0 = time.perf_counter()
         try:
@@ -106,7 +125,7 @@ class RequestRouter:
                 # (gone: DNS still names a deleted pod for a while) and nothing accepted it.
                 if problem is not Problem.PEER_DRAINING and not (problem is Problem.UNREACHABLE and res.released):
                     break
-                if kind == "request":  # requests try it last from now on, until a canary passes there again
+                if kind == "request" and own_budget:  # tried last from now on, until a canary passes there again
                     self.shunned.add(str(ep))
                     self._recheck.set()
                 if problem is Problem.PEER_DRAINING:
@@ -117,7 +136,7 @@ class RequestRouter:
         seconds = time.perf_counter() - t0
         res = SyntheticResult(res.request_id, res.ok, res.failure, res.reason, res.bytes, res.write_s, seconds,
                               res.mismatched, res.prefill, cause=res.cause, mismatched_buffers=res.mismatched_buffers)
-        self._account(kind, res, tokens)
+        self._account(kind, res, tokens, own_budget=own_budget)
         return res
 
     async def pull(self, ep: Endpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
@@ -138,13 +157,16 @@ class RequestRouter:
         self._account("request", res, tokens)
         return res
 
-    def _account(self, kind: str, res: SyntheticResult, tokens: int) -> None:
+    def _account(self, kind: str, res: SyntheticResult, tokens: int, *, own_budget: bool = True) -> None:
+        """Metrics, and (requests) the readiness fact. ``own_budget`` False: the caller chose a shorter budget
+        than the pod's, so a failure may be the caller's deadline, not the path: no readiness fact."""
         seconds, request_id = res.seconds, res.request_id
-        if res.failure not in NOT_THE_PATH or res.ok:
+        said = res.failure not in NOT_THE_PATH and res.failure not in CALLER_FAULT
+        if said or res.ok:
             self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure)
         if res.mismatched > 0:
             self.metrics.mismatched.inc(res.mismatched)
-        if kind == "request" and res.failure not in NOT_THE_PATH:
+        if kind == "request" and said and (res.ok or own_budget):
             self.readiness.record_transfer(res.ok, res.reason)
             if not res.ok:
                 self._recheck.set()

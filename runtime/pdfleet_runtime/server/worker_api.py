@@ -38,6 +38,7 @@ __all__ = [
     "WorkerRequest",
     "completion",
     "error_body",
+    "load_json",
     "parse_request",
     "prefill_answer",
     "prompt_tokens_of_text",
@@ -146,12 +147,40 @@ def _chat_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_request(endpoint: Endpoint, raw: bytes) -> WorkerRequest:
-    """A request body, checked; ``ApiError`` (400) naming the field and the fix otherwise."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (a chat body needs fewer than ten)."""
+
+
+def load_json(raw: bytes) -> Any:
+    """A body as JSON, or ``ApiError`` 400: not UTF-8, not JSON, nested deeper than ``MAX_JSON_DEPTH``, or a
+    string holding a lone surrogate (``"\\ud800"``: JSON escapes it, but no UTF-8 text can carry it)."""
     try:
         data = json.loads(raw or b"{}")
+    except RecursionError:
+        raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the body is not JSON: {e}", code="invalid_json") from e
+    stack: list[tuple[Any, int]] = [([data], 0)]  # the body's own value at depth 1
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list) and depth > MAX_JSON_DEPTH:
+            raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for item in items:
+            if isinstance(item, str):
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    raise ApiError(400, f"the body holds a string with a lone surrogate ({item[:40]!r}): send "
+                                   "valid Unicode text", code="invalid_json") from None
+            elif isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+    return data
+
+
+def parse_request(endpoint: Endpoint, raw: bytes) -> WorkerRequest:
+    """A request body, checked; ``ApiError`` (400) naming the field and the fix otherwise."""
+    data = load_json(raw)
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     try:

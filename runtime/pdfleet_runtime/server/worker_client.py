@@ -22,8 +22,9 @@ from .worker_api import Endpoint, completion, parse_request
 __all__ = ["chat_body", "check_openai", "verify_chat_answer"]
 
 
-def _post(url: str, body: dict[str, Any], timeout_s: float) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict[str, Any], timeout_s: float, key: str | None = None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return r.status, json.loads(r.read())
@@ -61,16 +62,17 @@ def verify_chat_answer(body: dict[str, Any], answer: dict[str, Any]) -> str | No
 
 
 def check_openai(prefill_url: str, decode_url: str, bootstrap: str, i: int, *, max_tokens: int = 16,
-                 timeout_s: float = 60.0) -> dict[str, Any]:
-    """Request ``i`` through the pair; ``ok`` and, when not, ``problem``."""
+                 timeout_s: float = 60.0, key: str | None = None) -> dict[str, Any]:
+    """Request ``i`` through the pair; ``ok`` and, when not, ``problem``. ``key``: the deployment's worker key
+    (the pods' worker API wants it; local runs without ``workerKeyPath`` do not)."""
     host, _, port = bootstrap.rpartition(":")
     body = {"prompt": f"pdfleet synthetic request {i}", "max_tokens": max_tokens, "bootstrap_host": host,
             "bootstrap_port": int(port), "bootstrap_room": random.getrandbits(63)}
     path = Endpoint.COMPLETIONS.value
     out: dict[str, tuple[int, Any]] = {}
-    t = threading.Thread(target=lambda: out.update(p=_post(prefill_url.rstrip("/") + path, body, timeout_s)))
+    t = threading.Thread(target=lambda: out.update(p=_post(prefill_url.rstrip("/") + path, body, timeout_s, key)))
     t.start()
-    dcode, dec = _post(decode_url.rstrip("/") + path, body, timeout_s)
+    dcode, dec = _post(decode_url.rstrip("/") + path, body, timeout_s, key)
     t.join(timeout_s + 5)
     pcode, pre = out.get("p", (0, {}))
     res: dict[str, Any] = {"room": body["bootstrap_room"], "ok": False, "decodeStatus": dcode,

@@ -24,13 +24,34 @@ def secrets_created(actions: list) -> list[str]:
 
 def test_a_secret_deleted_while_pods_run_is_not_made_again_with_a_new_key() -> None:
     pods = _running()
-    assert secrets_created(plan(OWNER, base_spec(), Snapshot(pods=pods, secret_exists=False))) == []
+    assert secrets_created(plan(OWNER, base_spec(), Snapshot(pods=pods, secret_exists=False,
+                                                             worker_secret_exists=True))) == []
 
 
 def test_with_no_pod_running_a_missing_secret_is_made() -> None:
-    assert secrets_created(plan(OWNER, base_spec(), Snapshot())) == ["demo-transfer-auth"]
+    assert secrets_created(plan(OWNER, base_spec(), Snapshot())) == ["demo-transfer-auth", "demo-worker-auth"]
     gone = tuple(dataclasses.replace(p, deleting=True) for p in _running())
-    assert secrets_created(plan(OWNER, base_spec(), Snapshot(pods=gone))) == ["demo-transfer-auth"]
+    assert secrets_created(plan(OWNER, base_spec(), Snapshot(pods=gone, worker_secret_exists=True))) == [
+        "demo-transfer-auth"]
+
+
+def test_the_worker_key_is_made_whenever_missing_as_text_and_mounted_into_every_runtime_pod() -> None:
+    """Issue 39: the worker API wants the deployment's worker key. A deployment from before it gets one on its
+    first pass, pods running or not (the new revision's pods mount it; the old ones never read it)."""
+    import base64
+
+    from pdfleet_operator.resources.names import worker_secret_name
+
+    [create] = [a for a in plan(OWNER, base_spec(), Snapshot(pods=_running(), secret_exists=True))
+                if a.kind is ActionKind.CREATE and a.object_kind == "Secret"]
+    assert create.name == worker_secret_name("demo") == "demo-worker-auth"
+    key = base64.b64decode(create.body["data"]["key"])
+    assert len(key) >= 32 and key.decode("ascii").isprintable()  # a bearer token: text
+    for pod in pods_of(plan(OWNER, base_spec(), Snapshot())):
+        [vol] = [v for v in pod["spec"]["volumes"] if v["name"] == "worker-auth"]
+        assert vol["secret"]["secretName"] == "demo-worker-auth"
+        [mount] = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "worker-auth"]
+        assert mount == {"name": "worker-auth", "mountPath": "/var/run/pdfleet/worker-auth", "readOnly": True}
 
 
 def test_the_deployment_reports_degraded_with_the_fix() -> None:

@@ -173,11 +173,13 @@ class World:
         self.drains: list[str] = []  # pods whose drain was started
         self.secret = self.router_secret = False
         self.group_secrets: set[Role] = set()
+        self.worker_secret = False
 
     def snapshot(self) -> Snapshot:
         observed = (observed_pod(b, OWNER.uid) for b in self.pods.values())
         return Snapshot(pods=tuple(sorted((p for p in observed if p), key=lambda p: p.name)),
-                        secret_exists=self.secret, group_secrets=frozenset(self.group_secrets))
+                        secret_exists=self.secret, group_secrets=frozenset(self.group_secrets),
+                        worker_secret_exists=self.worker_secret)
 
     def apply(self, actions, now: float) -> None:
         gone = []
@@ -185,6 +187,8 @@ class World:
             if a.object_kind == "Secret" and a.kind is ActionKind.CREATE:
                 if a.name == "g-transfer-auth":
                     self.secret = True
+                elif a.name == "g-worker-auth":
+                    self.worker_secret = True
                 else:
                     self.group_secrets.add(Role(a.name.split("-")[1]))
             if a.object_kind != "Pod":
@@ -233,7 +237,7 @@ def test_a_fresh_group_is_created_together_with_its_key_and_counted_once() -> No
     created = [a.name for a in actions if a.kind is ActionKind.CREATE and a.object_kind == "Pod"]
     assert len(created) == 1 + 2 * 2  # one prefill pod, two decode groups of two
     secrets = {a.name for a in actions if a.object_kind == "Secret"}
-    assert secrets == {"g-transfer-auth", "g-decode-group-auth"}
+    assert secrets == {"g-transfer-auth", "g-decode-group-auth", "g-worker-auth"}
     w.apply(actions, 0.0)
     (_, member) = sorted(w.decode_groups()[next(iter(sorted(w.decode_groups())))])
     w.tick(ready=set(w.pods) - {member})  # one member not yet joined: its group is not ready

@@ -116,11 +116,12 @@ def test_second_pass_is_idempotent() -> None:
     first = plan(OWNER, spec, Snapshot())
     created = [observed_pod({**p, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}, "uid-1")
                for p in pods_of(first)]
-    second = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True))
+    second = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True, worker_secret_exists=True))
     assert [a.kind for a in second] == [ActionKind.APPLY] * len(desired_children(OWNER, spec)) + [ActionKind.CREATE] * 2
     assert {a.object_kind for a in second if a.kind is ActionKind.CREATE} == {"ControllerRevision"}
     stored = {(r, role_revision(spec, r)): spec for r in Role}
-    third = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True, revisions=stored))
+    third = plan(OWNER, spec, Snapshot(pods=tuple(created), secret_exists=True, revisions=stored,
+                                       worker_secret_exists=True))
     assert [a.kind for a in third] == [ActionKind.APPLY] * len(desired_children(OWNER, spec))
 
 

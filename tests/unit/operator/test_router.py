@@ -16,9 +16,17 @@ import yaml
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children, plan
-from pdfleet_operator.resources.names import router_name, router_secret_name
+from pdfleet_operator.resources.names import router_name, router_secret_name, worker_secret_name
 from pdfleet_operator.resources.pods import runtime_pod
-from pdfleet_operator.resources.router import CONTROL_PLANE_KEY, KEYS_ENV, LABEL_ROUTER, router_command
+from pdfleet_operator.resources.router import (
+    CONTROL_PLANE_KEY,
+    FRONT_CONTAINER,
+    LABEL_ROUTER,
+    ROUTER_CONTAINER,
+    front_command,
+    router_command,
+    upstream_port,
+)
 from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.config import HTTP_PORT
@@ -71,8 +79,9 @@ def test_no_router_renders_no_router_objects_and_no_endpoint() -> None:
 def test_router_command_discovers_only_routable_pods_of_its_deployment() -> None:
     spec = _spec(_doc(router={**ROUTER, "prefillPolicy": "round_robin", "decodePolicy": "power_of_two",
                               "port": 31000, "metricsPort": 31001}))
-    cmd = router_command("demo", "ns", spec)
-    assert cmd[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    full = router_command("demo", "ns", spec)
+    assert full[:2] == ["pdfleet-runtime", "router-launch"]
+    cmd = full[full.index("--") + 1:]  # sglang_router.launch_router's own arguments
     assert "--pd-disaggregation" in cmd and "--service-discovery" in cmd
     assert _flag(cmd, "--service-discovery-namespace") == ["ns"]
     assert _flag(cmd, "--service-discovery-port") == [str(HTTP_PORT)]
@@ -83,9 +92,18 @@ def test_router_command_discovers_only_routable_pods_of_its_deployment() -> None
         labels = runtime_pod("demo", "ns", spec, role, "r" * 10, 0)["metadata"]["labels"]
         assert all(labels[k] == v for k, v in (kv.split("=") for kv in _flag(cmd, flag)))
     assert _flag(cmd, "--prefill-policy") == ["round_robin"] and _flag(cmd, "--decode-policy") == ["power_of_two"]
-    assert _flag(cmd, "--port") == ["31000"] and _flag(cmd, "--prometheus-port") == ["31001"]
-    # The key is never in the pod spec: the kubelet expands it from the Secret-backed env.
-    assert _flag(cmd, "--control-plane-api-keys") == [f"$({KEYS_ENV})"]
+    # The router listens on the pod's loopback; the front takes the router port; metrics on their own port.
+    assert _flag(cmd, "--host") == ["127.0.0.1"] and _flag(cmd, "--port") == [str(upstream_port(spec.router))]
+    assert upstream_port(spec.router) not in (31000, 31001)
+    assert _flag(cmd, "--prometheus-port") == ["31001"]
+    # No key on a command line (issue 39): the launcher reads both from the mounted Secrets.
+    assert not {"--api-key", "--control-plane-api-keys"} & set(full)
+    assert _flag(full, "--api-key-file") == ["/var/run/pdfleet/worker-auth/key"]
+    assert _flag(full, "--control-plane-keys-file") == [f"/var/run/pdfleet/router-keys/{CONTROL_PLANE_KEY}"]
+    front = front_command("demo", spec)
+    assert _flag(front, "--listen") == ["0.0.0.0:31000"]
+    assert _flag(front, "--upstream") == [f"http://127.0.0.1:{upstream_port(spec.router)}"]
+    assert _flag(front, "--served-model") == ["demo"]  # spec.model.servedName unset: the deployment's name
 
 
 def test_sglang_workers_are_reached_on_the_engine_port() -> None:
@@ -112,10 +130,15 @@ def test_router_objects_are_owned_least_privilege_and_wired_together() -> None:
     # Router pods do not carry the deployment label: that would admit them to the engines' data ports.
     assert "pdfleet.io/deployment" not in pod["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
-    [container] = pod["spec"]["containers"]
-    [env] = container["env"]
-    assert env["name"] == KEYS_ENV
-    assert env["valueFrom"]["secretKeyRef"] == {"name": router_secret_name("demo"), "key": CONTROL_PLANE_KEY}
+    router, front = pod["spec"]["containers"]
+    assert (router["name"], front["name"]) == (ROUTER_CONTAINER, FRONT_CONTAINER)
+    assert "env" not in router and "env" not in front  # keys come from files, not the environment
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pod["spec"]["volumes"]}
+    assert volumes == {"worker-auth": worker_secret_name("demo"), "router-keys": router_secret_name("demo")}
+    assert {m["name"] for m in router["volumeMounts"]} == {"worker-auth", "router-keys"}
+    assert {m["name"] for m in front["volumeMounts"]} == {"worker-auth"}  # the front never holds the admin key
+    assert all(m["readOnly"] for c in (router, front) for m in c["volumeMounts"])
+    assert [p["containerPort"] for p in front["ports"]] == [30000] and front["readinessProbe"]["httpGet"]["port"] == "http"
     svc = _by_kind(objs, "Service", name)
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["port"] == 30000
@@ -134,7 +157,7 @@ def test_router_secret_is_created_once_with_an_admin_key() -> None:
     assert create.kind is ActionKind.CREATE
     kid, name, role, key = base64.b64decode(create.body["data"][CONTROL_PLANE_KEY]).decode().split(":")
     assert role == "admin" and len(key) >= 32 and kid and name
-    again = plan(OWNER, spec, Snapshot(secret_exists=True, router_secret_exists=True))
+    again = plan(OWNER, spec, Snapshot(secret_exists=True, router_secret_exists=True, worker_secret_exists=True))
     assert not [a for a in again if a.object_kind == "Secret"]
 
 

@@ -155,3 +155,35 @@ def test_per_peer_cap_idle_deadline_and_body_deadline() -> None:
             await server.stop()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_unsigned_oversized_and_chunked_posts_are_refused_before_the_body() -> None:
+    """Issue 39 held, kept as a regression test: the bootstrap refuses an unsigned post (401), an oversized one
+    (413, its body never read: the answer comes while the body is still unsent) and a chunked one (400)."""
+    async def main() -> list[tuple[bytes, float]]:
+        server = BootstrapServer(BootstrapState(ParallelShape(1, 1)), Codec(SECRET, "pod"))
+        ep = await server.start()
+        out = []
+        try:
+            for head in (
+                f"POST {MESSAGES_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 17\r\n\r\n",  # no signature at all: 17 bytes follow
+                f"POST {MESSAGES_PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {5 << 20}\r\n"
+                f"X-Pdfleet-Signature: {'0' * 64}\r\n\r\n",  # 5 MiB declared, none sent
+                f"POST {MESSAGES_PATH} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                f"X-Pdfleet-Signature: {'0' * 64}\r\n\r\n",
+            ):
+                reader, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+                writer.write(head.encode() + (b'{"type": "hello"}' if "Length: 17" in head else b""))
+                await writer.drain()
+                t0 = time.monotonic()
+                status = (await asyncio.wait_for(reader.readline(), 5)).split()[1]
+                out.append((status, time.monotonic() - t0))
+                writer.close()
+        finally:
+            await server.stop()
+        return out
+
+    got = asyncio.run(main())
+    assert [s for s, _ in got] == [b"401", b"413", b"400"], got
+    assert all(t < 1.0 for _, t in got), got

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from pdfleet_runtime.protocol.auth import Codec, ProtocolError
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.group import (
     GroupCall,
+    GroupClosed,
     GroupEvent,
     GroupJoin,
     GroupLink,
@@ -36,7 +38,7 @@ from pdfleet_runtime.protocol.keys import Keyring
 from pdfleet_runtime.protocol.messages import Recipient, Refusal, RefusalCode
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.group import GroupRanks, config_digest, dump, load
+from pdfleet_runtime.server.group import GroupRanks, GroupSettings, config_digest, dump, load
 from pdfleet_runtime.server.launcher import RankCallError, RankLauncher
 from pdfleet_runtime.server.pipe import RankReady, RankStats, StatsOp, TransferResult, Transport
 from tests.server.harness import config
@@ -218,3 +220,44 @@ def test_the_bootstrap_takes_rank_only_messages_from_loopback_or_a_joined_member
     assert server.rank_peer("127.0.0.1") and not server.rank_peer("10.0.0.7")
     server.rank_peers = lambda: {"10.0.0.7"}
     assert server.rank_peer("10.0.0.7") and not server.rank_peer("10.0.0.8")
+
+
+def test_a_member_joins_during_a_connection_flood(tmp_path: Path) -> None:
+    """Issue 39 held (a regression test): a member still joined during a 3,136-connection flood of the group
+    port. 1,500 connections that never finish a frame are opened at once and kept: past ``max_joining`` they
+    are closed at accept, the rest are dropped at the join deadline, and a member that keeps trying (as
+    ``server.member`` does) is welcomed by then; the flood costs no memory beyond those few connections."""
+    cfg = _group_config(tmp_path)
+
+    async def body() -> None:
+        settings = GroupSettings(join_s=3.0)
+        ranks = GroupRanks(RankLauncher([]), cfg, group_codec(Keyring(GROUP_KEY), "dec"), host="127.0.0.1", port=0,
+                           instance="dec", rank_key=RANK_KEY, settings=settings)
+        await ranks.start()
+        assert ranks._server is not None
+        port = ranks._server.sockets[0].getsockname()[1]
+        flood: list[asyncio.StreamWriter] = []
+        for i in range(1500):
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            if i % 2:
+                w.write(b"\x00\x00")  # half a length prefix, never the rest
+            flood.append(w)
+        good = GroupJoin(member=1, role="decode", ranks=1, config_digest=config_digest(cfg), wire="1.0")
+        t0 = time.monotonic()
+        while True:
+            try:
+                link, opened = await asyncio.wait_for(_member(port, good), 5)
+                break
+            except (GroupClosed, OSError, TimeoutError):
+                assert time.monotonic() - t0 < settings.join_s + 5
+                await asyncio.sleep(0.2)
+        took = time.monotonic() - t0
+        assert isinstance(opened.body, GroupWelcome), opened.body
+        assert took < settings.join_s + 5, took
+        assert ranks.refused >= 1500 - settings.max_joining  # closed at accept, never read
+        link.close()
+        for w in flood:
+            w.close()
+        await ranks.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 60))

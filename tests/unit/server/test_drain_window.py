@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from pdfleet_runtime.server.app import PodServer
 from pdfleet_runtime.server.drain import Drain, DrainPhase, WindowEnd
@@ -81,14 +82,16 @@ def test_a_cancel_admits_again_inside_and_after_the_window() -> None:
 
 
 class _Caller:
-    """What ``_health`` reads of a request: the caller's address."""
+    """What ``_health`` reads of a request: the caller's address and its headers (the worker key)."""
 
-    def __init__(self, remote: str) -> None:
+    def __init__(self, remote: str, key: str | None = None) -> None:
         self.remote = remote
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _counted_server(leave_s: float, grace_s: float) -> PodServer:
-    cfg = config("decode").model_copy(update={"router_drop_seconds": leave_s, "router_health_failures": 2})
+def _counted_server(leave_s: float, grace_s: float, key_file: Path | None = None) -> PodServer:
+    cfg = config("decode").model_copy(update={"router_drop_seconds": leave_s, "router_health_failures": 2,
+                                              "worker_key_path": key_file})
     server = PodServer(ServeOptions(config=cfg, pod_name="d-0", pod_namespace="ns"))
     server.drain.grace_s = grace_s
     return server
@@ -130,6 +133,31 @@ def test_admission_stops_once_every_router_failed_its_checks_then_the_grace() ->
     assert isinstance(window, tuple) and window[1] is WindowEnd.ROUTERS and window[0] < 1.5, out
     assert out["phase"] is DrainPhase.DRAINED
     assert 'pdfleet_drain_window_seconds_count{ended="routers"} 1.0' in out["metric"], out  # type: ignore[operator]
+
+
+def test_with_a_worker_key_only_callers_holding_it_count_as_routers(tmp_path: Path) -> None:
+    """Issue 39: ``/health`` stays open (sglang-router's first probe carries no key), so anyone may ask it; a
+    caller without the key must not be waited for as a router (it would hold the window to the bound)."""
+    key = "router-key-" + "r" * 30
+    (tmp_path / "key").write_text(key)
+    server = _counted_server(leave_s=5.0, grace_s=0.1, key_file=tmp_path / "key")
+    router, stranger = _Caller("10.64.0.7", key), _Caller("10.64.0.99")
+
+    async def scenario() -> tuple[list[str], float]:
+        for r in (router, stranger):
+            await server.worker._health(r)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        server.start_drain()
+        waited = sorted(server.router_checks.pending())
+        for _ in range(2):
+            await server.worker._health(router)  # type: ignore[arg-type]
+        while server.drain.admitting and time.monotonic() - t0 < 6:
+            await asyncio.sleep(0.01)
+        server.drain.close()
+        return waited, time.monotonic() - t0
+
+    waited, stopped = asyncio.run(scenario())
+    assert waited == ["10.64.0.7"] and stopped < 1.5, (waited, stopped)
 
 
 def test_a_router_that_stops_checking_leaves_the_bound_to_end_the_window() -> None:

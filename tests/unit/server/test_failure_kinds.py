@@ -36,7 +36,13 @@ from pdfleet_runtime.server.options import FaultOptions
 from pdfleet_runtime.server.pipe import RankSpec, TransferOp, TransferResult
 from pdfleet_runtime.server.rank_requests import DecodeRequests, SyntheticSource
 from pdfleet_runtime.server.readiness import Problem, Readiness
-from pdfleet_runtime.server.routing import NOT_THE_PATH, RequestRouter, SyntheticResult, canary_result
+from pdfleet_runtime.server.routing import (
+    CALLER_FAULT,
+    NOT_THE_PATH,
+    RequestRouter,
+    SyntheticResult,
+    canary_result,
+)
 from tests.server.harness import config
 
 SECRET = b"failure-kinds-secret-0123456789ab"
@@ -98,6 +104,7 @@ class Pod:
     endpoint: Endpoint
     reports: list[StatusReport]
     stop: asyncio.Event
+    work: DecodeRequests
 
 
 def _closed_port() -> int:
@@ -145,7 +152,7 @@ def run(setup: Setup, body: Callable[[Pod], Awaitable[None]]) -> None:
         await prefill.register()
         loop = asyncio.create_task(prefill.run(stop)) if setup.poll else None
         try:
-            await asyncio.wait_for(body(Pod(server, prefill, router, readiness, target, reports, stop)), 60)
+            await asyncio.wait_for(body(Pod(server, prefill, router, readiness, target, reports, stop, work)), 60)
         finally:
             stop.set()
             if loop is not None:
@@ -169,7 +176,7 @@ async def canary(pod: Pod, rid: str, setup: Setup) -> tuple[SyntheticResult, Pro
 
 def status(res: SyntheticResult) -> int:
     """The HTTP status ``POST /v1/synthetic`` answers for it (``server/app.py``)."""
-    return 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 502
+    return 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 409 if res.failure in CALLER_FAULT else 502
 
 
 # (setup, failure the pod answers, its cause, HTTP status, readiness problem or None for no verdict)
@@ -267,10 +274,32 @@ def test_no_peer_and_a_conflicting_request_id() -> None:
                                              pod.router.run("request", TOKENS, "r-same", 0, 5.0))
         assert sorted([first.ok, second.ok]) == [False, True], (first, second)
         clash = second if first.ok else first
-        assert clash.failure is F.CONFLICT and status(clash) == 502
-        assert pod.readiness.last_failure == clash.reason  # a failed transfer of this pod: it counts
+        assert clash.failure is F.CONFLICT and status(clash) == 409
+        assert pod.readiness.failed_in_row == 0 and not pod.readiness.last_failure  # the caller's mistake
+        assert pod.work.held == {}  # the clash allocated nothing, the success gave its items back
 
     run(setup, body)
+
+
+def test_a_request_id_sent_again_after_it_ended_is_refused_and_holds_nothing() -> None:
+    """Issue 39's High finding: a repeated room after its request ended failed with IllegalTransition after
+    the rank took its items, which nothing gave back (8 of 8 slots held, the pod still Ready)."""
+    async def body(pod: Pod) -> None:
+        pod.router.found([pod.endpoint])
+        free = pod.work.free()
+        for i in range(4):
+            first = await pod.router.run("request", TOKENS, f"room-{i}", 0, 5.0)
+            assert first.ok, first
+            again = await pod.router.run("request", TOKENS, f"room-{i}", 0, 5.0)
+            assert again.failure is F.CONFLICT and status(again) == 409, again
+            assert "send a new id" in again.reason
+        assert pod.work.held == {} and pod.work.free() == free  # every item back: nothing leaked
+        assert pod.work.held_by() == {"running": 0, "fencing": 0, "orphaned": 0}
+        assert pod.readiness.failed_in_row == 0
+        ok = await pod.router.run("request", TOKENS, "room-new", 0, 5.0)  # the rank still serves
+        assert ok.ok, ok
+
+    run(Setup(), body)
 
 
 def test_every_failure_kind_has_a_case_here() -> None:

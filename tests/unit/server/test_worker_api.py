@@ -21,7 +21,7 @@ class Clock:
 
 def test_rooms_are_bounded_expire_and_claim_once() -> None:
     clock = Clock()
-    t = RoomTable(max_rooms=2, max_bytes=100, ttl_s=5, clock=clock)
+    t = RoomTable(max_rooms=2, max_bytes=100, ttl_s=5, max_per_source=2, clock=clock)
     t.hold(1, 11, 4, 40)
     with pytest.raises(RoomError) as e:
         t.hold(1, 11, 4, 40)
@@ -49,6 +49,25 @@ def test_rooms_are_bounded_expire_and_claim_once() -> None:
     t.drop(2)
     assert t.held_bytes == 40
     assert room_of("room-7.2") == 7 and room_of("room-7") == 7 and room_of("canary-x") is None
+
+
+def test_one_source_holds_at_most_half_the_rooms_unclaimed() -> None:
+    """Issue 39: 80 direct posts with new rooms took every room of a prefill for 30 s. One caller now waits
+    with at most half the rooms unclaimed (two routers each half), and unclaimed rooms expire in ttl_s."""
+    clock = Clock()
+    t = RoomTable(max_rooms=8, max_bytes=1 << 20, ttl_s=10, clock=clock)
+    assert t.max_per_source == 4
+    for room in range(4):
+        t.hold(room, 1, 4, 10, "10.0.0.9")
+    with pytest.raises(RoomError) as e:
+        t.hold(4, 1, 4, 10, "10.0.0.9")
+    assert e.value.code == "busy" and "10.0.0.9" in str(e.value) and e.value.status == 503
+    t.hold(5, 1, 4, 10, "10.0.0.7")  # another source (a router) still gets rooms
+    t.claim(0, "dec", "room-0")
+    t.hold(6, 1, 4, 10, "10.0.0.9")  # a claimed room no longer counts against its source
+    clock.t = 10.5
+    assert t.expire() == 5  # the unclaimed ones (1, 2, 3, 5, 6) go after ttl_s; the claimed one stays
+    assert sorted(r for r, x in t.rooms.items() if not x.done) == [0]
 
 
 def test_the_documented_derivations() -> None:
@@ -79,3 +98,24 @@ def test_bad_bodies_name_the_field(endpoint: Endpoint, body: dict[str, object], 
     with pytest.raises(ApiError) as e:
         parse_request(endpoint, json.dumps(body).encode())
     assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": NaN}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": Infinity}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1e400}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 9223372036854775808}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "max_tokens": NaN}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "max_tokens": -1}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "bootstrap_port": 70000}',
+    b'{"messages": [{"role": "user", "content": "x"}], "bootstrap_room": 1, "max_tokens": 1e9}',
+    b'{"messages": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+    b'{"messages": [{"role": "user", "content": "\\ud800"}], "bootstrap_room": 1}',
+    b'"\\udfff"',
+])
+def test_numbers_out_of_range_deep_nesting_and_lone_surrogates_are_400(raw: bytes) -> None:
+    """Issue 39: NaN, inf and out-of-range numbers were refused (held: kept as a regression test); deeply nested
+    JSON and a lone surrogate gave 500 and are now 400 naming the problem."""
+    with pytest.raises(ApiError) as e:
+        parse_request(Endpoint.CHAT, raw)
+    assert e.value.status == 400, e.value.message

@@ -1,0 +1,16 @@
+"""The router pod: sglang-router launched with its keys from files (``launch``) behind pdfleet's front (``proxy``).
+
+A router pod runs two containers of the router image (pdfleet-runtime and sglang-router==0.3.2):
+
+- ``router``: ``pdfleet-runtime router-launch`` starts sglang-router in this process with its worker
+  key (``--api-key``: sent to every worker as ``Authorization: Bearer``) and its control-plane keys
+  read from the mounted Secrets, never from a command line or the environment; it listens on the
+  pod's loopback only;
+- ``front``: ``pdfleet-runtime router-front`` listens on the router port for clients: per-source and
+  total connection caps, header and body deadlines, a body size limit, only the serving routes, and
+  a request naming a model other than the one served refused (404) before the router sees it, so
+  no client-chosen value becomes a label of the router's metrics. It adds the worker key to what it
+  forwards (sglang-router with ``--api-key`` wants it from its clients too), so clients need none.
+
+Reading order: ``launch``, then ``proxy``. Neither imports torch or an engine.
+"""
