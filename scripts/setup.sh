@@ -43,7 +43,7 @@ if [ ! -f "$venv/.complete" ]; then
   say "creating $venv (torch is a large wheel: the first install takes minutes, pip's cache serves later ones)"
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --progress-bar off -e "$repo[dev,torch,engines,router]"
+  "$venv/bin/pip" install -q --progress-bar off -e "$repo[dev,torch,engines,router,model]"
   touch "$venv/.complete"
 fi
 # The clone may have moved: re-point the editable install (seconds).
