@@ -221,25 +221,29 @@ def _value(lay: Layout, field: str) -> object:
     return obj.value if hasattr(obj, "value") else obj
 
 
-def layout_for_model(config: Mapping[str, Any], preset: str | None = None, *,
+def layout_for_model(config: Mapping[str, Any], declared: str | Layout | None = None, *,
                      page_size: int | None = None) -> Layout:
-    """The layout to serve ``config`` with: the preset when one is named (after checking that it describes
-    exactly the config's state), else the layout derived from the config (``page_size`` or the default).
+    """The layout to serve ``config`` with: the declared one (a preset name, or a layout given in full, as a
+    runtime config's ``layout`` names it) after checking that it describes exactly the config's state, else
+    the layout derived from the config (``page_size`` or the default).
 
-    Raises ``ModelConfigError`` naming the first field where the preset and the config disagree, and
+    Raises ``ModelConfigError`` naming the first field where the declared layout and the config disagree, and
     ``UnknownPresetError`` for a preset that does not exist.
     """
-    if preset is None:
+    if declared is None:
         return layout_from_config(config, page_size=page_size or DEFAULT_PAGE_SIZE)
-    if preset not in PRESETS:
-        raise UnknownPresetError(preset, PRESETS)
-    named = PRESETS[preset]
+    if isinstance(declared, str):
+        if declared not in PRESETS:
+            raise UnknownPresetError(declared, PRESETS)
+        named, what = PRESETS[declared], f"layout preset {declared!r}"
+    else:
+        named, what = declared, "the inline layout"
     derived = layout_from_config(config, page_size=named.page_size)
     for field, config_field in _FIELDS:
         want, got = _value(named, field), _value(derived, field)
         if want != got:
             raise ModelConfigError(
-                f"layout preset {preset!r} disagrees with config.json at {field}: the preset says {want!r}, "
-                f"config.json ({config_field}) implies {got!r}; name no preset (the layout then comes from "
-                "config.json) or one that matches the model", field)
+                f"{what} disagrees with config.json at {field}: the layout says {want!r}, config.json "
+                f"({config_field}) implies {got!r}; name no preset (the layout then comes from config.json) or one "
+                "that matches the model", field)
     return named

@@ -1,4 +1,4 @@
-"""What moves between rank processes of the reference engine besides the engines' bytes (pure: numpy only).
+"""What moves between rank processes of the reference engine besides the engines' bytes (pure: pydantic only).
 
 ``RankShare``: one decode rank's share of a request, exactly as its pools hold it (the request's items of
 every buffer, as raw bytes), sent over the rank pipe to the rank that gathers the shares and computes the
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-import numpy as np
+from pydantic import Base64Bytes
 
 __all__ = ["MAX_PROMPT_TOKENS", "ModelFault", "RankShare"]
 
@@ -38,12 +38,13 @@ class ModelFault(StrEnum):
 @dataclass(frozen=True)
 class RankShare:
     """One rank's items of one request: per buffer of ``layouts.rank_buffers`` (in its order), the request's
-    items as ``uint8 [items, item_bytes]``, read from the rank's own pools."""
+    items back to back (``items x item_bytes`` bytes), read from the rank's own pools. Plain bytes, so the
+    rank pipe pickles it and the group channel carries it as base64 (a replica across pods)."""
 
     tp_rank: int
     pp_rank: int
-    buffers: tuple[np.ndarray, ...]
+    buffers: tuple[Base64Bytes, ...]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in self.buffers)
+        return sum(len(b) for b in self.buffers)

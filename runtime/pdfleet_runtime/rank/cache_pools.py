@@ -234,15 +234,15 @@ def read_share(pools: RankPools, idx: RequestIndices) -> RankShare:
     for i, rec in enumerate(pools.records):
         items = torch.from_numpy(np.array(idx.of(rec.spec.index), dtype=np.int64))
         view = pools.byte_view(i)
-        out.append(view.index_select(0, items.to(view.device)).cpu().numpy())
+        out.append(view.index_select(0, items.to(view.device)).cpu().numpy().tobytes())
     return RankShare(pools.tp_rank, pools.pp_rank, tuple(out))
 
 
-def _typed(raw: np.ndarray, spec: BufferSpec, device: torch.device | str) -> torch.Tensor:
-    if raw.ndim != 2 or raw.shape[1] != spec.item_bytes:
-        raise ShareError(f"{spec.describe()}: share of shape {raw.shape}, items of {spec.item_bytes} bytes expected")
-    t = torch.from_numpy(np.ascontiguousarray(raw)).to(device)
-    return t.view(torch_dtype(spec.dtype)).view(raw.shape[0], *spec.item_shape)
+def _typed(raw: bytes, spec: BufferSpec, device: torch.device | str) -> torch.Tensor:
+    if not raw or len(raw) % spec.item_bytes:
+        raise ShareError(f"{spec.describe()}: a share of {len(raw)} bytes is not whole items of {spec.item_bytes}")
+    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    return t.view(torch_dtype(spec.dtype)).view(len(raw) // spec.item_bytes, *spec.item_shape)
 
 
 class _Slots:

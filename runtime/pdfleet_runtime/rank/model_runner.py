@@ -15,6 +15,7 @@ in the config's dtype.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,14 +103,16 @@ def load_model(model_dir: Path, *, init_seed: int = 0, init_range: float | None 
 class ModelRunner:
     """One model, one device, greedy, batch 1: what a reference-engine rank computes."""
 
-    def __init__(self, model_dir: Path, *, preset: str | None = None, page_size: int | None = None,
+    def __init__(self, model_dir: Path, *, declared: str | Layout | None = None, page_size: int | None = None,
                  init_seed: int = 0, init_range: float | None = None,
                  max_weight_bytes: int = DEFAULT_MAX_WEIGHT_BYTES, device: str = "cpu") -> None:
         self.model_dir = Path(model_dir)
         self.model, self.raw_config = load_model(self.model_dir, init_seed=init_seed, init_range=init_range,
                                                  max_weight_bytes=max_weight_bytes, device=device)
-        self.layout: Layout = layout_for_model(self.raw_config, preset, page_size=page_size)
+        self.layout: Layout = layout_for_model(self.raw_config, declared, page_size=page_size)
         self.device = device
+        self.lock = threading.Lock()
+        """Held by a rank process around each forward (requests arrive on worker threads)."""
         self.vocab_size = int(self.model.config.vocab_size)
 
     def _ids(self, ids: list[int] | tuple[int, ...]) -> torch.Tensor:

@@ -44,7 +44,7 @@ __all__ = ["case_name", "compare_case", "load_runner", "prompts_from_seed", "run
 def load_runner(cfg: ModelParityConfig) -> ModelRunner:
     """The model as every side computes it (one torch thread: 2 threads on 2 cores ran 8x slower)."""
     torch.set_num_threads(1)
-    return ModelRunner(cfg.model_dir, preset=cfg.preset, page_size=cfg.page_size, init_seed=cfg.init_seed,
+    return ModelRunner(cfg.model_dir, declared=cfg.preset, page_size=cfg.page_size, init_seed=cfg.init_seed,
                        init_range=cfg.init_range, device=cfg.device)
 
 

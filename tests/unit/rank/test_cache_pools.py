@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pdfleet_runtime.layouts import AttentionKind, DType, LayerSet, Layout, LinearAttentionConfig, MLAConfig  # noqa: E402
+from pdfleet_runtime.model.state import RankShare  # noqa: E402
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator  # noqa: E402
 from pdfleet_runtime.rank.cache_pools import ModelState, ShareError, gather_state, read_share, write_share  # noqa: E402
 from pdfleet_runtime.records import ParallelShape as S  # noqa: E402
@@ -84,7 +85,8 @@ def test_replicas_that_differ_and_missing_ranks_are_errors() -> None:
     for p in pools:
         write_share(p, random_state(MLA, 7), idx)
     shares = [read_share(p, idx) for p in pools]
-    shares[1].buffers[0][0, 0] ^= 0xFF
+    flipped = bytes([shares[1].buffers[0][0] ^ 0xFF]) + shares[1].buffers[0][1:]
+    shares[1] = RankShare(1, 0, (flipped, *shares[1].buffers[1:]))
     with pytest.raises(ShareError, match="different copies"):
         gather_state(MLA, S(2), shares, 7)
     with pytest.raises(ShareError, match="missing"):
