@@ -12,25 +12,43 @@ model (``RuntimeConfig.model``: the ranks load it, refusing a layout that disagr
 3. decode rank 0 gets every share (``GenerateOp``), rebuilds the state and continues greedily;
 4. the tokens and logits are compared with transformers' own ``generate`` in this process.
 
-Faults (``ModelFault``) reach both pods' ranks as ``FaultOptions.model``.
+Faults (``ModelFault``) reach both pods' ranks as ``FaultOptions.model``. With ``group_nodes`` (``--nodes 1,N``) the
+decode replica spans N pods: this process leads it (``server.group.GroupRanks`` around its own rank processes,
+as the leader pod's process holds it) and each other pod is a ``server.member.MemberServer``, as ``serve`` runs a
+member, joined over the signed group channel; shares and ``GenerateOp`` cross it like every other rank call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from pdfleet_runtime.config import ModelSourceConfig, Role, RuntimeConfig
+from pdfleet_runtime.config import (
+    GROUP_PORT,
+    GroupConfig,
+    ModelSourceConfig,
+    Role,
+    RuntimeConfig,
+    StagingConfig,
+)
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.model.hf_config import config_dtype, family
 from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.group import group_codec
+from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.rank.model_runner import Generation, ModelRunner
 from pdfleet_runtime.seeded import request_seed
-from pdfleet_runtime.server.options import FaultOptions
+from pdfleet_runtime.server.group import GroupRanks
+from pdfleet_runtime.server.launcher import RankLauncher
+from pdfleet_runtime.server.local import free_offset
+from pdfleet_runtime.server.member import MemberServer
+from pdfleet_runtime.server.options import FaultOptions, ServeOptions
 from pdfleet_runtime.server.pipe import Generated, GenerateOp, RankSpec, TransferOp, TransferResult
 
 from .cases import CaseSpec, GroupSpec
@@ -45,16 +63,77 @@ __all__ = ["ModelPods", "run_model_parity_engine"]
 class ModelPods(CasePods):
     """The two pods of a token-parity run: every rank computes ``model`` (and carries ``fault``)."""
 
-    def __init__(self, spec: GroupSpec, case: CaseSpec, cfg: ModelParityConfig, runner: ModelRunner) -> None:
-        self.model_cfg, self.runner = cfg, runner
+    ready_timeout_s = 600.0
+    """Each rank also imports transformers and builds the model (about 4 CPU-seconds more per rank on CPU)."""
+
+    def __init__(self, spec: GroupSpec, case: CaseSpec, cfg: ModelParityConfig, runner: ModelRunner,
+                 workdir: Path | None = None) -> None:
+        self.model_cfg, self.runner, self.workdir = cfg, runner, workdir
+        self.members: list[ServeOptions] = []
+        self._member_runs: list[asyncio.Task[int]] = []
         super().__init__(spec, case, open_pod=True)
+        nodes = cfg.group_nodes[1]
+        if nodes > 1:  # the decode replica over ``nodes`` pods: this process leads, the others are members
+            dcfg = self.config(Role.DECODE)
+            assert dcfg.group is not None and workdir is not None
+            instance = self.decode.specs[0].instance
+            port = free_offset() + GROUP_PORT
+            local = RankLauncher(self.decode.specs[: dcfg.local_world])
+            keys = mounted_keys(dcfg.group.secret_path, load_secret(dcfg.group.secret_path))
+            self.decode = GroupRanks(local, dcfg, group_codec(keys, instance), host="127.0.0.1", port=port,
+                                     instance=instance)  # type: ignore[assignment]
+            self.members = [ServeOptions(
+                config=dcfg, bind_host="127.0.0.1", port_offset=free_offset(), pod_name=f"{instance}-m{m}",
+                group_member=m, group_leader_address=("127.0.0.1", port), gate=False, log_level="WARNING",
+                request_timeout_s=spec.request_timeout_s, write_timeout_s=spec.write_timeout_s,
+                fence_timeout_s=spec.write_timeout_s + 1.0, faults=FaultOptions(model=cfg.fault))
+                for m in range(1, nodes)]
 
     def config(self, role: Role) -> RuntimeConfig:
         cfg = self.model_cfg
         layout = LayoutRef(preset=cfg.preset) if cfg.preset else LayoutRef(inline=self.runner.layout)
         model = ModelSourceConfig(path=Path(cfg.model_dir).resolve(), init_seed=cfg.init_seed,
                                   init_range=cfg.init_range)
-        return super().config(role).model_copy(update={"layout": layout, "model": model})
+        update: dict[str, object] = {"layout": layout, "model": model}
+        if self.spec.device != "cpu":  # every request takes the staged GPU path (docs/gpu.md), however small
+            update["staging"] = StagingConfig(threshold_bytes=0)
+        nodes = cfg.group_nodes[0 if role is Role.PREFILL else 1]
+        if nodes > 1:
+            assert self.workdir is not None
+            secret, key = self.workdir / "secret", self.workdir / "group-key"
+            secret.write_bytes(self.spec.secret)
+            key.write_bytes(b"group-key-of-the-parity-run-" + self.spec.secret[:16])
+            update["secret_path"] = secret
+            update["group"] = GroupConfig(nodes=nodes, service="parity-group", secret_path=key)
+        return super().config(role).model_copy(update=update)
+
+    async def __aenter__(self) -> ModelPods:
+        self._member_runs = [asyncio.create_task(MemberServer(o).run()) for o in self.members]
+        try:
+            await super().__aenter__()
+            deadline = time.monotonic() + self.ready_timeout_s
+            while self.decode.up < self.spec.decode.world:  # every member joined, its ranks up
+                dead = [t for t in self._member_runs if t.done()]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"decode group members did not join: {self.decode.up} of "
+                                       f"{self.spec.decode.world} ranks up" + (f", a member exited {dead[0].result()}"
+                                                                             if dead else ""))
+                await asyncio.sleep(0.2)
+        except BaseException:
+            await self._stop_members()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await super().__aexit__(*exc)  # the leader closes its members' links: they exit
+        finally:
+            await self._stop_members()
+
+    async def _stop_members(self) -> None:
+        if self._member_runs:
+            await self.decode.stop(10.0)
+            await asyncio.wait(self._member_runs, timeout=30.0)
 
     def _specs(self, role: Role, instance: str, bootstrap: Endpoint | None = None,
                faults: FaultOptions | None = None) -> list[RankSpec]:
@@ -69,7 +148,7 @@ class ModelPods(CasePods):
         results = [_of(TransferResult, r) for r in await asyncio.gather(*(
             self.decode.call(i, TransferOp(name, ep.host, ep.port, len(prompt), request_seed(name), timeout_s,
                                            prompt=prompt), timeout_s=timeout_s + CALL_MARGIN_S)
-            for i in range(len(self.decode.handles))))]
+            for i in range(self.spec.decode.world)))]
         moved = time.perf_counter() - t0
         failed = [r for r in results if not r.ok]
         if failed:
@@ -104,22 +183,30 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
     if rejection is not None:
         result.rejection = rejection
         return result
+    if cfg.group_nodes[0] > 1:
+        raise ValueError("a prefill replica over several pods is not run by the token-parity harness yet: "
+                         "spread the decode replica (--nodes 1,N)")
+    if cfg.decode.world % cfg.group_nodes[1]:
+        raise ValueError(f"--nodes: {cfg.group_nodes[1]} decode pods do not divide the decode's {cfg.decode.world} "
+                         "ranks")
     spec = GroupSpec(cfg.backend, cfg.prefill, cfg.decode,
                      (CaseSpec("model", len(cfg.prompts), sum(len(p) for p in cfg.prompts), cfg.seed),),
+                     secret=secrets.token_hex(32).encode(),  # printable: members read it from a file
                      device="cpu" if cfg.device == "cpu" else "cuda", protocol=LinkProtocol(cfg.protocol))
     aggregate = [runner.generate(p, cfg.max_new_tokens) for p in cfg.prompts]
     bound = cfg.bound(dtype)
 
-    async def main() -> list[ModelCase]:
+    async def main(workdir: Path) -> list[ModelCase]:
         t0 = time.perf_counter()
-        async with ModelPods(spec, spec.cases[0], cfg, runner) as pods:
+        async with ModelPods(spec, spec.cases[0], cfg, runner, workdir) as pods:
             result.seconds["start"] = time.perf_counter() - t0
             return list(await asyncio.gather(*(
                 _case(pods, case_name(i, p), p, agg, cfg.max_new_tokens, bound, spec.request_timeout_s)
                 for i, (p, agg) in enumerate(zip(cfg.prompts, aggregate, strict=True)))))
 
     t0 = time.perf_counter()
-    result.cases = asyncio.run(main())
+    with tempfile.TemporaryDirectory(prefix="pdfleet-parity-") as workdir:
+        result.cases = asyncio.run(main(Path(workdir)))
     result.seconds["run"] = time.perf_counter() - t0
     result.ok = bool(result.cases) and all(c.ok for c in result.cases)
     return result
