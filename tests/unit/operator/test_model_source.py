@@ -59,3 +59,11 @@ def test_a_hub_source_is_refused_for_the_builtin_runtime() -> None:
     assert rule.check({**copy.deepcopy(BASE), "engine": {"kind": "sglang"},
                        "model": {"layout": {"preset": "llama-dense"}, "source": hub}})
     assert rule.check(copy.deepcopy(BASE))
+
+
+def test_the_model_survives_the_configmap(tmp_path) -> None:
+    from pdfleet_runtime.config import load_config
+
+    cfg = runtime_config("tiny", "ns", spec(source={"path": "/models/tiny", "volume": VOLUME}), Role.PREFILL)
+    (tmp_path / "runtime.yaml").write_text(cfg.to_yaml())
+    assert load_config(tmp_path / "runtime.yaml").model == cfg.model
