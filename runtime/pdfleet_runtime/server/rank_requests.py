@@ -86,7 +86,10 @@ class SyntheticSource(_Items):
         self.allocated: Callable[[str, RequestIndices], None] | None = None
         """Called with a request's items before its state is made (the staged path cuts its plans then)."""
 
-    async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
+    async def fill(self, request_id: str, fill: SyntheticFill | PromptFill) -> RequestIndices:
+        if not isinstance(fill, SyntheticFill):
+            raise SyntheticError(FailureReason.REFUSED, "a prompt request needs a prefill pod that computes a model "
+                                 "(runtime config model); this one fills seeded state")
         try:
             idx = self.take(request_id, fill.tokens)
         except PoolExhausted as e:
