@@ -30,9 +30,13 @@ device=cuda; [ ${#small[@]} -gt 0 ] && device=cpu
 } 2>&1 | quiet
 model=$(python3 scripts/gpu/reference_model.py "$OUT/qwen3-next-real-dims" --layers "$layers" "${small[@]}")
 rc=0
-# TP 1 -> 1, and the largest pairing one GPU holds with every rank computing the full model: 4 -> 4
-# (GDN 16 key heads and 2 KV heads: TP 4 replicates each KV head on two ranks), and 4 -> 2.
-for pair in "tp=1 tp=1" "tp=4 tp=4" "tp=4 tp=2"; do
+# TP 1 -> 1, and the largest pairing one H200 host holds with every rank computing the full model (~2 GB of
+# weights each, one CPU thread each: 16 rank processes for 8 -> 8 on the host's 16 cores): 8 -> 8 (GDN 16 key
+# heads; 2 KV heads, so TP 8 replicates each on four ranks), and 8 -> 2 across TP sizes. PAIRS overrides.
+default="tp=1,tp=1 tp=8,tp=8 tp=8,tp=2"; [ ${#small[@]} -gt 0 ] && default="tp=1,tp=1 tp=4,tp=2"
+pairs=${PAIRS:-$default}
+for pair in $pairs; do
+  pair=${pair/,/ }
   set -- $pair
   name="reference-$engine-${1#tp=}-${2#tp=}"
   python3 -m pdfleet_runtime parity --model "$model" --prefill "$1" --decode "$2" --backend "$engine" \
