@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pdfleet_runtime import __version__
 from pdfleet_runtime.source import describe
+from pdfleet_runtime.model.state import ModelFault
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED = 0, 1, 2
 
@@ -37,13 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"pdfleet-runtime {describe(__version__)}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    par = sub.add_parser("parity", help="check byte-exact prefill -> decode parity in one process")
-    par.add_argument("--layout", required=True, help="a preset name (see docs/layouts.md)")
+    par = sub.add_parser("parity", help="check prefill -> decode parity: bytes (--layout) or tokens (--model)")
+    what = par.add_mutually_exclusive_group(required=True)
+    what.add_argument("--layout", help="a preset name (see docs/layouts.md): byte parity of seeded state")
+    what.add_argument("--model", type=Path, help="a local model directory (config.json, safetensors): token parity "
+                      "against transformers' own greedy generate (docs/reference-engine.md)")
     par.add_argument("--prefill", required=True, help="prefill shape, e.g. tp=4,pp=2")
     par.add_argument("--decode", required=True, help="decode shape, e.g. tp=2,pp=1")
-    par.add_argument("--requests", type=int, default=8, help="requests in flight (default 8)")
-    par.add_argument("--tokens", type=int, default=4096,
-                     help="tokens of all requests together; the pool capacity (default 4096)")
+    par.add_argument("--requests", type=int, default=None,
+                     help="requests in flight (default 8); with --model and no prompt: prompts drawn from --seed "
+                     "(default 2)")
+    par.add_argument("--tokens", type=int, default=None,
+                     help="tokens of all requests together; the pool capacity (default 4096; --model: 64)")
     par.add_argument("--seed", type=int, default=7, help="seed of state, lengths and allocation (default 7)")
     par.add_argument("--backend", default="local", choices=("local", "mooncake", "nixl", "mori"),
                      help="local: in-process copies, Mooncake's matrix column (default); mooncake, nixl: one "
@@ -53,6 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
                      "processes over the host's GPUs (prefill rank r on GPU r %% n, decode rank r on (r+1) %% n)")
     par.add_argument("--protocol", default=None, choices=("tcp", "nvlink", "rdma", "shm"),
                      help="spec.transfer.protocol of mooncake/nixl (default tcp on cpu, nvlink on cuda)")
+    mdl = par.add_argument_group("token parity (--model)")
+    mdl.add_argument("--prompt-ids", action="append", default=[], metavar="IDS",
+                     help="a prompt as comma-separated token ids, e.g. 5,17,99 (repeat for more cases)")
+    mdl.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                     help="a text prompt, tokenized by the model directory's tokenizer (repeat for more cases)")
+    mdl.add_argument("--max-new-tokens", type=int, default=16,
+                     help="tokens each case generates, exactly (end-of-sequence does not stop it; default 16)")
+    mdl.add_argument("--preset", default=None, help="a layout preset that must agree with config.json")
+    mdl.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default: the preset's, or 16)")
+    mdl.add_argument("--init-seed", type=int, default=0, help="without weights: the seed they are drawn from")
+    mdl.add_argument("--init-range", type=float, default=None,
+                     help="without weights: their init range (default: config.json's initializer_range)")
+    mdl.add_argument("--fault", default=None, choices=[f.value for f in ModelFault],
+                     help="a negative control: make PD state wrong on purpose; parity must fail")
+    mdl.add_argument("--nodes", default=None, metavar="P,D",
+                     help="pods per replica, prefill,decode (engine backends; e.g. 1,2 spreads a decode replica "
+                     "over two pods)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
     _serve_parser(sub)
     _agent_parser(sub)
@@ -313,6 +336,8 @@ def _synthetic_one(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _parity(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return _model_parity(args)
     from pdfleet_runtime.layouts import LayoutError, resolve_layout
     from pdfleet_runtime.records import ParallelShape
 
@@ -323,12 +348,13 @@ def _parity(args: argparse.Namespace) -> int:
     try:
         cfg = ParityConfig(
             layout=resolve_layout(args.layout), prefill=ParallelShape.parse(args.prefill),
-            decode=ParallelShape.parse(args.decode), requests=args.requests, tokens=args.tokens,
+            decode=ParallelShape.parse(args.decode), requests=8 if args.requests is None else args.requests,
+            tokens=4096 if args.tokens is None else args.tokens,
             seed=args.seed, backend=args.backend, layout_name=args.layout, device=args.device,
             protocol=args.protocol or ("tcp" if args.device == "cpu" else "nvlink"),
         )
-        if args.requests < 1 or args.tokens < args.requests:
-            raise LayoutError(f"need --tokens >= --requests >= 1, got {args.tokens} and {args.requests}")
+        if cfg.requests < 1 or cfg.tokens < cfg.requests:
+            raise LayoutError(f"need --tokens >= --requests >= 1, got {cfg.tokens} and {cfg.requests}")
     except LayoutError as e:
         print(f"pdfleet-runtime parity: {e}", file=sys.stderr)
         return EXIT_REJECTED
@@ -348,6 +374,67 @@ def _parity(args: argparse.Namespace) -> int:
             print(f"  {state:16s} {n:>14d} bytes  {result.descriptors_by_state.get(state, 0):>8d} descriptors")
         if result.first_mismatch is not None:
             print(f"  first mismatch: {result.first_mismatch.describe()}")
+    if result.rejection is not None:
+        if args.json:
+            print(f"rejected by rule {result.rejection.rule}: {result.rejection.reason}", file=sys.stderr)
+        return EXIT_REJECTED
+    return EXIT_OK if result.ok else EXIT_MISMATCH
+
+
+def _prompt_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--prompt-ids {text!r}: expected comma-separated token ids, e.g. 5,17,99") from None
+    if not ids or any(i < 0 for i in ids):
+        raise ValueError(f"--prompt-ids {text!r}: expected non-negative token ids, at least one")
+    return ids
+
+
+def _model_parity(args: argparse.Namespace) -> int:
+    """``parity --model``: token parity (verify.model_parity), one JSON object with --json."""
+    from pdfleet_runtime.layouts import LayoutError
+    from pdfleet_runtime.records import ParallelShape
+
+    # Imported here: the harness imports torch and transformers, and ``serve``'s pod process must not.
+    from pdfleet_runtime.verify import model_parity
+    from pdfleet_runtime.verify.model_results import ModelParityConfig
+
+    try:
+        nodes = (1, 1) if args.nodes is None else tuple(int(x) for x in args.nodes.split(","))
+        if len(nodes) != 2 or min(nodes) < 1:
+            raise ValueError(f"--nodes {args.nodes!r}: expected P,D pods per replica, e.g. 1,2")
+        if nodes != (1, 1) and args.backend not in ("mooncake", "nixl"):
+            raise ValueError("--nodes spreads a replica over pods of rank processes: it needs --backend mooncake or nixl")
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+        prompts = [_prompt_ids(t) for t in args.prompt_ids]
+        if args.prompt:
+            from pdfleet_runtime.rank.model_runner import encode_text
+
+            prompts += [encode_text(args.model, t) for t in args.prompt]
+        cfg = ModelParityConfig(
+            args.model, tuple(prompts), args.max_new_tokens, ParallelShape.parse(args.prefill),
+            ParallelShape.parse(args.decode), args.backend, args.device,
+            args.protocol or ("tcp" if args.device == "cpu" else "nvlink"), args.seed, args.preset, args.page_size,
+            args.init_seed, args.init_range, ModelFault(args.fault) if args.fault else None, nodes)  # type: ignore[arg-type]
+        result = model_parity.run(cfg, requests=2 if args.requests is None else args.requests,
+                                  tokens=64 if args.tokens is None else args.tokens)
+    except (LayoutError, ValueError) as e:
+        print(f"pdfleet-runtime parity: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    if args.json:
+        print(json.dumps(result.as_json(cfg), sort_keys=True))
+    elif result.rejection is not None:
+        r = result.rejection
+        print(f"rejected by rule {r.rule}: {r.message}\n  reason: {r.reason}")
+    else:
+        verdict = "token parity" if result.ok else "MISMATCH"
+        print(f"{verdict}: {result.model_type} ({result.dtype}) {cfg.model_dir} prefill {cfg.prefill} -> decode "
+              f"{cfg.decode}, {cfg.backend}, {len(result.cases)} cases x {cfg.max_new_tokens} tokens"
+              + (f", fault {cfg.fault.value}" if cfg.fault else ""))
+        for c in result.cases:
+            print(f"  {c.describe()}; PD {list(c.tokens)}; {c.bytes_moved} bytes moved")
     if result.rejection is not None:
         if args.json:
             print(f"rejected by rule {result.rejection.rule}: {result.rejection.reason}", file=sys.stderr)

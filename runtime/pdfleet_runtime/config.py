@@ -37,6 +37,7 @@ __all__ = [
     "SERVED_NAME_PATTERN",
     "ConfigError",
     "GroupConfig",
+    "ModelSourceConfig",
     "Role",
     "RuntimeConfig",
     "StagingConfig",
@@ -106,6 +107,20 @@ class StagingConfig(_Model):
     on_cpu: bool = Field(False, description="Stage on host pools too (tests; CPU pools keep the direct write).")
 
 
+class ModelSourceConfig(_Model):
+    """The built-in runtime as a reference engine (docs/reference-engine.md): its rank processes compute this
+    model and move its real state. Unset, they fill seeded state (byte parity, canaries, benchmarks)."""
+
+    path: Path = Field(description="The model directory in the pod (Hugging Face layout: config.json, "
+                       "safetensors, optional tokenizer files); spec.model.source.path. Read with "
+                       "trust_remote_code off; nothing is fetched.")
+    init_seed: int = Field(0, ge=0, lt=2**63, description="Without weights in the directory: the seed the "
+                           "weights are drawn from.")
+    init_range: float | None = Field(None, gt=0, le=10, description="Without weights: their init range (the "
+                                     "config's initializer_range when unset).")
+    max_weight_gib: int = Field(64, ge=1, le=4096, description="The most safetensors the directory may hold.")
+
+
 class GroupConfig(_Model):
     """One replica across ``nodes`` pods (``nodesPerReplica``): member m holds the replica's ranks
     ``[m * world / nodes, (m + 1) * world / nodes)``. Member 0, the leader, serves HTTP and (prefill) the
@@ -170,6 +185,9 @@ class RuntimeConfig(_Model):
     staging: StagingConfig = Field(default_factory=StagingConfig, description="The staged GPU path.")
     group: GroupConfig | None = Field(
         None, description="Set when a replica spans several pods (nodesPerReplica > 1); unset: one pod per replica.")
+    model: ModelSourceConfig | None = Field(
+        None, description="Compute this model (the reference engine); unset: seeded state. The layout must agree "
+        "with its config.json (the ranks refuse to start otherwise, naming the field).")
     served_model_name: str | None = Field(
         None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN,
         description="The model name the worker API answers as (OpenAI ``model``, /v1/models); the deployment's "

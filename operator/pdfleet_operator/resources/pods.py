@@ -12,7 +12,7 @@ import copy
 
 from pdfleet_operator.api.constants import GROUP, Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RoleSpec
-from pdfleet_operator.resources.engine import with_sglang
+from pdfleet_operator.resources.engine import MODEL_VOLUME, with_sglang
 from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
     LABEL_GROUP,
@@ -202,6 +202,11 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
             {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         ],
     }
+    src = spec.model.source
+    builtin = spec.engine is None or spec.engine.kind is EngineKind.PDFLEET
+    if builtin and src is not None and src.path is not None and src.volume is not None:  # the reference engine's model
+        pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
+        container["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
     if spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True  # CUDA IPC between pods on one node needs a shared IPC namespace
     if rs.node_selector:

@@ -7,7 +7,7 @@ The operator writes the same model the runtime reads, so the file cannot drift f
 from __future__ import annotations
 
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
 from pdfleet_operator.resources.names import (
     SECRET_FILE,
     WORKER_SECRET_MOUNT,
@@ -17,7 +17,7 @@ from pdfleet_operator.resources.names import (
     service_name,
 )
 from pdfleet_operator.resources.router import HEALTH_FAILURES, ROUTER_DROP_BOUND_S
-from pdfleet_runtime.config import GROUP_PORT, GroupConfig, RuntimeConfig
+from pdfleet_runtime.config import GROUP_PORT, GroupConfig, ModelSourceConfig, RuntimeConfig
 from pdfleet_runtime.records import ParallelShape
 
 __all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "GROUP_SECRET_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "WORKER_SECRET_MOUNT",
@@ -55,7 +55,17 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         router_health_failures=HEALTH_FAILURES if spec.router is not None else 0,
         served_model_name=spec.model.served_name,  # unset: the runtime answers as the deployment's name
         group=_group(name, mine.parallelism.nodes_per_replica, role),
+        model=_model(spec),
     )
+
+
+def _model(spec: PDDeploymentSpec) -> ModelSourceConfig | None:
+    """The built-in runtime computes the model at spec.model.source.path (mounted by ``pods.runtime_pod``); no
+    source: seeded state. A Hub source is SGLang's only (admission: builtin-model-path)."""
+    src = spec.model.source
+    if src is None or src.path is None or (spec.engine is not None and spec.engine.kind is not EngineKind.PDFLEET):
+        return None
+    return ModelSourceConfig(path=src.path)
 
 
 def _group(name: str, nodes: int, role: Role) -> GroupConfig | None:

@@ -51,6 +51,7 @@ __all__ = [
     "PrefillPoll",
     "PrefillRegister",
     "PrefillWork",
+    "PromptFill",
     "RankKey",
     "RankModel",
     "Recipient",
@@ -323,6 +324,14 @@ class SyntheticFill(_Msg):
     tokens: int = Field(ge=1, le=1 << 22)
 
 
+class PromptFill(_Msg):
+    """A reference-engine request (docs/reference-engine.md): the prefill computes the prompt's forward, writes
+    the model's cache into its pools and carries the first generated token in its status."""
+
+    type: Literal["prompt"] = "prompt"
+    prompt: tuple[Annotated[int, Field(ge=0, lt=2**31)], ...] = Field(min_length=1, max_length=1 << 16)
+
+
 class TransferRequest(_Msg):
     """Per request: the decode rank's destination indices; every source rank it pairs with answers."""
 
@@ -332,8 +341,8 @@ class TransferRequest(_Msg):
     dst: RankKey
     indices: IndicesModel
     timeout_s: float = Field(gt=0, le=3600)
-    fill: SyntheticFill | None = None
-    """Set for synthetic requests only: there is no local scheduler, the prefill rank makes the state."""
+    fill: SyntheticFill | PromptFill | None = None
+    """Set for synthetic and prompt requests only: there is no local scheduler, the prefill rank makes the state."""
     lanes: tuple[Annotated[int, Field(ge=0, lt=64)], ...] = Field((), max_length=1024)
     """Staged path: the decode's staging lane of each of its sources, in their order; empty: direct writes."""
 
@@ -364,6 +373,9 @@ class StatusReport(_Msg):
     descriptors_by_state: dict[StateType, Count] = Field(default_factory=dict, max_length=16)
     plan_seconds: float = Field(0.0, ge=0)
     write_seconds: float = Field(0.0, ge=0)
+    first_token: int | None = Field(None, ge=0, lt=2**31)
+    """A prompt request (``PromptFill``): the first generated token, carried with the state as SGLang's prefill
+    carries it; None for seeded state (and for a prefill that lost it: the decode then fails the request)."""
     fenced: bool = False
     """No write of this source to this destination is in flight or will start: the decode may reuse the
     destination items. A Failed status sent while a write still runs is followed by the same status fenced."""

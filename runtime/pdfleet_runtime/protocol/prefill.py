@@ -21,7 +21,9 @@ decode reuse the destination items, so a late write can never land in pages give
 request. Every other status is fenced when sent.
 
 A synthetic request (``TransferRequest.fill``) has no local scheduler: the ``synthetic`` callback
-allocates and fills this rank's items, then the request proceeds as if ``add_request`` was called.
+allocates and fills this rank's items, then the request proceeds as if ``add_request`` was called. A prompt
+request (``PromptFill``, the reference engine) is filled the same way by computing the model; its first
+generated token (the ``first_token`` callback) rides on each successful status, as SGLang's prefill sends it.
 
 Staged path (``staged.py``): when the decode granted a lane to this source (``TransferRequest.lanes``)
 the leg goes through this rank's ``PrefillStaging`` (gather, one write per chunk, per-chunk signals),
@@ -63,6 +65,7 @@ from .messages import (
     PrefillPoll,
     PrefillRegister,
     PrefillWork,
+    PromptFill,
     RankKey,
     RankModel,
     StatusReport,
@@ -156,8 +159,9 @@ class PrefillRank:
                  client: BootstrapClient, *, settings: PrefillSettings | None = None,
                  release: Callable[[str], None] | None = None,
                  before_write: Callable[[str], Awaitable[None]] | None = None,
-                 synthetic: Callable[[str, SyntheticFill], Awaitable[RequestIndices]] | None = None,
+                 synthetic: Callable[[str, SyntheticFill | PromptFill], Awaitable[RequestIndices]] | None = None,
                  on_report: Callable[[StatusReport], None] | None = None,
+                 first_token: Callable[[str], int | None] | None = None,
                  staging: PrefillStaging | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registration, self.engine, self.client = registration, engine, client
@@ -166,6 +170,7 @@ class PrefillRank:
         self._engine_info = engine_info
         self._release, self._before_write = release, before_write
         self._synthetic, self._on_report = synthetic, on_report
+        self._first_token = first_token
         self.staging = staging
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._clock = clock
@@ -417,7 +422,7 @@ class PrefillRank:
             req.expected = frozenset((msg.instance, d) for d in self._targets_of(dec.registration.shape))
         self._progress(req)
 
-    async def _fill(self, req: _Request, fill: SyntheticFill) -> None:
+    async def _fill(self, req: _Request, fill: SyntheticFill | PromptFill) -> None:
         assert self._synthetic is not None
         try:
             idx = await self._synthetic(req.request_id, fill)
@@ -630,7 +635,9 @@ class PrefillRank:
             request_id=m.request_id, instance=m.instance, src=RankKey(tp=self.me[0], pp=self.me[1]), dst=m.dst,
             state=state, failure=failure, reason=reason, bytes=blocks.bytes if blocks is not None else 0,
             descriptors=blocks.descriptors if blocks is not None else 0, bytes_by_state=by_state,
-            descriptors_by_state=desc_by_state, plan_seconds=plan_s, write_seconds=write_s, fenced=not leg.writing)
+            descriptors_by_state=desc_by_state, plan_seconds=plan_s, write_seconds=write_s, fenced=not leg.writing,
+            first_token=self._first_token(m.request_id) if self._first_token and state is RequestState.SUCCESS
+            else None)
         self._outbox.append(leg.report)
         self._outbox_event.set()
         if self._on_report is not None:

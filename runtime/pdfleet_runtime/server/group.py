@@ -53,6 +53,8 @@ from .pipe import (
     ArenaCheck,
     ArenaCheckOp,
     CallFailed,
+    Generated,
+    GenerateOp,
     LegReport,
     RankOp,
     RankReady,
@@ -70,8 +72,8 @@ __all__ = ["OPS", "RESULTS", "GroupRanks", "GroupSettings", "config_digest", "du
 
 log = logging.getLogger("pdfleet_runtime.server.group")
 
-OPS: tuple[type, ...] = (TransferOp, StatsOp, SeededArenaOp, ArenaCheckOp, RequestStatesOp)
-RESULTS: tuple[type, ...] = (TransferResult, RankStats, ArenaCheck, RequestStates, CallFailed)
+OPS: tuple[type, ...] = (TransferOp, StatsOp, SeededArenaOp, ArenaCheckOp, RequestStatesOp, GenerateOp)
+RESULTS: tuple[type, ...] = (TransferResult, RankStats, ArenaCheck, RequestStates, CallFailed, Generated)
 EVENTS: tuple[type, ...] = (RankReady, LegReport)
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {t.__name__: TypeAdapter(t) for t in (*OPS, *RESULTS, *EVENTS)}
 

@@ -31,6 +31,7 @@ from types import MappingProxyType
 
 from pdfleet_runtime.config import GROUP_LEADER_ENV, GROUP_MEMBER_ENV, RuntimeConfig
 from pdfleet_runtime.links import LinkProtocol
+from pdfleet_runtime.model.state import ModelFault
 
 __all__ = [
     "CANARY_FLOORS_GBPS",
@@ -93,7 +94,8 @@ class FaultOptions:
     ``scatter_pages``: a seed: each request's pages are drawn at random, as in a long-running pod's
     fragmented pools (benchmarks: fresh pools hand out contiguous pages the planner coalesces);
     ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late:
-    the parity fault tests, which set it directly; no flag).
+    the parity fault tests, which set it directly; no flag);
+    ``model``: a reference-engine negative control (``model.state.ModelFault``; ``parity --model --fault``).
     """
 
     write_delay_s: float = 0.0
@@ -102,6 +104,7 @@ class FaultOptions:
     corrupt_sent: bool = False
     scatter_pages: int | None = None
     fill_delay_s: float = 0.0
+    model: ModelFault | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.model.state import RankShare
 from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 
@@ -31,6 +32,8 @@ __all__ = [
     "Call",
     "CallFailed",
     "Exit",
+    "GenerateOp",
+    "Generated",
     "LegReport",
     "Mismatch",
     "RankFailed",
@@ -105,6 +108,21 @@ class TransferOp:
     verify: bool = True
     wait_refused_s: float = 0.0
     """A room request: how long the rank sends a refused claim again, same id (the prefill may not hold it yet)."""
+    prompt: tuple[int, ...] = ()
+    """A reference-engine request (``tokens`` == its length): the prefill computes the model's state; the decode
+    answers its share of it (``TransferResult.share``) instead of checking seeded bytes."""
+
+
+@dataclass(frozen=True)
+class GenerateOp:
+    """Decode, reference engine: rebuild a request's state from every decode rank's share (each read from that
+    rank's own pools) and continue greedily from ``first_token`` for ``steps`` tokens; answers ``Generated``."""
+
+    request_id: str
+    length: int
+    first_token: int
+    steps: int
+    shares: tuple[RankShare, ...]
 
 
 @dataclass(frozen=True)
@@ -141,7 +159,7 @@ class RequestStatesOp:
     request_ids: tuple[str, ...]
 
 
-RankOp = TransferOp | StatsOp | SeededArenaOp | ArenaCheckOp | RequestStatesOp
+RankOp = TransferOp | StatsOp | SeededArenaOp | ArenaCheckOp | RequestStatesOp | GenerateOp
 
 
 @dataclass(frozen=True)
@@ -210,6 +228,8 @@ class TransferResult(RequestOutcome):
     """The buffers (``BufferSpec.describe``) whose bytes differ, when ``mismatched`` > 0."""
     reports: tuple[StatusReport, ...] = ()
     """The sources' status reports of a request that succeeded (parity sums their bytes and descriptors)."""
+    share: RankShare | None = None
+    """A prompt request that succeeded: this rank's items of it, read from its pools before they were freed."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +285,17 @@ class RequestStates:
     states: dict[str, RequestState]
 
 
-RankResult = TransferResult | RankStats | ArenaCheck | RequestStates | CallFailed
+@dataclass(frozen=True)
+class Generated:
+    """The answer to ``GenerateOp``: the decode's tokens and the logits of each step (``[steps][vocab]``, the
+    float32 values as Python floats: exact, and JSON for the group channel)."""
+
+    tokens: tuple[int, ...]
+    logits: tuple[tuple[float, ...], ...]
+    seconds: float
+
+
+RankResult = TransferResult | RankStats | ArenaCheck | RequestStates | CallFailed | Generated
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
 from pdfleet_runtime.protocol.keys import mounted_keys
-from pdfleet_runtime.protocol.messages import SyntheticFill
+from pdfleet_runtime.protocol.messages import PromptFill, SyntheticFill
 from pdfleet_runtime.protocol.prefill import SyntheticError
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
 from pdfleet_runtime.records import RequestIndices
@@ -135,7 +135,10 @@ class SyntheticSource(_Items):
     def running(self) -> set[str]:
         return set(self.held) if self.holding is None else self.holding()
 
-    async def fill(self, request_id: str, fill: SyntheticFill) -> RequestIndices:
+    async def fill(self, request_id: str, fill: SyntheticFill | PromptFill) -> RequestIndices:
+        if not isinstance(fill, SyntheticFill):
+            raise SyntheticError(FailureReason.REFUSED, "a prompt request needs a prefill pod that computes a model "
+                                 "(runtime config model); this one fills seeded state")
         try:
             idx = self.take(request_id, fill.tokens)
         except PoolExhausted as e:
@@ -230,11 +233,12 @@ class DecodeRequests(_Items):
                                   reason=f"decode pools are full: {e}")
         self.in_flight += 1
         self._running.add(request_id)
+        fill = PromptFill(prompt=op.prompt) if op.prompt else SyntheticFill(seed=seed, tokens=op.tokens)
         try:
             # From here the coordinator owns the items: it releases them (``release``) at once or after the
             # fence, on every path but a request it never took, whose items come back here.
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
-                request_id, idx, timeout_s=op.timeout_s, fill=SyntheticFill(seed=seed, tokens=op.tokens),
+                request_id, idx, timeout_s=op.timeout_s, fill=fill,
                 staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0,
                 wait_refused_s=op.wait_refused_s)
         except BaseException:
@@ -248,8 +252,13 @@ class DecodeRequests(_Items):
             self._free(request_id)
         moved = sum(r.bytes for r in out.reports)
         write_s = max((r.write_seconds for r in out.reports), default=0.0)
-        mismatched, bad_buffers = -1, ()
-        if out.state is RequestState.SUCCESS:
+        mismatched, bad_buffers, share = -1, (), None
+        if out.state is RequestState.SUCCESS and op.prompt:  # the model's state: its share goes to the gathering rank
+            from pdfleet_runtime.rank.cache_pools import read_share
+
+            share = await asyncio.to_thread(read_share, self.pools, idx)
+            self._done(request_id, seed)
+        elif out.state is RequestState.SUCCESS:
             if self.spec.faults.corrupt_received:
                 await asyncio.to_thread(corrupt_request, self.pools, idx)
             bad = await asyncio.to_thread(mismatched_buffers, self.pools, seed, idx) if op.verify else {}
@@ -265,7 +274,7 @@ class DecodeRequests(_Items):
         return TransferResult(request_id, out.state, out.failure, out.reason, moved, write_s, cause=out.cause,
                               seconds=out.seconds, mismatched=mismatched, released=request_id not in self.held,
                               mismatched_buffers=bad_buffers,
-                              reports=tuple(out.reports) if out.state is RequestState.SUCCESS else ())
+                              reports=tuple(out.reports) if out.state is RequestState.SUCCESS else (), share=share)
 
     def running(self) -> set[str]:
         return set(self._running)

@@ -4,8 +4,8 @@ Started by ``launcher`` with the ``spawn`` context (one per local GPU rank, as a
 process never imports torch or an engine; this one does. The messages on the pipe are the typed
 ones of ``pipe``; EOF (the pod process died) ends the rank at once.
 
-Decode ops: ``TransferOp`` (one synthetic request through this rank: ``rank_requests.DecodeRequests``)
-and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill rank makes a synthetic request's state when the
+Decode ops: ``TransferOp`` (one synthetic or prompt request through this rank: ``rank_requests.DecodeRequests``),
+``GenerateOp`` (reference engine: continue a request from every rank's share, ``rank_model``) and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill rank makes a synthetic request's state when the
 decode's ``TransferRequest`` asks for it (``rank_requests.SyntheticSource``). The parity harness
 drives these same processes, with ``SeededArenaOp`` (both roles), ``ArenaCheckOp`` (decode) and
 ``RequestStatesOp`` (prefill) besides.
@@ -28,6 +28,7 @@ from pdfleet_runtime.config import Role
 from pdfleet_runtime.engines import EngineConfig, TransferEngine, create_engine
 from pdfleet_runtime.engines import cuda as cuda_facts
 from pdfleet_runtime.layouts import resolve_layout
+from pdfleet_runtime.model.state import ModelFault
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
@@ -36,9 +37,11 @@ from pdfleet_runtime.protocol.keys import mounted_keys
 from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
+from pdfleet_runtime.rank.faults import UngroupedConvPools
 
 from . import pipe
 from .arena import SeededArena
+from .rank_model import ModelSource, generate, load_rank_model
 from .rank_requests import DecodeRequests, SyntheticSource
 from .staging_setup import staging_of
 
@@ -97,7 +100,9 @@ class _Rank:
                 initializer=cuda_facts.bind_thread, initargs=(self.device,)))
         self.layout = resolve_layout(cfg.layout)
         self.capacity = Capacity(cfg.max_concurrent_requests, cfg.kv_tokens)
-        self.pools = RankPools(self.layout, self.shape, spec.tp, spec.pp, self.capacity, self.device)
+        self.runner = await asyncio.to_thread(load_rank_model, cfg, self.layout, self.device)  # None: seeded state
+        pools = UngroupedConvPools if spec.faults.model is ModelFault.CONV_UNGROUPED else RankPools
+        self.pools = pools(self.layout, self.shape, spec.tp, spec.pp, self.capacity, self.device)
         self.alloc = RequestAllocator(self.layout, self.capacity, seed=spec.faults.scatter_pages)
         self.staging = staging_of(cfg, self.pools)
         self.engine = create_engine(EngineConfig(cfg.backend, cfg.protocol, host=spec.host,
@@ -164,6 +169,8 @@ class _Rank:
                 return await self._seed_arena(op)
             case pipe.ArenaCheckOp() if isinstance(work, DecodeRequests) and work.arena is not None:
                 return await asyncio.to_thread(work.arena.check)
+            case pipe.GenerateOp() if self.runner is not None and self.spec.config.role is Role.DECODE:
+                return await asyncio.to_thread(generate, self.runner, op, self.shape)
             case pipe.RequestStatesOp() if isinstance(work, SyntheticSource):
                 return pipe.RequestStates({rid: self.coord.outcome(rid) or RequestState.BOOTSTRAPPING
                                            for rid in op.request_ids})
@@ -187,9 +194,11 @@ class _Rank:
         engine = self.engine
         if spec.faults.write_delay_s > 0:
             engine = cast(TransferEngine, _DelayedWrites(engine, spec.faults.write_delay_s))
-        self.work = source = SyntheticSource(self.pools, self.alloc, corrupt=spec.faults.corrupt_sent,
-                                             fill_delay_s=spec.faults.fill_delay_s,
-                                             orphan_grace_s=2 * spec.write_timeout_s + 10.0)
+        kw = {"corrupt": spec.faults.corrupt_sent, "fill_delay_s": spec.faults.fill_delay_s,
+              "orphan_grace_s": 2 * spec.write_timeout_s + 10.0}
+        source = (ModelSource(self.pools, self.alloc, self.runner, fault=spec.faults.model, **kw)
+                  if self.runner is not None else SyntheticSource(self.pools, self.alloc, **kw))  # type: ignore[arg-type]
+        self.work = source
         client = BootstrapClient(Endpoint(*spec.bootstrap), Codec(mounted_keys(spec.config.secret_path, spec.secret),
                                                                   f"{spec.instance}-{spec.tp}-{spec.pp}",
                                                                   rank_key=spec.rank_key))
@@ -197,7 +206,8 @@ class _Rank:
         self.coord = PrefillRank(self.pools.registration(), engine, self.info, client,
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
                                  release=source.release, synthetic=source.fill, on_report=self._on_report,
-                                 staging=self.staging)
+                                 staging=self.staging,
+                                 first_token=source.first_token if isinstance(source, ModelSource) else None)
         source.allocated = self.coord.prepare
         source.holding = self.coord.holding
         await self.coord.register()

@@ -70,6 +70,9 @@ class CasePods:
     """The prefill and decode pods of one case: ``async with`` starts the decode pod (and, with ``open_pod``, a
     prefill pod beside it, both starting at once), ``open_pod`` a fresh prefill pod."""
 
+    ready_timeout_s = READY_TIMEOUT_S
+    """How long each pod's rank processes may take to start."""
+
     def __init__(self, spec: GroupSpec, case: CaseSpec, *, open_pod: bool = False) -> None:
         self.spec, self.case, self._open_at_start = spec, case, open_pod
         self.decode = RankLauncher(self._specs(Role.DECODE, f"parity-{os.getpid()}-{next(_pods)}-decode"))
@@ -84,7 +87,7 @@ class CasePods:
         t0 = time.monotonic()
         try:
             async with asyncio.TaskGroup() as starting:  # one failing cancels the other
-                starting.create_task(self.decode.start(READY_TIMEOUT_S))
+                starting.create_task(self.decode.start(self.ready_timeout_s))
                 if self._open_at_start:
                     starting.create_task(self.open_pod())
         except BaseException as e:
@@ -142,7 +145,7 @@ class CasePods:
         self.legs = [[] for _ in self.spec.prefill.coords()]
         self.prefill = RankLauncher(self._specs(Role.PREFILL, instance, self.endpoint, faults),
                                     on_report=lambda rank, leg: self.legs[rank].append(leg))
-        await self.prefill.start(READY_TIMEOUT_S)
+        await self.prefill.start(self.ready_timeout_s)
         return self.endpoint
 
     async def close_pod(self) -> None:
