@@ -37,6 +37,7 @@ from pdfleet_operator.api.constants import (
 )
 from pdfleet_operator.api.models import Condition, PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.apply import Outcome, Writer
+from pdfleet_operator.autoscale.replicas import replicas_in_effect, with_replicas
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
 from pdfleet_operator.observed import Owner, Snapshot
@@ -283,6 +284,8 @@ class Reconciler:
             msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             self._write_status(owner, raw_status, spec_unreadable_status(admission, msg, meta.get("generation", 0)))
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
+        # The count each role runs: the autoscaler's, a PDRoleScale's or the spec's (autoscale.replicas).
+        spec = with_replicas(spec, replicas_in_effect(spec, old_status))
         snapshot = self._observe(owner, view, spec)
         problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
@@ -403,15 +406,17 @@ def _index_node(body: kopf.Body, **_: Any) -> dict:
 
 
 def register(registry: kopf.OperatorRegistry, reconciler_ref: Callable[[], Reconciler],
-             resync_seconds: float = 10.0, kopf_settings: kopf.OperatorSettings | None = None) -> None:
+             resync_seconds: float = 10.0, kopf_settings: kopf.OperatorSettings | None = None,
+             wakeups: Wakeups | None = None) -> Wakeups:
     """Register the reconcile handlers on ``registry``; ``reconciler_ref`` is set at startup.
 
     Indexes hold the watched state (``watched``); each PDDeployment gets a daemon that runs its
     passes: at once when an event wakes it, at the next time-based decision the last pass named (a
     drain deadline, a gate timeout), else every ``resync_seconds`` (drift a watch missed). Daemons run
     only while this replica is the active peer (kopf stops them when it pauses), and one deployment's
-    pass never waits for another's except for a free slot (``Reconciler``'s bound)."""
-    wakeups = Wakeups()
+    pass never waits for another's except for a free slot (``Reconciler``'s bound). Returns the
+    wake-ups, through which others (the autoscaler) ask for a pass."""
+    wakeups = wakeups or Wakeups()
 
     for api_version, plural, _ in OWNED_KINDS:
         group, _, version = api_version.rpartition("/")
@@ -463,3 +468,5 @@ def register(registry: kopf.OperatorRegistry, reconciler_ref: Callable[[], Recon
             if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
                 wakeups.forget(key)
                 reconciler_ref().forget(namespace, name)
+
+    return wakeups

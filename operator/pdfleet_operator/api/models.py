@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, Field, StringConstraints
 
-from pdfleet_operator.api.autoscaling import AutoscalingSpec
+from pdfleet_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus
 from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, ConditionType, RolloutPhase
 from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
 from pdfleet_runtime.config import SERVED_NAME_PATTERN
@@ -537,6 +537,10 @@ class PDDeploymentStatus(ApiModel):
     rollout: RolloutStatus | None = Field(None, description="The rollout's state.")
     endpoint: str | None = Field(
         None, description="URL of the router Service clients send OpenAI requests to (printer column)."
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        None, description="The autoscaler's latest decision per role: desired, reason, the signal values "
+        "(spec.autoscaling set only; docs/autoscaling.md)."
     )
 
 
