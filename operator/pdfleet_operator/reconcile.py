@@ -28,21 +28,31 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from pdfleet_operator.api.constants import (
+    API_VERSION,
     GROUP,
     LABEL_DEPLOYMENT,
     PLURAL,
     VERSION,
     ConditionStatus,
     ConditionType,
+    Role,
 )
 from pdfleet_operator.api.models import Condition, PDDeploymentSpec, PDDeploymentStatus
+from pdfleet_operator.api.rolescale import RS_KIND, RS_PLURAL, rolescale_name
 from pdfleet_operator.apply import Outcome, Writer
 from pdfleet_operator.autoscale.replicas import replicas_in_effect, with_replicas
+from pdfleet_operator.autoscale.rolescale import (
+    adapter_roles,
+    external_counts,
+    rolescale_body,
+    rolescale_status,
+)
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
 from pdfleet_operator.observed import Owner, Snapshot
 from pdfleet_operator.placement import check_placement, node_facts
 from pdfleet_operator.plan import (
+    Action,
     ActionKind,
     group_pods_running,
     grouped_roles,
@@ -285,7 +295,8 @@ class Reconciler:
             self._write_status(owner, raw_status, spec_unreadable_status(admission, msg, meta.get("generation", 0)))
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
         # The count each role runs: the autoscaler's, a PDRoleScale's or the spec's (autoscale.replicas).
-        spec = with_replicas(spec, replicas_in_effect(spec, old_status))
+        declared, scales = spec, self._role_scales(owner, view)
+        spec = with_replicas(spec, replicas_in_effect(spec, old_status, external_counts(declared, owner, scales)))
         snapshot = self._observe(owner, view, spec)
         problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
@@ -300,6 +311,11 @@ class Reconciler:
         targets = rollout_targets(spec, snapshot, decisions)
         admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
         actions = plan(owner, spec, snapshot, now=now, targets=targets)
+        have = {(s.get("metadata") or {}).get("name") for s in scales}
+        actions += [Action(ActionKind.CREATE, API_VERSION, RS_KIND, rolescale_name(name, role),
+                           body=rolescale_body(owner, declared, role),
+                           reason=f"{role.value} scalingAdapter: its count for an HPA or KEDA")
+                    for role in adapter_roles(declared) if rolescale_name(name, role) not in have]
         if not _admitted(admission):
             # A stored spec the running matrix rejects: keep what runs, start nothing new.
             actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]
@@ -325,8 +341,39 @@ class Reconciler:
             if d.failure:
                 transitions.append((ConditionType.DEGRADED.value, "True", "RolloutFailed", f"{role.value}: {d.message}"))
         self._write_status(owner, raw_status, status)
+        self._write_scales(owner, declared, scales, status)
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=conditions,
                           requeue_after=next_wake(spec, snapshot, decisions, now))
+
+    def _role_scales(self, owner: Owner, view: View | None) -> list[dict]:
+        """The deployment's PDRoleScale objects: watched, or listed (a Reconciler without watched state);
+        none where their CRD is not installed."""
+        if view is not None:
+            return view.of(RS_KIND)
+        try:
+            listing = self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, owner.namespace, RS_PLURAL, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}",
+                _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return list(json.loads(listing.data).get("items") or ())
+
+    def _write_scales(self, owner: Owner, spec: PDDeploymentSpec, scales: list[dict],
+                      status: PDDeploymentStatus) -> None:
+        """Each PDRoleScale's status (the scale subresource's replicas and selector), when it changed."""
+        counts = {role: ((s.replicas, s.ready) if s is not None else (0, 0))
+                  for role, s in ((Role.PREFILL, status.prefill), (Role.DECODE, status.decode))}
+        for body in scales:
+            want = rolescale_status(spec, owner, body, counts)
+            old = body.get("status") or {}
+            if all(old.get(k) == v for k, v in want.items()):
+                continue
+            answer = self._writer.patch_status_of(API_VERSION, RS_KIND, owner.namespace, body["metadata"]["name"],
+                                                  want)
+            if self._state is not None:
+                self._state.wrote(RS_KIND, owner.namespace, owner.name, answer)
 
     def _remember(self, owner: Owner, o: Outcome) -> None:
         """Overlay one write on the watched state; note a secret created."""

@@ -276,6 +276,11 @@ AUTOSCALING_RULES: dict[str, _Rule] = {
         "a maxReplicas the GPU budget can never reach is a bound that does nothing",
         "lower maxReplicas to what the budget holds, or raise gpuBudget",
     ),
+    "autoscaling-double-control": _Rule(
+        "spec.autoscaling scales both roles; a role with scalingAdapter is scaled from outside (an HPA or KEDA "
+        "through its PDRoleScale): two controllers of one count would fight",
+        "remove spec.autoscaling, or set scalingAdapter false on both roles",
+    ),
     "autoscaling-budget-feasible": _Rule(
         "every replica count inside min/max whose ratio is in the band holds more GPUs than the budget",
         "raise gpuBudget, widen prefillDecodeRatio, or lower minReplicas",

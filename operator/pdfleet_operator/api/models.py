@@ -325,6 +325,12 @@ class RoleSpec(ApiModel):
     engine: EngineOverride | None = Field(
         None, description="This role's engine overrides (image, version, args, env) of spec.engine."
     )
+    scaling_adapter: bool = Field(
+        False,
+        description="Drive this role's count from outside (an HPA or KEDA): the operator makes a PDRoleScale "
+        "<deployment>-<role> with a scale subresource and takes the count from it. Not with spec.autoscaling "
+        "(docs/autoscaling.md). Default false.",
+    )
 
 
 class RolloutSpec(ApiModel):
