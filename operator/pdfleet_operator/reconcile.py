@@ -330,6 +330,8 @@ class Reconciler:
             [a.reason for a in actions if a.kind is ActionKind.HOLD], datetime.now(UTC), namespace=owner.namespace,
             matrix_version=matrix_version,
         )
+        if declared.autoscaling is None and old_status.autoscaling is not None:
+            status = status.model_copy(update={"autoscaling": None})  # spec.autoscaling removed: clear its record
         conditions = status.conditions or []
         before = {c.type: c.status for c in old_status.conditions or ()}
         transitions = [(c.type.value, c.status.value, c.reason or "", c.message or "")

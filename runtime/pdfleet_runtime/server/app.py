@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pdfleet_runtime.compute_cost import warming
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
@@ -117,6 +118,8 @@ class PodServer:
         self.metrics.in_flight_from(lambda: float(self._in_flight_estimate()))
         self.worker = WorkerApi(self)
         """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``)."""
+        born, cost = time.monotonic(), self.worker.cost
+        self.readiness.warming = lambda: warming(cost, time.monotonic() - born)  # a declared start-up delay
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -501,9 +504,10 @@ class PodServer:
             self.bootstrap.state.drain(not admitting)
 
     def _in_flight_estimate(self) -> int:
+        computing = self.worker.computing if hasattr(self, "worker") else 0  # the declared compute (seeded_load)
         if self.bootstrap is not None:
-            return self.bootstrap.state.unfinished
-        return self.router.active
+            return self.bootstrap.state.unfinished + computing
+        return self.router.active + computing
 
     async def _in_flight_now(self) -> int:
         """Decode: requests admitted and not answered. Prefill: requests some source has not finished, and
