@@ -182,3 +182,48 @@ def test_a_load_step_scales_prefill_then_decode_up_and_both_down_through_drains(
         assert status["prefill"]["readings"][0]["signal"] == "backlogSeconds"
         assert status["decode"]["readings"][0]["signal"] == "runningRequestsPerReplica"
         assert status["gpus"] == 2 and status["ratioInBand"] is True
+
+
+def test_a_role_driven_through_its_scale_subresource_follows_it_through_drains(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str, tmp_path: Path) -> None:
+    """What an HPA or KEDA does, through the scale API (the local apiserver has no metrics API for a real
+    HPA): ``kubectl scale`` on the decode role's PDRoleScale, 2 -> 3 -> 1, under traffic."""
+    from tests.e2e.traffic import running_fleet
+
+    scale = f"{NAME}-decode"
+    with running_fleet(cluster, namespace, tmp_path / "pods", prefill=1, decode=2) as fleet:
+        runner = fleet.runner
+        fleet.patch({"decode": {"scalingAdapter": True}})  # not a new revision: no rollout
+
+        def scale_status() -> dict:
+            out = cluster.kubectl("-n", namespace, "get", "pdrolescale", scale, "-o", "json", check=False)
+            return (json.loads(out.stdout).get("status") or {}) if out.returncode == 0 else {}
+
+        fleet.wait(lambda: scale_status().get("inEffect") is True and scale_status().get("replicas") == 2, 60,
+                   "the operator made the decode role's PDRoleScale")
+        raw = json.loads(cluster.kubectl("get", "--raw", f"/apis/pdfleet.io/v1alpha1/namespaces/{namespace}/"
+                                         f"pdrolescales/{scale}/scale").stdout)
+        assert raw["kind"] == "Scale" and raw["spec"]["replicas"] == 2 and raw["status"]["replicas"] == 2
+        assert raw["status"]["selector"] == f"pdfleet.io/deployment={NAME},pdfleet.io/role=decode"
+        before = set(runner.decode_pods())
+        traffic = fleet.traffic()
+        traffic.wait_served(4)
+        cluster.kubectl("-n", namespace, "scale", "pdrolescale", scale, "--replicas=3")
+        fleet.wait(lambda: len(runner.decode_pods()) == 3 and fleet.available(), 180, "3 decode pods")
+        traffic.wait_served(4)
+        cluster.kubectl("-n", namespace, "scale", "pdrolescale", scale, "--replicas=1")
+        fleet.wait(lambda: len(runner.decode_pods()) == 1 and scale_status().get("replicas") == 1, 180,
+                   "1 decode pod, drained")
+        traffic.wait_served(4)
+        traffic.stop()
+        traffic.assert_clean()
+        gone = before - set(runner.decode_pods())
+        assert gone and all(fleet.drain_log(p)[1] for p in gone), [fleet.drain_log(p) for p in gone]
+        assert fleet.forced_deletes() == []
+        assert fleet.pdd()["spec"]["decode"]["replicas"] == 2  # the spec's count is not what runs
+        # Double control is refused by the apiserver itself (CEL), naming the rule.
+        both = manifest(namespace, prefill=1, decode=2)
+        both["spec"]["decode"]["scalingAdapter"] = True
+        both["spec"]["autoscaling"] = AUTOSCALING
+        out = cluster.kubectl("apply", "-f", "-", input=json.dumps(both), check=False)
+        assert out.returncode != 0 and "autoscaling-double-control" in out.stderr, out.stderr
