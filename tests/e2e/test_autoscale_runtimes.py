@@ -101,6 +101,9 @@ def autoscaled_fleet(cluster: LocalCluster, ns: str, workdir: Path) -> Iterator[
     try:
         body = manifest(ns, prefill=1, decode=1)
         body["spec"]["autoscaling"] = AUTOSCALING
+        # Room on one decode pod for every request in flight at the step and its canaries: a full pool is
+        # refused (503, the router retries), where an engine would queue; the signals, not a refusal, scale.
+        body["spec"]["decode"]["pool"]["maxConcurrentRequests"] = 16
         cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
         fleet.wait(fleet.available, 240, "Available through real runtimes' gates")
         fleet.wait(fleet.router_ready, 120, "the router serving requests")
@@ -116,6 +119,14 @@ def traffic_at(fleet: Fleet, concurrency: int) -> Traffic:
     t.chat = ChatTraffic(fleet.router_url(), NAME, concurrency=concurrency)
     fleet._threads.append(t)
     return t.start()
+
+
+def clean(fleet: Fleet, t: Traffic) -> None:
+    """``assert_clean``, with the pods, the status and the runtimes' logs when it fails."""
+    try:
+        t.assert_clean()
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{fleet.diagnose()}") from None
 
 
 def desired(fleet: Fleet) -> tuple[int, int]:
@@ -144,7 +155,7 @@ def test_a_load_step_scales_prefill_then_decode_up_and_both_down_through_drains(
             print(f"prefill grew {t_prefill - t_up:.0f}s after the step, decode {t_decode - t_up:.0f}s; "
                   f"decisions {decisions.seen}", flush=True)
             high.stop()
-            high.assert_clean()
+            clean(fleet, high)
             peak = set(runner.decode_pods()) | set(runner.running("prefill"))
 
             # -- a step down: 1 request in flight ----------------------------------------------------------
@@ -154,7 +165,7 @@ def test_a_load_step_scales_prefill_then_decode_up_and_both_down_through_drains(
                        and fleet.available(), 240, "the surplus pods drained and gone")
             low.wait_served(3, timeout=60)
             low.stop()
-            low.assert_clean()
+            clean(fleet, low)
         finally:
             decisions.halt()
         timeline.stop()
@@ -216,7 +227,7 @@ def test_a_role_driven_through_its_scale_subresource_follows_it_through_drains(
                    "1 decode pod, drained")
         traffic.wait_served(4)
         traffic.stop()
-        traffic.assert_clean()
+        clean(fleet, traffic)
         gone = before - set(runner.decode_pods())
         assert gone and all(fleet.drain_log(p)[1] for p in gone), [fleet.drain_log(p) for p in gone]
         assert fleet.forced_deletes() == []

@@ -341,3 +341,17 @@ def test_the_runner_scrapes_decides_writes_status_posts_events_and_wakes_the_rec
     body["spec"].pop("autoscaling")
     scraper.asked.clear()
     assert asyncio.run(a.run(OWNER.namespace, OWNER.name)) is None and not scraper.asked
+
+
+def test_the_operator_registers_one_autoscale_timer_per_deployment_with_autoscaling() -> None:
+    import kopf
+
+    from pdfleet_operator import handlers
+    from pdfleet_operator.settings import OperatorSettings
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, OperatorSettings(autoscale_interval_seconds=7), kopf.OperatorSettings())
+    timers = [h for h in registry._spawning.get_all_handlers() if h.id == "autoscale"]
+    assert len(timers) == 1 and timers[0].interval == 7
+    assert timers[0].when is not None and timers[0].when(spec={"autoscaling": {"prefill": {}}}) is True
+    assert timers[0].when(spec={}) is False
