@@ -5,6 +5,7 @@ create-and-drain path a spec edit takes; the runner's edges with fakes (no clust
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +356,48 @@ def test_the_operator_registers_one_autoscale_timer_per_deployment_with_autoscal
     assert len(timers) == 1 and timers[0].interval == 7
     assert timers[0].when is not None and timers[0].when(spec={"autoscaling": {"prefill": {}}}) is True
     assert timers[0].when(spec={}) is False
+
+
+def test_every_scrape_has_a_deadline_and_a_bad_answer_leaves_the_pod_out() -> None:
+    """A pod that answers slowly is cut at the deadline, an error or unreadable text is left out, and the
+    pods that answered count (a real HTTP server on the loopback)."""
+    from aiohttp import web
+
+    from pdfleet_operator.autoscale.scrape import Scraper
+
+    async def main() -> tuple[dict, float]:
+        async def good(_: web.Request) -> web.Response:
+            return web.Response(text=SGLANG_TEXT)
+
+        async def slow(_: web.Request) -> web.Response:
+            await asyncio.sleep(2)
+            return web.Response(text=SGLANG_TEXT)
+
+        async def broken(_: web.Request) -> web.Response:
+            return web.Response(status=500)
+
+        async def garbage(_: web.Request) -> web.Response:
+            return web.Response(text="this is { not prometheus\n")
+
+        app = web.Application()
+        for path, fn in (("/good", good), ("/slow", slow), ("/broken", broken), ("/garbage", garbage)):
+            app.router.add_get(path, fn)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        s = Scraper(timeout_s=0.5)
+        t0 = time.monotonic()
+        try:
+            got = await s.scrape([(n, f"http://127.0.0.1:{port}/{n}") for n in ("good", "slow", "broken", "garbage")]
+                                 + [("closed", "http://127.0.0.1:1/metrics")])
+            took = time.monotonic() - t0
+        finally:
+            await s.close()
+            await runner.cleanup()
+        return dict(got), took
+
+    got, took = asyncio.run(main())
+    assert set(got) == {"good"} and got["good"].values[Key.RUNNING] == 12
+    assert took < 1.5  # the slow pod was cut at its 0.5 s deadline, the others in parallel
