@@ -19,6 +19,7 @@ pass has levels but no rates, and decides from those.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -149,6 +150,13 @@ def register(registry: kopf.OperatorRegistry, autoscaler_ref: Callable[[], Autos
 
     def has_autoscaling(spec: Any, **_: Any) -> bool:
         return bool(spec.get("autoscaling"))
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="autoscale-forget")
+    async def deleted(event: Any, namespace: str | None, name: str, **_: Any) -> None:
+        """A deleted deployment: drop its last scrape and its metric series."""
+        if event.get("type") == "DELETED" and namespace is not None:
+            with contextlib.suppress(KeyError):  # before start-up: nothing kept yet
+                autoscaler_ref().forget(namespace, name)
 
     @kopf.timer(GROUP, VERSION, PLURAL, registry=registry, id="autoscale", interval=interval_s,
                 when=has_autoscaling)

@@ -401,3 +401,11 @@ def test_every_scrape_has_a_deadline_and_a_bad_answer_leaves_the_pod_out() -> No
     got, took = asyncio.run(main())
     assert set(got) == {"good"} and got["good"].values[Key.RUNNING] == 12
     assert took < 1.5  # the slow pod was cut at its 0.5 s deadline, the others in parallel
+
+
+def test_a_deleted_deployment_is_forgotten() -> None:
+    a = runner_mod.Autoscaler(object(), FakeState({}, []), lambda key: None, scraper=FakeScraper({}),  # type: ignore[arg-type]
+                              writer=FakeWriter({}))  # type: ignore[arg-type]
+    a._last[("ns", "x")] = {}
+    a.forget("ns", "x")
+    assert ("ns", "x") not in a._last
