@@ -152,7 +152,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
     ports += [{"name": f"engine-{r}", "containerPort": ENGINE_PORT + r, "protocol": "TCP"} for r in range(ranks)]
-    container = {
+    container: dict = {
         "name": "runtime",
         "image": rs.image,
         "imagePullPolicy": "IfNotPresent",
@@ -205,7 +205,8 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     src = spec.model.source
     builtin = spec.engine is None or spec.engine.kind is EngineKind.PDFLEET
     if builtin and src is not None and src.path is not None and src.volume is not None:  # the reference engine's model
-        pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
+        volumes: list[dict] = pod_spec["volumes"]
+        volumes.append({"name": MODEL_VOLUME, **src.volume})
         container["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
     if spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True  # CUDA IPC between pods on one node needs a shared IPC namespace
