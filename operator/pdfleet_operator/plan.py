@@ -39,12 +39,12 @@ from pdfleet_operator.resources.names import (
     secret_name,
     worker_secret_name,
 )
+from pdfleet_operator.resources.plugins.registry import engine_plugin, router_plugin
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import group_network_policy, network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
-from pdfleet_operator.resources.plugins.registry import engine_plugin, router_plugin
 from pdfleet_operator.resources.router import router_children, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use, worker_secret

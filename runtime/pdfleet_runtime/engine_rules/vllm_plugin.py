@@ -15,7 +15,12 @@ from pdfleet_runtime.engine_rules.common import general_rule_rows, owned_flag_ro
 from pdfleet_runtime.engine_rules.contract import CheckHarness
 from pdfleet_runtime.engine_rules.inputs import EngineInput
 from pdfleet_runtime.engine_rules.parallel import ParallelCell
-from pdfleet_runtime.engine_rules.vllm_eval import evaluate_vllm, known_vllm_versions, vllm_rule_rows, vllm_table_env
+from pdfleet_runtime.engine_rules.vllm_eval import (
+    evaluate_vllm,
+    known_vllm_versions,
+    vllm_rule_rows,
+    vllm_table_env,
+)
 from pdfleet_runtime.engine_rules.vllm_render import kv_transfer_config, transfer_env
 from pdfleet_runtime.matrix import Violation
 
