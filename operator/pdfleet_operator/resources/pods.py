@@ -155,7 +155,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
     ports += [{"name": f"engine-{r}", "containerPort": ENGINE_PORT + r, "protocol": "TCP"} for r in range(ranks)]
-    container = {
+    container: dict = {
         "name": "runtime",
         "image": rs.image,
         "imagePullPolicy": "IfNotPresent",
