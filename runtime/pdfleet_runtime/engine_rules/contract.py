@@ -32,7 +32,7 @@ class CheckHarness(BaseModel):
 
     venv: str  # scripts/venvs.py's name for the check venv
     tests: str  # the test directory, from the repository root
-    pins: str  # what the venv pins, e.g. "sglang==0.5.23"
+    pins: str  # what the venv pins: KIND==VERSION
 
 
 class EngineRules(Protocol):

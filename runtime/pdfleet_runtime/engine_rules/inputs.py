@@ -44,8 +44,8 @@ class EngineInput:
     downloads_model: bool = False
     rdma_device_map: bool = False  # spec.transfer.rdmaDeviceMap is set
     roles: tuple[Role, ...] = field(default=(Role.PREFILL, Role.DECODE))
-    kv_heads: int | None = None  # the layout's KV heads (vLLM's hetero-TP rule)
-    model_path: str = ""  # what the engine is given as the model (vLLM hashes the string)
+    kv_heads: int | None = None  # the layout's KV heads (hetero-TP rules)
+    model_path: str = ""  # what the engine is given as the model (a handshake may hash the string)
     router_kind: str | None = None  # spec.router.kind as written (None: the engine's own, or no router)
 
     def of(self, role: Role) -> EngineRoleInput:
