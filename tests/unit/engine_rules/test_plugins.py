@@ -10,7 +10,13 @@ import pytest
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterKind
 from pdfleet_operator.plan import Owner, Snapshot, desired_children, plan
-from pdfleet_operator.resources.plugins.registry import ENGINES, ROUTERS, engine_plugin, router_kind, router_plugin
+from pdfleet_operator.resources.plugins.registry import (
+    ENGINES,
+    ROUTERS,
+    engine_plugin,
+    router_kind,
+    router_plugin,
+)
 from pdfleet_operator.resources.router import worker_port
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.engine_rules import checked_kinds, rules_of
@@ -34,7 +40,7 @@ def test_every_kind_has_a_plugin_and_the_registries_agree() -> None:
         assert RouterKind(plugin.rules.own_router) in ROUTERS
         assert (plugin.container is None) == (not plugin.rules.checked)  # the built-in runtime: nothing to check
     assert checked_kinds() == ("sglang", "vllm")
-    assert [c.engine for c in PARALLEL_CELLS][0] == "pdfleet"  # the built-in runtime's cells first
+    assert PARALLEL_CELLS[0].engine == "pdfleet"  # the built-in runtime's cells first
 
 
 @pytest.mark.parametrize("kind", [k for k in EngineKind if rules_of(k.value).checked])  # type: ignore[union-attr]
