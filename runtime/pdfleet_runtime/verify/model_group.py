@@ -193,7 +193,8 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
                      (CaseSpec("model", len(cfg.prompts), sum(len(p) for p in cfg.prompts), cfg.seed),),
                      secret=secrets.token_hex(32).encode(),  # printable: members read it from a file
                      device="cpu" if cfg.device == "cpu" else "cuda", protocol=LinkProtocol(cfg.protocol))
-    aggregate = [runner.generate(p, cfg.max_new_tokens) for p in cfg.prompts]
+    aggregate = [(runner.generate(p, cfg.max_new_tokens), runner.forward_reference(p, cfg.max_new_tokens))
+                 for p in cfg.prompts]
     bound = cfg.bound(dtype)
 
     async def main(workdir: Path) -> list[ModelCase]:
@@ -201,8 +202,8 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
         async with ModelPods(spec, spec.cases[0], cfg, runner, workdir) as pods:
             result.seconds["start"] = time.perf_counter() - t0
             return list(await asyncio.gather(*(
-                _case(pods, case_name(i, p), p, agg, cfg.max_new_tokens, bound, spec.request_timeout_s)
-                for i, (p, agg) in enumerate(zip(cfg.prompts, aggregate, strict=True)))))
+                _case(pods, case_name(i, p), p, agg, ref, cfg.max_new_tokens, bound, spec.request_timeout_s)
+                for i, (p, (agg, ref)) in enumerate(zip(cfg.prompts, aggregate, strict=True)))))
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pdfleet-parity-") as workdir:
@@ -212,8 +213,8 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
     return result
 
 
-async def _case(pods: ModelPods, name: str, prompt: tuple[int, ...], agg: Generation, steps: int, bound: float,
-                timeout_s: float) -> ModelCase:
+async def _case(pods: ModelPods, name: str, prompt: tuple[int, ...], agg: Generation, ref: Generation, steps: int,
+                bound: float, timeout_s: float) -> ModelCase:
     try:
         tokens, logits, results, moved = await pods.generate(name, prompt, steps - 1, timeout_s)
     except CaseFailed as e:
@@ -222,5 +223,5 @@ async def _case(pods: ModelPods, name: str, prompt: tuple[int, ...], agg: Genera
     for rep in (x for r in results for x in r.reports):
         for k, v in rep.bytes_by_state.items():
             by_state[k.value] = by_state.get(k.value, 0) + v
-    return compare_case(name, prompt, tokens, logits, agg, bound, bytes_moved=sum(by_state.values()),
+    return compare_case(name, prompt, tokens, logits, agg, ref, bound, bytes_moved=sum(by_state.values()),
                         bytes_by_state=by_state, seconds={"transfer": moved})

@@ -66,11 +66,15 @@ def parity_config(cfg: ModelParityConfig, runner: ModelRunner) -> ParityConfig:
 
 
 def compare_case(name: str, prompt: tuple[int, ...], pd: tuple[int, ...], pd_logits: np.ndarray,
-                 agg: Generation, bound: float, **extra: object) -> ModelCase:
-    """PD's tokens and decode logits against aggregate's (the decode's steps are aggregate's steps 1..N-1)."""
-    steps = min(len(pd_logits), max(0, len(agg.logits) - 1))
-    diff = float(np.abs(pd_logits[:steps] - agg.logits[1 : 1 + steps]).max()) if steps else 0.0
-    return ModelCase(name, prompt, pd, agg.tokens, diff, bound, **extra)  # type: ignore[arg-type]
+                 agg: Generation, ref: Generation, bound: float, **extra: object) -> ModelCase:
+    """PD's tokens against aggregate's (``generate``) and the forward reference's; PD's decode logits against the
+    reference's (bounded) and ``generate``'s (reported). The decode's steps are the aggregates' steps 1..N-1."""
+    def diff(logits: np.ndarray) -> float:
+        steps = min(len(pd_logits), max(0, len(logits) - 1))
+        return float(np.abs(pd_logits[:steps] - logits[1 : 1 + steps]).max()) if steps else 0.0
+
+    return ModelCase(name, prompt, pd, agg.tokens, diff(ref.logits), bound, reference=ref.tokens,  # type: ignore[arg-type]
+                     generate_logit_diff=diff(agg.logits), **extra)
 
 
 def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) -> ModelParityResult:
@@ -118,6 +122,7 @@ def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) 
     cases: list[ModelCase] = []
     for c, (prompt, idx, first) in enumerate(zip(cfg.prompts, dst, firsts, strict=True)):
         agg = runner.generate(prompt, cfg.max_new_tokens)
+        ref = runner.forward_reference(prompt, cfg.max_new_tokens)
         extra = {"bytes_moved": moves[c].bytes, "bytes_by_state": moves[c].bytes_by_state()}
         name = case_name(c, prompt)
         if first is None:
@@ -133,7 +138,7 @@ def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) 
                                    **extra))  # type: ignore[arg-type]
             continue
         gen = runner.decode(state, first, cfg.max_new_tokens - 1)
-        cases.append(compare_case(name, prompt, (first, *gen.tokens), gen.logits, agg, cfg.bound(dtype), **extra,
+        cases.append(compare_case(name, prompt, (first, *gen.tokens), gen.logits, agg, ref, cfg.bound(dtype), **extra,
                                   seconds={"decode": gen.seconds, "aggregate": agg.seconds}))
     t_end = time.perf_counter()
     result.cases = cases
