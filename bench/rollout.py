@@ -55,7 +55,7 @@ from pdfleet_operator.resources.router import (
     ROUTER_DROP_BOUND_S,
 )
 from pdfleet_runtime.config import READINESS_GATE
-from pdfleet_runtime.server.drain import ROUTER_GRACE_S
+from pdfleet_runtime.pod.drain import ROUTER_GRACE_S
 
 SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S = 2, 0, 60
 V1, V2 = "example.invalid/rt:1", "example.invalid/rt:2"

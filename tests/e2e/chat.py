@@ -9,7 +9,7 @@ The API, for any test (or another agent's tests) that needs traffic through an O
 
 ``verify`` checks one answer (the request's body and the answer's JSON; a problem or None): the default,
 ``worker_client.verify_chat_answer``, recomputes the built-in runtime's completion from the body and the room the router
-chose (``server.worker_api``'s derivations: the decode answers only after every byte of the state was
+chose (``pod.worker_api``'s derivations: the decode answers only after every byte of the state was
 verified, and says so with the bytes it moved). The client never retries (``max_retries=0``): every
 failure the endpoint returns is counted.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import openai
 
-from pdfleet_runtime.server.worker_client import chat_body, verify_chat_answer
+from pdfleet_runtime.testing.worker_client import chat_body, verify_chat_answer
 
 __all__ = ["Answer", "ChatTraffic", "chat_body", "verify_chat_answer"]
 

@@ -13,12 +13,12 @@ Parity: equal token ids, and the decode's logits within the dtype's bound of agg
 
 ``run_model_parity`` does it all in this process (every rank's pools here, the blocks copied by
 ``LocalCopyExecutor``); ``run_model_parity_engine`` runs the serving rank processes through a real engine
-(``model_group``). A fault (``ModelFault``) makes the PD side wrong on purpose; parity must then fail.
+(``model_group``); ``model_entry.run`` picks one for the command. A fault (``ModelFault``) makes the PD side
+wrong on purpose; parity must then fail.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -38,7 +38,7 @@ from .model_results import ModelCase, ModelParityConfig, ModelParityResult
 from .precheck import precheck
 from .results import ParityConfig
 
-__all__ = ["case_name", "compare_case", "load_runner", "prompts_from_seed", "run", "run_model_parity"]
+__all__ = ["case_name", "compare_case", "load_runner", "prompts_from_seed", "run_model_parity"]
 
 
 def load_runner(cfg: ModelParityConfig) -> ModelRunner:
@@ -142,18 +142,3 @@ def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) 
     result.seconds = {"load": t_load - t0, "prefill": t_move - t_prefill, "move": t_decode - t_move,
                       "decode_and_aggregate": t_end - t_decode}
     return result
-
-
-def run(cfg: ModelParityConfig, *, requests: int = 2, tokens: int = 64) -> ModelParityResult:
-    """The parity command's entry: prompts drawn from the seed when none are given (``requests`` prompts of
-    ``tokens`` in all), then in this process (``local``, ``mori``) or through rank processes and a real engine."""
-    runner = load_runner(cfg)
-    if not cfg.prompts:
-        if requests < 1 or tokens < requests:
-            raise ValueError(f"need --tokens >= --requests >= 1, got {tokens} and {requests}")
-        cfg = dataclasses.replace(cfg, prompts=prompts_from_seed(requests, tokens, runner.vocab_size, cfg.seed))
-    if cfg.backend in ("mooncake", "nixl"):
-        from .model_group import run_model_parity_engine
-
-        return run_model_parity_engine(cfg, runner)
-    return run_model_parity(cfg, runner)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from pdfleet_runtime.pod.rooms import RoomError, RoomTable, room_of
+from pdfleet_runtime.pod.worker_api import ApiError, Endpoint, completion, parse_request
 from pdfleet_runtime.seeded import request_seed
-from pdfleet_runtime.server.rooms import RoomError, RoomTable, room_of
-from pdfleet_runtime.server.worker_api import ApiError, Endpoint, completion, parse_request
 
 
 class Clock:

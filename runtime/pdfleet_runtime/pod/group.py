@@ -7,7 +7,7 @@ server holds where a single pod holds a ``RankLauncher``: ``call``/``call_all`` 
 member's through that member's group connection (``protocol.group``), as the same typed pipe
 operations (``dump``/``load``: each op and result by its type's name, its fields schema-checked by
 pydantic on arrival, never a pickle). The member relays them to its rank processes
-(``server.member``).
+(``pod.member``).
 
 A member joins once: its ``GroupJoin`` must be signed with the group key, name a member index not
 yet taken, this role, this config (digest) and ``local_world`` ranks. A member that goes away (its
@@ -47,9 +47,7 @@ from pdfleet_runtime.protocol.group import (
 )
 from pdfleet_runtime.protocol.messages import WIRE, Recipient, RefusalCode, parse_wire
 from pdfleet_runtime.protocol.states import FailureReason
-
-from .launcher import LaunchError, RankCallError, RankLauncher
-from .pipe import (
+from pdfleet_runtime.rank.pipe import (
     ArenaCheck,
     ArenaCheckOp,
     CallFailed,
@@ -67,6 +65,8 @@ from .pipe import (
     TransferOp,
     TransferResult,
 )
+
+from .launcher import LaunchError, RankCallError, RankLauncher
 
 __all__ = ["OPS", "RESULTS", "GroupRanks", "GroupSettings", "config_digest", "dump", "load"]
 

@@ -42,6 +42,7 @@ from pdfleet_runtime.protocol.group import (
 )
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.protocol.messages import WIRE, Recipient, Refusal, RefusalCode
+from pdfleet_runtime.rank.pipe import CallFailed, LegReport
 
 from .admin import start_admin
 from .app import GATE_REASSERT_S
@@ -50,7 +51,6 @@ from .group import OPS, config_digest, dump, load
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
-from .pipe import CallFailed, LegReport
 from .readiness import Problem
 
 __all__ = ["EXIT_LEADER_LOST", "MemberServer"]

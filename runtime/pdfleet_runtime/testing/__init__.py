@@ -1,0 +1,6 @@
+"""What tests, benchmarks and local checks drive the runtime with: no pod process imports this package.
+
+``local`` (``LocalPod``: one ``pdfleet-runtime serve`` as a local process on loopback, and its HTTP surface)
+and ``worker_client`` (a router's step as a client: one OpenAI request to a prefill and a decode pod, every
+answer checked; ``pdfleet-runtime synthetic --prefill-url``).
+"""
