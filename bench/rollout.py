@@ -45,9 +45,9 @@ from pathlib import Path
 
 from rollout_watch import PodWatch
 
-from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
-from pdfleet_operator.devcluster.local_operator import LocalOperator
-from pdfleet_operator.devcluster.standin import RuntimeStandIn
+from pdfleet_devcluster import ClusterOptions, LocalCluster
+from pdfleet_devcluster.local_operator import LocalOperator
+from pdfleet_devcluster.standin import RuntimeStandIn
 from pdfleet_operator.resources.router import (
     HEALTH_FAILURES,
     HEALTH_INTERVAL_S,

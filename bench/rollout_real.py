@@ -37,8 +37,8 @@ from pod_memory import MemorySampler
 from rollout_router import PodScraper, RouterWatch, admin_key, drain_stamps, router_retries, workers
 from rollout_watch import PodWatch
 
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.api.models import RouterSpec
-from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S, upstream_port
 from pdfleet_runtime.config import READINESS_GATE
 from tests.e2e.chat import ChatTraffic

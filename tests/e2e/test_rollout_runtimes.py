@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from tests.cluster.conftest import OperatorProcess
 from tests.e2e.traffic import manifest, running_fleet, scrape

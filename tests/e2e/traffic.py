@@ -25,8 +25,8 @@ from kubernetes import watch
 from kubernetes.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.kubelet import Kubelet, wait
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.kubelet import Kubelet, wait
 from pdfleet_runtime.config import READINESS_GATE
 from tests.e2e.chat import Answer, ChatTraffic
 

@@ -22,11 +22,11 @@ from typing import Any
 from kubernetes.client import AuthenticationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from pdfleet_operator.devcluster import podsandbox
-from pdfleet_operator.devcluster.image import Image, local_image
-from pdfleet_operator.devcluster.podsandbox import PodSandbox
-from pdfleet_operator.devcluster.podspec import PodSpecError
-from pdfleet_operator.devcluster.sandbox import Ranges
+from pdfleet_devcluster import podsandbox
+from pdfleet_devcluster.image import Image, local_image
+from pdfleet_devcluster.podsandbox import PodSandbox
+from pdfleet_devcluster.podspec import PodSpecError
+from pdfleet_devcluster.sandbox import Ranges
 
 __all__ = ["Kubelet", "StartedPod", "wait"]
 ROLE_LABEL = "pdfleet.io/role"
