@@ -1,7 +1,8 @@
-"""Client traffic for the end-to-end tests: a bounded concurrent ``openai`` client sending chat completions
-to an endpoint (the router's Service), every answer recorded and, for the built-in runtime, verified.
+"""Client traffic for the end-to-end tests and the benchmarks: a bounded concurrent ``openai`` client sending chat
+completions to an endpoint (the router's Service), every answer recorded and, for the built-in runtime, verified.
 
-The API, for any test (or another agent's tests) that needs traffic through an OpenAI endpoint::
+The API, for any test or benchmark that needs traffic through an OpenAI endpoint (``openai`` is a dev
+dependency: only tests and benchmarks import this module)::
 
     traffic = ChatTraffic(base_url, model, concurrency=4).start()   # until stop()
     ... traffic.wait_answers(4) ... traffic.stop() -> list[Answer]
