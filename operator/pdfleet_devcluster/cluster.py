@@ -145,12 +145,6 @@ class LocalCluster:
         return self.state_dir / KUBECONFIG
 
     @property
-    def api_port(self) -> int:
-        """The apiserver's port (on 127.0.0.1 and on the bridge address)."""
-        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        return int(server.rsplit(":", 1)[1])
-
-    @property
     def bin_dir(self) -> Path:
         return toolchain.toolchain_dir() / "bin"
 

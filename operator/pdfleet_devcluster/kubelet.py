@@ -199,9 +199,6 @@ class Kubelet(threading.Thread):
     def decode_pods(self) -> dict[str, PodSandbox]:
         return self.running("decode")
 
-    def revision_of(self, name: str) -> str:
-        return next(s.revision for s in list(self.started.values()) if s.name == name)
-
     def left_running(self) -> dict[str, list[int]]:
         """The pods whose processes outlived their termination (their pids), by name; empty: none."""
         return {p.name: list(p.left) for p in self._all() if p.left}

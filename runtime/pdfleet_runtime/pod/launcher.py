@@ -37,7 +37,6 @@ from pdfleet_runtime.rank.pipe import (
     RankResult,
     RankSpec,
     Reply,
-    Transport,
 )
 
 from .options import ServeOptions
@@ -106,9 +105,6 @@ class RankLauncher:
     @property
     def healthy(self) -> bool:
         return not self.died
-
-    def transports(self) -> list[Transport]:
-        return [h.info.transport for h in self.handles if h.info is not None]
 
     async def start(self, timeout_s: float = 180.0) -> None:
         """Spawn every rank and wait until each said ready; ``LaunchError`` (all stopped) otherwise."""

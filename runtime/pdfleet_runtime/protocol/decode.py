@@ -201,10 +201,6 @@ class DecodeRank:
             await self._link.client.close()
             self._link = None
 
-    @property
-    def link_endpoint(self) -> Endpoint | None:
-        return None if self._link is None else self._link.endpoint
-
     # ------------------------------------------------------------------ handshake
 
     async def connect(self, *, timeout_s: float | None = None) -> None:

@@ -48,7 +48,7 @@ def test_rooms_are_bounded_expire_and_claim_once() -> None:
     assert e.value.code == "room_not_found"
     t.drop(2)
     assert t.held_bytes == 40
-    assert room_of("room-7.2") == 7 and room_of("room-7") == 7 and room_of("canary-x") is None
+    assert room_of("room-7.2") is None and room_of("room-7") == 7 and room_of("canary-x") is None
 
 
 def test_one_source_holds_at_most_half_the_rooms_unclaimed() -> None:
