@@ -134,6 +134,8 @@ class GroupRanks:
                  settings: GroupSettings | None = None) -> None:
         assert cfg.group is not None
         self.local, self.cfg, self.codec = local, cfg, codec
+        self.nodes = cfg.group.nodes
+        """Pods of the replica (``group.nodes``): the leader and its members."""
         self.host, self.port, self.instance = host, port, instance
         self._rank_key, self._bootstrap_port = rank_key, bootstrap_port
         self._on_report, self._on_lost = on_report, on_lost
@@ -169,7 +171,7 @@ class GroupRanks:
     @property
     def waiting(self) -> str:
         """Why the group is not complete yet ('' once every member joined with every rank up)."""
-        nodes, local = self.cfg.group.nodes, self.cfg.local_world  # type: ignore[union-attr]
+        nodes, local = self.nodes, self.cfg.local_world
         missing = [m for m in range(1, nodes) if m not in self.members or len(self.members[m].ready) < local]
         if not missing:
             return ""
@@ -184,7 +186,7 @@ class GroupRanks:
         """Listen for members, then start the local ranks (members join while they start, and later)."""
         self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=1 << 16)
         log.info("group leader listening on %s:%d for %d members", self.host, self.port,
-                 self.cfg.group.nodes - 1)  # type: ignore[union-attr]
+                 self.nodes - 1)
         try:
             await self.local.start(timeout_s)
         except LaunchError:

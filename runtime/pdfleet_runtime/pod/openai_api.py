@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -187,7 +188,7 @@ class WorkerApi:
     async def _server_info(self, _: web.Request) -> web.Response:
         o, cfg = self.pod.opts, self.pod.opts.config
         mode = "prefill" if self.role is Role.PREFILL else "decode"
-        engine, _, version = (o.stand_in_for or "").partition("==")
+        engine, _eq, version = (o.stand_in_for or "").partition("==")
         stand_in = {"stand_in": f"pdfleet-runtime serve {__version__} standing in for {engine} {version} "
                     "(which needs GPUs)"} if o.stand_in_for else {}
         return web.json_response({
@@ -223,7 +224,7 @@ class WorkerApi:
 
     # ------------------------------------------------------------------ requests
 
-    def _handler(self, ep: Endpoint):  # type: ignore[no-untyped-def]
+    def _handler(self, ep: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 req = parse_request(ep, await self.pod.read_body(request))

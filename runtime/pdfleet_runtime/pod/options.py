@@ -204,7 +204,9 @@ class ServeOptions:
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
-        opts = replace(opts, **_group_env(config, environ))
+        if (place := _group_env(config, environ)) is not None:
+            member, leader, leader_address = place
+            opts = replace(opts, group_member=member, group_leader=leader, group_leader_address=leader_address)
         highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.world - 1)
         if min(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
@@ -217,15 +219,16 @@ class ServeOptions:
         return opts
 
 
-def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> dict[str, object]:
-    """The group fields from the pod's environment; ``OptionsError`` naming the variable and the fix."""
+def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> tuple[int, str, tuple[str, int] | None] | None:
+    """The group fields from the pod's environment (member, leader, leader address; None without a group);
+    ``OptionsError`` naming the variable and the fix."""
     raw = environ.get(GROUP_MEMBER_ENV, "")
     group = config.group
     if group is None:
         if raw not in ("", "0"):
             raise OptionsError(f"{GROUP_MEMBER_ENV}={raw} is set but the runtime config has no group: set group "
                                "(nodesPerReplica > 1) in the config, or leave the variable unset")
-        return {}
+        return None
     if not raw.isdigit() or int(raw) >= group.nodes:
         raise OptionsError(f"{GROUP_MEMBER_ENV}={raw!r} must be this pod's place in its group, 0 to "
                            f"{group.nodes - 1} (group.nodes {group.nodes}; 0 = the leader)")
@@ -236,4 +239,4 @@ def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> dict[str, o
     if member > 0 and not leader and parsed is None:
         raise OptionsError(f"{GROUP_MEMBER_ENV}={member} needs {GROUP_LEADER_ENV} (the leader's pod name): "
                            f"the member reaches its leader at <leader>.{group.service}.<namespace>.svc")
-    return {"group_member": member, "group_leader": leader, "group_leader_address": parsed}
+    return member, leader, parsed
