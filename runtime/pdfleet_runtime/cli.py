@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdfleet_runtime import __version__
-from pdfleet_runtime.model.state import ModelFault
+from pdfleet_runtime.model.faults import ModelFault
 from pdfleet_runtime.source import describe
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED = 0, 1, 2
@@ -397,7 +397,7 @@ def _model_parity(args: argparse.Namespace) -> int:
     from pdfleet_runtime.records import ParallelShape
 
     # Imported here: the harness imports torch and transformers, and ``serve``'s pod process must not.
-    from pdfleet_runtime.verify import model_entry
+    from pdfleet_runtime.verify import model_run
     from pdfleet_runtime.verify.model_results import ModelParityConfig
 
     try:
@@ -418,8 +418,8 @@ def _model_parity(args: argparse.Namespace) -> int:
             ParallelShape.parse(args.decode), args.backend, args.device,
             args.protocol or ("tcp" if args.device == "cpu" else "nvlink"), args.seed, args.preset, args.page_size,
             args.init_seed, args.init_range, ModelFault(args.fault) if args.fault else None, nodes)  # type: ignore[arg-type]
-        result = model_entry.run(cfg, requests=2 if args.requests is None else args.requests,
-                                 tokens=64 if args.tokens is None else args.tokens)
+        result = model_run.run(cfg, requests=2 if args.requests is None else args.requests,
+                               tokens=64 if args.tokens is None else args.tokens)
     except (LayoutError, ValueError) as e:
         print(f"pdfleet-runtime parity: {e}", file=sys.stderr)
         return EXIT_REJECTED

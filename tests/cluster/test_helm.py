@@ -210,6 +210,8 @@ def test_the_charts_webhook_denies_an_invalid_example(release: Release) -> None:
         ("list", "secrets", "apps", False),  # only its own secret, by name
         ("create", "controllerrevisions.apps", "apps", True),
         ("create", "pods", "apps", True),
+        ("own-pods", "pddeployments.pdfleet.io", "apps", True),  # the pod-labels policy asks for it
+        ("own-pods", "pddeployments.pdfleet.io", "default", False),
         ("patch", "pods/status", "apps", True),
         ("get", "secrets", "kube-system", False),
         ("list", "secrets", "kube-system", False),

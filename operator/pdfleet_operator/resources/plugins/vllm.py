@@ -1,7 +1,8 @@
-"""`vllm serve` per role, rendered from the same spec fields as SGLang's command (docs/vllm.md).
+"""vLLM as an engine kind: `vllm serve` per role in the ``engine`` container beside the agent (docs/vllm.md).
 
-Pure functions of (deployment name, spec, role, replica-group member); ``resources/engine.py`` builds the
-pod around them as for SGLang (the engine container beside the agent, the GPUs, the model volume).
+Pure functions of (deployment name, spec, role, replica-group member); the generic engine pod
+(``resources.engine.with_engine``) is built around them (the engine container beside the agent, the GPUs,
+the model volume).
 
 - the model path as vLLM's positional argument, ``--served-model-name``;
 - parallelism through ``vllm_parallel``: ``--tensor-parallel-size tensor/data``, ``--data-parallel-size
@@ -16,12 +17,21 @@ pod around them as for SGLang (the engine container beside the agent, the GPUs, 
 from __future__ import annotations
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
 from pdfleet_operator.engine import role_engine
-from pdfleet_runtime.engine_rules.vllm import ENGINE_PORT, MASTER_PORT, vllm_parallel
-from pdfleet_runtime.engine_rules.vllm_render import FIELD_REF_ENV, kv_transfer_config, transfer_env
+from pdfleet_operator.resources.plugins.contract import GroupMember, NamedPort, WorkerContract
+from pdfleet_runtime.engine_rules import EngineRules
+from pdfleet_runtime.engine_rules.vllm import ENGINE_PORT, MASTER_PORT, PROTOCOLS, vllm_parallel
+from pdfleet_runtime.engine_rules.vllm_plugin import VLLM as VLLM_RULES
+from pdfleet_runtime.engine_rules.vllm_render import (
+    FIELD_REF_ENV,
+    bootstrap_port,
+    kv_transfer_config,
+    transfer_env,
+)
+from pdfleet_runtime.links import LinkProtocol
 
-__all__ = ["ANNOTATION_VLLM_BOOTSTRAP_PORT", "vllm_command", "vllm_env"]
+__all__ = ["ANNOTATION_VLLM_BOOTSTRAP_PORT", "VLLM", "VllmContainer", "VllmEngine", "vllm_command", "vllm_env"]
 
 ANNOTATION_VLLM_BOOTSTRAP_PORT = "vllm.ai/bootstrap-port"  # vllm-router's Kubernetes discovery reads it
 
@@ -47,20 +57,20 @@ def _parallel(spec: PDDeploymentSpec, role: Role) -> list[str]:
     return out
 
 
-def _group(spec: PDDeploymentSpec, role: Role, member: tuple[int, str] | None) -> list[str]:
+def _group(spec: PDDeploymentSpec, role: Role, member: GroupMember | None) -> list[str]:
     """vLLM's multi-node start for a replica group: ``member`` is (node rank, the first pod's host)."""
     nodes = (spec.prefill if role is Role.PREFILL else spec.decode).parallelism.nodes_per_replica
     if nodes == 1:
         return []
     if member is None:
         raise ValueError("a replica spanning nodes needs its group member (node rank and first pod)")
-    rank, leader = member
+    rank, leader = member.node_rank, member.leader_host
     out = ["--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", leader,
            "--master-port", str(MASTER_PORT)]
     return out + (["--headless"] if rank > 0 else [])
 
 
-def vllm_command(name: str, spec: PDDeploymentSpec, role: Role, member: tuple[int, str] | None = None) -> list[str]:
+def vllm_command(name: str, spec: PDDeploymentSpec, role: Role, member: GroupMember | None = None) -> list[str]:
     t = spec.transfer
     return [
         "vllm", "serve", _model(spec),
@@ -80,3 +90,36 @@ def vllm_env(spec: PDDeploymentSpec) -> list[dict]:
     env = [{"name": n, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}
            for n in FIELD_REF_ENV[t.backend]]
     return env + [{"name": n, "value": v} for n, v in transfer_env(t.backend, t.protocol, t.rdma_devices)]
+
+
+class VllmContainer:
+    """The ``engine`` container's vLLM parts."""
+
+    bootstrap_annotation = ANNOTATION_VLLM_BOOTSTRAP_PORT
+
+    def command(self, name: str, spec: PDDeploymentSpec, role: Role, member: GroupMember | None) -> list[str]:
+        return vllm_command(name, spec, role, member)
+
+    def transfer_env(self, spec: PDDeploymentSpec, role: Role) -> list[dict]:
+        return vllm_env(spec)
+
+    def bootstrap_port(self, spec: PDDeploymentSpec) -> int:
+        """NIXL's side channel (the decode's handshake) or Mooncake's bootstrap (the router's)."""
+        return bootstrap_port(spec.transfer.backend)
+
+    def host_ipc(self, spec: PDDeploymentSpec) -> bool:
+        settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
+        return settings.host_ipc or spec.transfer.protocol is LinkProtocol.NVLINK
+
+
+class VllmEngine:
+    """``spec.engine.kind: vllm``."""
+
+    kind = EngineKind.VLLM
+    rules: EngineRules = VLLM_RULES
+    worker = WorkerContract(port=ENGINE_PORT, health_path="/health")  # --port: SGLang's, so one port for all
+    group_port = NamedPort(name="dist-init", port=MASTER_PORT)  # --master-port on the group's first pod
+    container: VllmContainer | None = VllmContainer()
+
+
+VLLM = VllmEngine()

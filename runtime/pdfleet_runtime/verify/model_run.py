@@ -1,7 +1,7 @@
-"""The ``parity --model`` command's entry: prompts drawn from the seed when none are given, then token parity in
-this process (``model_parity``) or through rank processes and a real engine (``model_group``).
+"""The parity command's entry for token parity: prompts, then in this process or through rank processes.
 
-Its own module so that neither of those two imports the other back.
+Apart from ``model_parity`` (the in-process harness and the pieces both harnesses share) so that neither
+harness imports the other: ``model_group`` uses those pieces, and this module chooses between the two.
 """
 
 from __future__ import annotations
