@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pdfleet_devcluster import LocalCluster, toolchain
+from pdfleet_devcluster.cluster import free_port
+from pdfleet_devcluster.local_operator import interrupt
 from pdfleet_operator.api.crd import CRD_NAME
-from pdfleet_operator.devcluster import LocalCluster, toolchain
-from pdfleet_operator.devcluster.cluster import free_port
-from pdfleet_operator.devcluster.local_operator import interrupt
 from pdfleet_runtime.config import READINESS_GATE
 from tests.helpers import wait_until
 

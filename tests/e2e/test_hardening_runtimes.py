@@ -31,12 +31,13 @@ from typing import Any
 import openai
 import pytest
 
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.podsandbox import PodSandbox
 from pdfleet_operator.admission.handlers import VALIDATE_WEBHOOK_ID
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.podsandbox import PodSandbox
+from pdfleet_runtime.testing.chat import ChatTraffic, chat_body, verify_chat_answer
+from pdfleet_runtime.testing.scrape import scrape
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.chat import ChatTraffic, chat_body, verify_chat_answer
-from tests.e2e.traffic import CONCURRENCY, NAME, ROUTER_METRICS_PORT, Fleet, running_fleet, scrape
+from tests.e2e.traffic import CONCURRENCY, NAME, ROUTER_METRICS_PORT, Fleet, running_fleet
 from tests.unit.admission.builders import Review, example
 
 pytestmark = pytest.mark.cluster

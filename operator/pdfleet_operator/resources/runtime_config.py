@@ -52,7 +52,7 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
         # With routers, a drain answers /health 503 this long before it refuses work (docs/router.md).
         router_drop_seconds=ROUTER_DROP_BOUND_S if spec.router is not None else 0.0,
-        # ... or until every router has failed that many checks, answered 503 by the pod (server/router_checks.py).
+        # ... or until every router has failed that many checks, answered 503 by the pod (pod/router_checks.py).
         router_health_failures=HEALTH_FAILURES if spec.router is not None else 0,
         served_model_name=spec.model.served_name,  # unset: the runtime answers as the deployment's name
         group=_group(name, mine.parallelism.nodes_per_replica, role),

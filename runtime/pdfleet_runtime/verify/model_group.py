@@ -1,6 +1,6 @@
 """Token parity through the serving rank processes and a real engine (``parity --model --backend mooncake|nixl``).
 
-A prefill pod and a decode pod of ``server.ranks`` processes, each built from a runtime config that names the
+A prefill pod and a decode pod of ``rank.process`` processes, each built from a runtime config that names the
 model (``RuntimeConfig.model``: the ranks load it, refusing a layout that disagrees with config.json), as
 ``group.CasePods`` runs byte parity. Per case:
 
@@ -13,8 +13,8 @@ model (``RuntimeConfig.model``: the ranks load it, refusing a layout that disagr
 4. the tokens and logits are compared with transformers' own ``generate`` in this process.
 
 Faults (``ModelFault``) reach both pods' ranks as ``FaultOptions.model``. With ``group_nodes`` (``--nodes 1,N``) the
-decode replica spans N pods: this process leads it (``server.group.GroupRanks`` around its own rank processes,
-as the leader pod's process holds it) and each other pod is a ``server.member.MemberServer``, as ``serve`` runs a
+decode replica spans N pods: this process leads it (``pod.group.GroupRanks`` around its own rank processes,
+as the leader pod's process holds it) and each other pod is a ``pod.member.MemberServer``, as ``serve`` runs a
 member, joined over the signed group channel; shares and ``GenerateOp`` cross it like every other rank call.
 """
 
@@ -39,17 +39,24 @@ from pdfleet_runtime.config import (
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.model.hf_config import config_dtype, family
+from pdfleet_runtime.pod.group import GroupRanks
+from pdfleet_runtime.pod.launcher import RankLauncher
+from pdfleet_runtime.pod.member import MemberServer
+from pdfleet_runtime.pod.options import ServeOptions
 from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.rank.model_runner import Generation, ModelRunner
+from pdfleet_runtime.rank.pipe import (
+    FaultOptions,
+    Generated,
+    GenerateOp,
+    RankSpec,
+    TransferOp,
+    TransferResult,
+)
 from pdfleet_runtime.seeded import request_seed
-from pdfleet_runtime.server.group import GroupRanks
-from pdfleet_runtime.server.launcher import RankLauncher
-from pdfleet_runtime.server.local import free_offset
-from pdfleet_runtime.server.member import MemberServer
-from pdfleet_runtime.server.options import FaultOptions, ServeOptions
-from pdfleet_runtime.server.pipe import Generated, GenerateOp, RankSpec, TransferOp, TransferResult
+from pdfleet_runtime.testing.local import free_offset
 
 from .cases import CaseSpec, GroupSpec
 from .group import CALL_MARGIN_S, CasePods, _of

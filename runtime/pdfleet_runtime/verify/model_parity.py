@@ -13,7 +13,8 @@ Parity: equal token ids, and the decode's logits within the dtype's bound of agg
 
 ``run_model_parity`` does it all in this process (every rank's pools here, the blocks copied by
 ``LocalCopyExecutor``); ``run_model_parity_engine`` runs the serving rank processes through a real engine
-(``model_group``). A fault (``ModelFault``) makes the PD side wrong on purpose; parity must then fail.
+(``model_group``); ``model_run.run`` picks one for the command. A fault (``ModelFault``) makes the PD side
+wrong on purpose; parity must then fail.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pdfleet_runtime.kubeapi import api_client
 
 __all__ = ["SERVICE_ACCOUNT_TOKEN", "GateWriter", "KubeGate", "NoGate", "make_gate"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pdfleet_runtime.server.gate")  # the name log readers know
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _PATCH = "application/strategic-merge-patch+json"

@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdfleet_operator.devcluster import podspec
-from pdfleet_operator.devcluster.image import Image
-from pdfleet_operator.devcluster.podspec import Exec, HttpGet, PodSpecError
-from pdfleet_operator.devcluster.sandbox import BRIDGE, Ranges
+from pdfleet_devcluster import podspec
+from pdfleet_devcluster.image import Image
+from pdfleet_devcluster.podspec import Exec, HttpGet, PodSpecError
+from pdfleet_devcluster.sandbox import BRIDGE, Ranges
 
 __all__ = ["Container", "PodSandbox", "TokenMinter"]
 

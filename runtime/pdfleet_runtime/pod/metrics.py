@@ -170,9 +170,9 @@ class StagedCollector:
             for b, c in zip([*map(repr, map(float, bounds)), "+Inf"], counts, strict=True):
                 total += c
                 cumulative.append((b, float(total)))
-            fam = HistogramMetricFamily(name, doc, labels=["role"])
-            fam.add_metric([role], cumulative, sum_value=sum(h["sum"] for h in hists))
-            yield fam
+            hist = HistogramMetricFamily(name, doc, labels=["role"])
+            hist.add_metric([role], cumulative, sum_value=sum(h["sum"] for h in hists))
+            yield hist
 
 
 def sglang_gauges(registry: CollectorRegistry, model: str, role: str, running: Callable[[], float],

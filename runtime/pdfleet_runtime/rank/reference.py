@@ -29,7 +29,7 @@ from pdfleet_runtime.rank.model_runner import ModelRunner
 from pdfleet_runtime.records import RequestIndices
 
 from .pipe import Generated, GenerateOp
-from .rank_requests import SyntheticSource
+from .requests import SyntheticSource
 
 __all__ = ["ModelSource", "generate", "load_rank_model"]
 

@@ -19,12 +19,12 @@ from typing import Any
 
 from pdfleet_runtime.protocol.discovery import Endpoint, ResolveError, Resolver
 from pdfleet_runtime.protocol.states import FailureReason
+from pdfleet_runtime.rank.pipe import TransferOp, TransferResult
 from pdfleet_runtime.seeded import request_seed
 
 from .group import GroupRanks
 from .launcher import RankCallError, RankLauncher
 from .metrics import ServerMetrics
-from .pipe import TransferOp, TransferResult
 from .readiness import CanaryResult, Problem, Readiness, busy, classify
 
 __all__ = ["CALLER_FAULT", "NOT_THE_PATH", "RequestRouter", "SyntheticResult", "canary_result"]

@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pdfleet_runtime import __version__
 from pdfleet_runtime.config import Role, RuntimeConfig
@@ -38,13 +38,17 @@ from pdfleet_runtime.layouts import (
     resolve_layout,
     swa_pages_for_tokens,
 )
+from pdfleet_runtime.protocol.bootstrap import BootstrapState
 from pdfleet_runtime.protocol.discovery import Endpoint as PeerEndpoint
 from pdfleet_runtime.protocol.states import FailureReason
+from pdfleet_runtime.rank.pipe import RankStats
 
+from .drain import Drain
 from .launcher import RankCallError
 from .metrics import sglang_gauges
-from .pipe import RankStats, StatsOp
+from .options import ServeOptions
 from .rooms import RoomError, RoomTable
+from .routing import SyntheticResult
 from .worker_api import (
     ApiError,
     Endpoint,
@@ -57,10 +61,7 @@ from .worker_api import (
     sse_chunks,
 )
 
-if TYPE_CHECKING:
-    from .app import PodServer
-
-__all__ = ["WorkerApi", "request_items", "request_state_bytes"]
+__all__ = ["WorkerApi", "WorkerPod", "request_items", "request_state_bytes"]
 
 log = logging.getLogger("pdfleet_runtime.server")
 ROOM_WAIT_S = 2.0
@@ -94,21 +95,60 @@ def _pool_bytes(cfg: RuntimeConfig) -> int:
     return replica_bytes(layout, cfg.peer_shape.tp, cfg.peer_shape.pp, counts)
 
 
+class WorkerPod(Protocol):
+    """What the worker API asks of its pod server, and nothing more (``app.PodServer`` is one; the worker API
+    never imports the app). The pod server owns the rooms' wiring: a prefill's bootstrap admits claims
+    through ``WorkerApi.rooms``."""
+
+    @property
+    def opts(self) -> ServeOptions: ...
+
+    @property
+    def drain(self) -> Drain: ...
+
+    @property
+    def bootstrap_state(self) -> BootstrapState | None:
+        """A prefill pod's bootstrap state (its pending requests and their reports); None on a decode pod."""
+
+    def ranks_up(self) -> int:
+        """Rank processes of the replica up now (0 before they start)."""
+
+    def ranks_died(self) -> bool:
+        """Whether a rank process of the replica exited while serving."""
+
+    async def rank_stats(self, timeout_s: float) -> list[RankStats]:
+        """Every rank's counters (``RankCallError`` when one does not answer)."""
+
+    def health_checked(self, request: web.Request | None, ok: bool) -> None:
+        """Count an answer to a ``/health`` check (a router's, when its caller holds the worker key)."""
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """A request's body within the port's read deadline (``ApiError`` 408 when it trickles in)."""
+
+    async def known_prefill(self, ep: PeerEndpoint) -> bool:
+        """Whether ``ep`` is a prefill pod this pod's discovery names."""
+
+    async def pull(self, ep: PeerEndpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+                   retry_refused_s: float) -> SyntheticResult:
+        """A room's state from the prefill pod holding it, verified (``routing.RequestRouter.pull``)."""
+
+
 class WorkerApi:
     """The worker endpoints of one pod server (``PodServer`` owns one and adds its routes)."""
 
-    def __init__(self, pod: PodServer) -> None:
+    def __init__(self, pod: WorkerPod, registry: CollectorRegistry) -> None:
         self.pod = pod
         cfg = pod.opts.config
+        self.role = cfg.role
         self.model = cfg.served_model_name or cfg.deployment
         self.rooms = RoomTable(max_rooms=cfg.max_concurrent_requests * 4, max_bytes=_pool_bytes(cfg),
                                ttl_s=pod.opts.room_ttl_s)
         self.running = 0
         self.queued = 0
         self.used_tokens = 0
-        r, m = pod.metrics.registry, [self.model]
-        sglang_gauges(r, self.model, pod.role.value, lambda: self.running, lambda: self.queued,
-                      lambda: pod.bootstrap.state.unfinished if pod.bootstrap is not None else 0)
+        r, m = registry, [self.model]
+        sglang_gauges(r, self.model, self.role.value, lambda: self.running, lambda: self.queued,
+                      lambda: state.unfinished if (state := pod.bootstrap_state) is not None else 0)
         Gauge("sglang:num_used_tokens", "The number of used tokens.", ["model_name"],
               registry=r).labels(*m).set_function(lambda: self.used_tokens)
         Gauge("sglang:token_usage", "The token usage.", ["model_name"],
@@ -132,32 +172,23 @@ class WorkerApi:
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/v1/models", self._models)
 
-    def attach(self) -> None:
-        """Prefill: claims of rooms go through the bootstrap's admission."""
-        if self.pod.bootstrap is not None:
-            self.pod.bootstrap.state.admit = self.rooms.admit
-
     # ------------------------------------------------------------------ info
 
     async def _health(self, request: web.Request | None) -> web.Response:
         """200 while serving with every rank up; 503 from the drain's first moment, so every router's health
         check drops the pod before it refuses new work (``Drain``'s window, which counts these answers per
         caller: ``RouterChecks``)."""
-        launcher = self.pod.launcher
-        up = launcher is not None and not launcher.died and launcher.up == self.pod.opts.config.shape.world
+        up = not self.pod.ranks_died() and self.pod.ranks_up() == self.pod.opts.config.shape.world
         serving = self.pod.drain.serving
-        # Only callers holding the worker key are routers whose checks end a drain's window (anyone may ask).
-        caller = (request.remote if request is not None and self.pod.auth.allows(request.headers.get("Authorization"))
-                  else None)
-        self.pod.router_checks.answered(caller, serving and up, time.monotonic())
+        self.pod.health_checked(request, serving and up)
         if not serving:
             return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")
         return web.Response(status=200 if up else 503)
 
     async def _server_info(self, _: web.Request) -> web.Response:
         o, cfg = self.pod.opts, self.pod.opts.config
-        mode = "prefill" if self.pod.role is Role.PREFILL else "decode"
-        engine, _, version = (o.stand_in_for or "").partition("==")
+        mode = "prefill" if self.role is Role.PREFILL else "decode"
+        engine, _eq, version = (o.stand_in_for or "").partition("==")
         stand_in = {"stand_in": f"pdfleet-runtime serve {__version__} standing in for {engine} {version} "
                     "(which needs GPUs)"} if o.stand_in_for else {}
         return web.json_response({
@@ -173,15 +204,14 @@ class WorkerApi:
     async def _pools(self) -> dict[str, Any]:
         """Items held and free per index kind over every rank (tests check that failed requests free them)."""
         held, free, why = 0, dict[str, int](), dict[str, int]()
-        if self.pod.launcher is not None and self.pod.launcher.up:
+        if self.pod.ranks_up():
             with contextlib.suppress(RankCallError):
-                for st in await self.pod.launcher.call_all(StatsOp(), timeout_s=5.0):
-                    if isinstance(st, RankStats):
-                        held += st.held
-                        for k, v in st.free.items():
-                            free[k] = free.get(k, 0) + v
-                        for k, v in st.held_by.items():
-                            why[k] = why.get(k, 0) + v
+                for st in await self.pod.rank_stats(timeout_s=5.0):
+                    held += st.held
+                    for k, v in st.free.items():
+                        free[k] = free.get(k, 0) + v
+                    for k, v in st.held_by.items():
+                        why[k] = why.get(k, 0) + v
         return {"held": held, "free": free, "heldBy": why}
 
     async def _model_info(self, _: web.Request) -> web.Response:
@@ -194,12 +224,12 @@ class WorkerApi:
 
     # ------------------------------------------------------------------ requests
 
-    def _handler(self, ep: Endpoint):  # type: ignore[no-untyped-def]
+    def _handler(self, ep: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 req = parse_request(ep, await self.pod.read_body(request))
                 self._check(req)
-                if self.pod.role is Role.PREFILL:
+                if self.role is Role.PREFILL:
                     return await self._prefill(req, request.remote or "")
                 return await self._decode(request, req)
             except ApiError as e:
@@ -218,8 +248,7 @@ class WorkerApi:
         if not self.pod.drain.admitting:
             raise ApiError(503, f"the pod is draining ({self.pod.drain.phase.value}): send the request to another "
                            "worker", code="draining", retry_after=5)
-        launcher = self.pod.launcher
-        if launcher is None or launcher.up < self.pod.opts.config.shape.world:
+        if self.pod.ranks_up() < self.pod.opts.config.shape.world:
             raise ApiError(503, "rank processes are not up", code="not_ready", retry_after=1)
         if req.prompt_tokens > self.pod.opts.config.kv_tokens:
             raise ApiError(400, f"the prompt has {req.prompt_tokens} tokens, more than this worker's "
@@ -278,8 +307,9 @@ class WorkerApi:
 
     def _legs(self, rid: str) -> tuple[int, str, bool]:
         """(bytes written, first failure, every leg terminal) of a claimed room, from the bootstrap's reports."""
-        assert self.pod.bootstrap is not None
-        pending = [p for (_, r, _), p in self.pod.bootstrap.state.pending.items() if r == rid]
+        state = self.pod.bootstrap_state
+        assert state is not None
+        pending = [p for (_, r, _), p in state.pending.items() if r == rid]
         want = self.pod.opts.config.peer_shape.world
         moved = sum(rep.bytes for p in pending for rep in p.reports.values())
         failure = next((f"{rep.failure.value}: {rep.reason}" for p in pending for rep in p.reports.values()
@@ -289,7 +319,7 @@ class WorkerApi:
     async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
         o = self.pod.opts
         ep = PeerEndpoint(req.host or "127.0.0.1", req.port or o.bootstrap_port)
-        if not await self.pod.router.known(ep, self.pod.resolver):
+        if not await self.pod.known_prefill(ep):
             # Never dialled: a decode sends signed messages only to prefill pods its own discovery names.
             raise ApiError(400, f"bootstrap_host:bootstrap_port {ep} is not a prefill pod of this deployment (the "
                            "prefill Service does not name it): send the request through the router",
@@ -297,8 +327,8 @@ class WorkerApi:
         self.running += 1
         self.used_tokens += req.prompt_tokens
         try:
-            res = await self.pod.router.pull(ep, req.prompt_tokens, req.request_id, req.seed,
-                                             o.request_timeout_s, retry_refused_s=ROOM_WAIT_S)
+            res = await self.pod.pull(ep, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
+                                      retry_refused_s=ROOM_WAIT_S)
         finally:
             self.running -= 1
             self.used_tokens -= req.prompt_tokens

@@ -7,7 +7,7 @@ operations of ``pipe`` answered by typed results) are plain awaits with a timeou
 is noticed within ``watch_s`` and fails its pending calls; the pod then reports itself unhealthy
 (its container is restarted: a pod with a dead rank cannot serve).
 
-This module imports neither torch nor an engine: ``ranks`` is imported in the child only.
+This module imports neither torch nor an engine: ``rank.entry`` imports ``rank.process`` in the child only.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from multiprocessing.process import BaseProcess
 
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.protocol.states import FailureReason
-
-from .options import ServeOptions
-from .pipe import (
+from pdfleet_runtime.rank.entry import rank_entry
+from pdfleet_runtime.rank.pipe import (
     Call,
     CallFailed,
     Exit,
@@ -38,12 +37,13 @@ from .pipe import (
     RankResult,
     RankSpec,
     Reply,
-    Transport,
 )
+
+from .options import ServeOptions
 
 __all__ = ["LaunchError", "RankCallError", "RankLauncher", "rank_specs"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pdfleet_runtime.server.launcher")  # the name log readers know
 
 
 class LaunchError(RuntimeError):
@@ -70,12 +70,6 @@ def rank_specs(opts: ServeOptions, secret: bytes, *, member: int = 0, instance: 
                      bootstrap, opts.request_timeout_s, opts.write_timeout_s, opts.fence_timeout_s, opts.log_level,
                      opts.faults, rank_key=rank_key)
             for i in range(member * local, (member + 1) * local)]
-
-
-def _entry(conn: Connection, spec: RankSpec) -> None:
-    from .ranks import rank_main  # torch and the engine are imported in the child only
-
-    rank_main(conn, spec)
 
 
 @dataclass
@@ -112,16 +106,13 @@ class RankLauncher:
     def healthy(self) -> bool:
         return not self.died
 
-    def transports(self) -> list[Transport]:
-        return [h.info.transport for h in self.handles if h.info is not None]
-
     async def start(self, timeout_s: float = 180.0) -> None:
         """Spawn every rank and wait until each said ready; ``LaunchError`` (all stopped) otherwise."""
         ctx = mp.get_context("spawn")
         loop = asyncio.get_running_loop()
         for spec in self.specs:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_entry, args=(child, spec), name=f"pdfleet-{spec.name}", daemon=True)
+            proc = ctx.Process(target=rank_entry, args=(child, spec), name=f"pdfleet-{spec.name}", daemon=True)
             proc.start()
             child.close()
             h = _Handle(spec, proc, parent, ready=loop.create_future())

@@ -31,7 +31,7 @@ from types import MappingProxyType
 
 from pdfleet_runtime.config import GROUP_LEADER_ENV, GROUP_MEMBER_ENV, RuntimeConfig
 from pdfleet_runtime.links import LinkProtocol
-from pdfleet_runtime.model.state import ModelFault
+from pdfleet_runtime.rank.pipe import FaultOptions
 
 __all__ = [
     "CANARY_FLOORS_GBPS",
@@ -39,7 +39,6 @@ __all__ = [
     "ENV_PORT_OFFSET",
     "ENV_PREFILL_ADDRESSES",
     "ENV_PREFILL_ADDRESSES_FILE",
-    "FaultOptions",
     "OptionsError",
     "ServeOptions",
     "parse_addresses",
@@ -79,32 +78,6 @@ def parse_addresses(text: str, what: str = ENV_PREFILL_ADDRESSES) -> tuple[tuple
     if not out:
         raise OptionsError(f"{what} is set but names no address")
     return tuple(out)
-
-
-@dataclass(frozen=True)
-class FaultOptions:
-    """Fault injection for tests only (flags hidden from ``--help``): never set in a pod.
-
-    ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
-    ``wire``: speak another wire version (an incompatible peer);
-    ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
-    byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
-    ``corrupt_sent``: a prefill pod flips a byte of every request's state after filling it, before the
-    engine write (the wire carries a wrong byte; the decode's byte check finds it);
-    ``scatter_pages``: a seed: each request's pages are drawn at random, as in a long-running pod's
-    fragmented pools (benchmarks: fresh pools hand out contiguous pages the planner coalesces);
-    ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late:
-    the parity fault tests, which set it directly; no flag);
-    ``model``: a reference-engine negative control (``model.state.ModelFault``; ``parity --model --fault``).
-    """
-
-    write_delay_s: float = 0.0
-    wire: str | None = None
-    corrupt_received: bool = False
-    corrupt_sent: bool = False
-    scatter_pages: int | None = None
-    fill_delay_s: float = 0.0
-    model: ModelFault | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +157,7 @@ class ServeOptions:
 
     @property
     def admin_port(self) -> int:
-        """Drain and cancel, on 127.0.0.1 only (``server.admin``)."""
+        """Drain and cancel, on 127.0.0.1 only (``pod.admin``)."""
         return self.config.admin_port + self.port_offset
 
     @property
@@ -231,7 +204,9 @@ class ServeOptions:
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
-        opts = replace(opts, **_group_env(config, environ))
+        if (place := _group_env(config, environ)) is not None:
+            member, leader, leader_address = place
+            opts = replace(opts, group_member=member, group_leader=leader, group_leader_address=leader_address)
         highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.world - 1)
         if min(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
@@ -244,15 +219,16 @@ class ServeOptions:
         return opts
 
 
-def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> dict[str, object]:
-    """The group fields from the pod's environment; ``OptionsError`` naming the variable and the fix."""
+def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> tuple[int, str, tuple[str, int] | None] | None:
+    """The group fields from the pod's environment (member, leader, leader address; None without a group);
+    ``OptionsError`` naming the variable and the fix."""
     raw = environ.get(GROUP_MEMBER_ENV, "")
     group = config.group
     if group is None:
         if raw not in ("", "0"):
             raise OptionsError(f"{GROUP_MEMBER_ENV}={raw} is set but the runtime config has no group: set group "
                                "(nodesPerReplica > 1) in the config, or leave the variable unset")
-        return {}
+        return None
     if not raw.isdigit() or int(raw) >= group.nodes:
         raise OptionsError(f"{GROUP_MEMBER_ENV}={raw!r} must be this pod's place in its group, 0 to "
                            f"{group.nodes - 1} (group.nodes {group.nodes}; 0 = the leader)")
@@ -263,4 +239,4 @@ def _group_env(config: RuntimeConfig, environ: Mapping[str, str]) -> dict[str, o
     if member > 0 and not leader and parsed is None:
         raise OptionsError(f"{GROUP_MEMBER_ENV}={member} needs {GROUP_LEADER_ENV} (the leader's pod name): "
                            f"the member reaches its leader at <leader>.{group.service}.<namespace>.svc")
-    return {"group_member": member, "group_leader": leader, "group_leader_address": parsed}
+    return member, leader, parsed

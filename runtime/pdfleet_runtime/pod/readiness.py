@@ -123,7 +123,7 @@ class Readiness:
     bootstrap_registered: int = 0
     canaries_served: int = 0
     group_lost: list[str] = field(default_factory=list)
-    """A group leader's members that went away (``server.group.GroupRanks.lost``)."""
+    """A group leader's members that went away (``pod.group.GroupRanks.lost``)."""
     group_waiting: str = ""
     """A group leader's members not joined yet, in a sentence; '' when complete (or no group)."""
     pools_held: str = ""

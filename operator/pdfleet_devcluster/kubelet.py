@@ -22,11 +22,11 @@ from typing import Any
 from kubernetes.client import AuthenticationV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
-from pdfleet_operator.devcluster import podsandbox
-from pdfleet_operator.devcluster.image import Image, local_image
-from pdfleet_operator.devcluster.podsandbox import PodSandbox
-from pdfleet_operator.devcluster.podspec import PodSpecError
-from pdfleet_operator.devcluster.sandbox import Ranges
+from pdfleet_devcluster import podsandbox
+from pdfleet_devcluster.image import Image, local_image
+from pdfleet_devcluster.podsandbox import PodSandbox
+from pdfleet_devcluster.podspec import PodSpecError
+from pdfleet_devcluster.sandbox import Ranges
 
 __all__ = ["Kubelet", "StartedPod", "wait"]
 ROLE_LABEL = "pdfleet.io/role"
@@ -198,9 +198,6 @@ class Kubelet(threading.Thread):
 
     def decode_pods(self) -> dict[str, PodSandbox]:
         return self.running("decode")
-
-    def revision_of(self, name: str) -> str:
-        return next(s.revision for s in list(self.started.values()) if s.name == name)
 
     def left_running(self) -> dict[str, list[int]]:
         """The pods whose processes outlived their termination (their pids), by name; empty: none."""

@@ -4,7 +4,7 @@
 them with seeded state, give them back on release; full pools fail the request ``BUSY``.
 ``DecodeRequests`` runs one ``TransferOp`` on a decode rank: allocate, ``DecodeRank.transfer`` with a
 ``SyntheticFill`` (one coordinator per prefill pod), verify every byte, free, and answer a
-``TransferResult`` whose failure and cause are the protocol's own ``FailureReason``s. ``ranks``
+``TransferResult`` whose failure and cause are the protocol's own ``FailureReason``s. ``process``
 drives both from the pipe; tests drive them in one process. For parity (``SeededArenaOp``) both
 take a request's items from a reservation made in order, and a decode rank notes in its
 ``SeededArena`` what each request left in its items.

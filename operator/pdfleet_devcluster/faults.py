@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pdfleet_operator.devcluster.cluster import PID_FILE, LocalCluster
+from pdfleet_devcluster.cluster import PID_FILE, LocalCluster
 
 __all__ = ["paused"]
 

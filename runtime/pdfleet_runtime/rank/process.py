@@ -4,9 +4,9 @@ Started by ``launcher`` with the ``spawn`` context (one per local GPU rank, as a
 process never imports torch or an engine; this one does. The messages on the pipe are the typed
 ones of ``pipe``; EOF (the pod process died) ends the rank at once.
 
-Decode ops: ``TransferOp`` (one synthetic or prompt request through this rank: ``rank_requests.DecodeRequests``),
-``GenerateOp`` (reference engine: continue a request from every rank's share, ``rank_model``) and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill rank makes a synthetic request's state when the
-decode's ``TransferRequest`` asks for it (``rank_requests.SyntheticSource``). The parity harness
+Decode ops: ``TransferOp`` (one synthetic or prompt request through this rank: ``requests.DecodeRequests``),
+``GenerateOp`` (reference engine: continue a request from every rank's share, ``reference``) and ``StatsOp``. Prefill ops: ``StatsOp``. A prefill rank makes a synthetic request's state when the
+decode's ``TransferRequest`` asks for it (``requests.SyntheticSource``). The parity harness
 drives these same processes, with ``SeededArenaOp`` (both roles), ``ArenaCheckOp`` (decode) and
 ``RequestStatesOp`` (prefill) besides.
 """
@@ -41,15 +41,15 @@ from pdfleet_runtime.rank.faults import UngroupedConvPools
 
 from . import pipe
 from .arena import SeededArena
-from .rank_model import ModelSource, generate, load_rank_model
-from .rank_requests import DecodeRequests, SyntheticSource
+from .reference import ModelSource, generate, load_rank_model
+from .requests import DecodeRequests, SyntheticSource
 from .staging_setup import staging_of
 
 __all__ = ["rank_main"]
 
 log = logging.getLogger("pdfleet_runtime.server.rank")
 RECONCILE_S = 5.0
-"""How often a rank compares the items it holds with the requests running (``rank_requests._Items``)."""
+"""How often a rank compares the items it holds with the requests running (``requests._Items``)."""
 
 
 def rank_main(conn: Connection, spec: pipe.RankSpec) -> None:

@@ -1,4 +1,4 @@
-"""Certificates for the local control plane and for test webhooks.
+"""Certificates for the dev webhook (``--webhook dev``), the local control plane and test webhooks.
 
 One CA signs everything: the apiserver's serving certificate doubles as the
 admin client certificate (CN=admin, O=system:masters), as envtest does, and

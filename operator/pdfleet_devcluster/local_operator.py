@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdfleet_operator.devcluster.cluster import ClusterError, LocalCluster, free_port
+from pdfleet_devcluster.cluster import ClusterError, LocalCluster, free_port
 from pdfleet_runtime.lifetime import die_with_parent
 
 __all__ = ["WEBHOOK_CONFIGURATION", "LocalOperator", "interrupt"]

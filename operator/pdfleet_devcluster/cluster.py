@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 
-from pdfleet_operator.devcluster import node, procs, sandbox, toolchain
-from pdfleet_operator.devcluster.certs import CertificateAuthority, write_service_account_key
+from pdfleet_devcluster import node, procs, sandbox, toolchain
+from pdfleet_operator.certs import CertificateAuthority, write_service_account_key
 
 __all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "StopReport", "gpu_node_manifest"]
 
@@ -145,12 +145,6 @@ class LocalCluster:
         return self.state_dir / KUBECONFIG
 
     @property
-    def api_port(self) -> int:
-        """The apiserver's port (on 127.0.0.1 and on the bridge address)."""
-        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        return int(server.rsplit(":", 1)[1])
-
-    @property
     def bin_dir(self) -> Path:
         return toolchain.toolchain_dir() / "bin"
 
@@ -241,7 +235,7 @@ class LocalCluster:
         self._wait_http("kube-scheduler", f"https://127.0.0.1:{ports['sched']}/healthz", insecure=True)
 
         stages = d / "kwok.yaml"
-        stages.write_text(resources.files("pdfleet_operator.devcluster").joinpath("kwok-stages.yaml").read_text())
+        stages.write_text(resources.files("pdfleet_devcluster").joinpath("kwok-stages.yaml").read_text())
         self.progress(f"starting kwok with {self.options.nodes} fake GPU nodes")
         self._spawn("kwok", [
             f"--kubeconfig={kc}", f"--config={stages}",
@@ -375,18 +369,18 @@ class LocalCluster:
         """Apply the PDDeployment CRD generated from the API models and wait until it is served
         (Established, and listed by discovery); returns its name. Also installs the runtime pod-status
         policy, which the chart installs with the CRD (``devcluster.policies``)."""
+        from pdfleet_devcluster.policies import runtime_policy_yaml
         from pdfleet_operator.api.crd import CRD_NAME, crd_yaml
-        from pdfleet_operator.devcluster.policies import install_runtime_policy
 
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd_yaml())
-        install_runtime_policy(self)
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=runtime_policy_yaml())
         self.wait_established(CRD_NAME, timeout)
         self._wait_for("pdd discovery", lambda: self.kubectl("get", "pdd", "-A", check=False).returncode == 0, timeout)
         return CRD_NAME
 
     def kubelet(self, namespace: str, workdir: Path, **kw: Any) -> Any:  # -> kubelet.Kubelet (lazy: kubernetes)
         """The harness's kubelet for ``namespace``'s pods, not started (``start()``, ``shutdown()``)."""
-        from pdfleet_operator.devcluster.kubelet import Kubelet
+        from pdfleet_devcluster.kubelet import Kubelet
 
         endpoint = (self.options.ranges.kubernetes_service_ip, 443)  # through kube-proxy, as in a cluster
         return Kubelet(self.api_client(), namespace, workdir, self.options.ranges, endpoint, **kw)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdfleet_operator.devcluster.podspec import CLUSTER_DOMAIN
-from pdfleet_operator.devcluster.sandbox import Ranges
+from pdfleet_devcluster.podspec import CLUSTER_DOMAIN
+from pdfleet_devcluster.sandbox import Ranges
 
 __all__ = ["coredns_args", "corefile", "kube_dns_objects", "kube_proxy_args"]
 

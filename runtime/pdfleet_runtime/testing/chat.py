@@ -1,7 +1,8 @@
-"""Client traffic for the end-to-end tests: a bounded concurrent ``openai`` client sending chat completions
-to an endpoint (the router's Service), every answer recorded and, for the built-in runtime, verified.
+"""Client traffic for the end-to-end tests and the benchmarks: a bounded concurrent ``openai`` client sending chat
+completions to an endpoint (the router's Service), every answer recorded and, for the built-in runtime, verified.
 
-The API, for any test (or another agent's tests) that needs traffic through an OpenAI endpoint::
+The API, for any test or benchmark that needs traffic through an OpenAI endpoint (``openai`` is a dev
+dependency: only tests and benchmarks import this module)::
 
     traffic = ChatTraffic(base_url, model, concurrency=4).start()   # until stop()
     ... traffic.wait_answers(4) ... traffic.stop() -> list[Answer]
@@ -9,7 +10,7 @@ The API, for any test (or another agent's tests) that needs traffic through an O
 
 ``verify`` checks one answer (the request's body and the answer's JSON; a problem or None): the default,
 ``worker_client.verify_chat_answer``, recomputes the built-in runtime's completion from the body and the room the router
-chose (``server.worker_api``'s derivations: the decode answers only after every byte of the state was
+chose (``pod.worker_api``'s derivations: the decode answers only after every byte of the state was
 verified, and says so with the bytes it moved). The client never retries (``max_retries=0``): every
 failure the endpoint returns is counted.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 import openai
 
-from pdfleet_runtime.server.worker_client import chat_body, verify_chat_answer
+from pdfleet_runtime.testing.worker_client import chat_body, verify_chat_answer
 
 __all__ = ["Answer", "ChatTraffic", "chat_body", "verify_chat_answer"]
 

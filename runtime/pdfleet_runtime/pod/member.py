@@ -23,6 +23,7 @@ import contextlib
 import logging
 import signal
 import time
+from typing import Any
 
 from aiohttp import web
 
@@ -42,6 +43,7 @@ from pdfleet_runtime.protocol.group import (
 )
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.protocol.messages import WIRE, Recipient, Refusal, RefusalCode
+from pdfleet_runtime.rank.pipe import CallFailed, LegReport
 
 from .admin import start_admin
 from .app import GATE_REASSERT_S
@@ -50,7 +52,6 @@ from .group import OPS, config_digest, dump, load
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .options import ServeOptions
-from .pipe import CallFailed, LegReport
 from .readiness import Problem
 
 __all__ = ["EXIT_LEADER_LOST", "MemberServer"]
@@ -78,7 +79,7 @@ class MemberServer:
         self._heard = time.monotonic()
         self._lease_s, self._beat_s = 6.0, 1.0
         self._sent_died: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._admin: web.AppRunner | None = None
         self.first = opts.group_member * self.cfg.local_world
@@ -291,8 +292,7 @@ class MemberServer:
                                  status=200 if ready else 503)
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        ready, _, _ = self.verdict()
-        self.metrics.ready.set(int(ready))
+        self.metrics.ready.set(int(self.verdict()[0]))
         self.metrics.ranks_up.set(self.launcher.up if self.launcher else 0)
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 

@@ -10,7 +10,7 @@ HTTP (``httpPort``, 8080): ``GET /healthz`` (the pod process and every rank proc
 ``GET /readyz`` (the transfer-path verdict with its reason; 200 or 503), ``GET /metrics``
 (Prometheus), ``POST /v1/synthetic`` (decode pods: one synthetic request end to end), and the worker
 API (``openai_api``: the OpenAI endpoints, SGLang's ``/generate`` and registration endpoints). Admin
-(``adminPort``, 8081, on 127.0.0.1 only, ``server.admin``): ``POST /drain[?wait=true]`` (stop
+(``adminPort``, 8081, on 127.0.0.1 only, ``pod.admin``): ``POST /drain[?wait=true]`` (stop
 admitting, finish in-flight; the exec preStop hook) and ``DELETE /drain`` (cancel a drain: routable
 again). docs/runtime-server.md describes each answer.
 """
@@ -45,6 +45,7 @@ from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.http_guard import GuardedServer
 from pdfleet_runtime.protocol.keys import Keyring, load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, parse_wire
+from pdfleet_runtime.rank.pipe import LegReport, RankStats, StatsOp, Transport
 
 from .admin import start_admin
 from .drain import Drain, DrainPhase
@@ -54,10 +55,9 @@ from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .openai_api import WorkerApi, request_items
 from .options import ServeOptions
-from .pipe import LegReport, RankStats, StatsOp, Transport
 from .readiness import Readiness, pools_held
 from .router_checks import RouterChecks
-from .routing import CALLER_FAULT, NOT_THE_PATH, RequestRouter, canary_result
+from .routing import CALLER_FAULT, NOT_THE_PATH, RequestRouter, SyntheticResult, canary_result
 from .worker_api import ApiError, load_json
 from .worker_auth import WorkerAuth
 
@@ -115,8 +115,9 @@ class PodServer:
         """The worker key required on the routes that start or hold work, and the port's bounds."""
         self._admin: web.AppRunner | None = None
         self.metrics.in_flight_from(lambda: float(self._in_flight_estimate()))
-        self.worker = WorkerApi(self)
-        """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``)."""
+        self.worker = WorkerApi(self, self.metrics.registry)
+        """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``), over this server as its
+        ``WorkerPod``."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,9 +134,9 @@ class PodServer:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
                 state = BootstrapState(cfg.shape, wire=wire)
+                state.admit = self.worker.rooms.admit  # claims of rooms go through the worker API's rooms
                 codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)
                 self.bootstrap = BootstrapServer(state, codec, host=opts.bind_host, port=opts.bootstrap_port)
-                self.worker.attach()
                 await self.bootstrap.start()
             await self._start_http()
             log.info("%s pod %s serving HTTP on %s:%d%s", self.role.value, opts.instance, opts.bind_host,
@@ -161,7 +162,7 @@ class PodServer:
         return 0
 
     def _ranks(self, secret: bytes) -> RankLauncher | GroupRanks:
-        """This pod's rank processes; a group leader's also drive its members' ranks (``server.group``)."""
+        """This pod's rank processes; a group leader's also drive its members' ranks (``pod.group``)."""
         cfg, o = self.opts.config, self.opts
         boot = ("127.0.0.1", self.bootstrap.port if self.bootstrap else o.bootstrap_port)
         rank_key = self._rank_key if cfg.role is Role.PREFILL else None
@@ -240,6 +241,36 @@ class PodServer:
         except TimeoutError:
             raise ApiError(408, f"the body did not arrive within {self.auth.limits.read_s:g}s",
                            code="request_timeout") from None
+
+    # ------------------------------------------------------------------ the worker API's interface (WorkerPod)
+
+    @property
+    def bootstrap_state(self) -> BootstrapState | None:
+        return self.bootstrap.state if self.bootstrap is not None else None
+
+    def ranks_up(self) -> int:
+        return self.launcher.up if self.launcher is not None else 0
+
+    def ranks_died(self) -> bool:
+        return self.launcher is not None and bool(self.launcher.died)
+
+    async def rank_stats(self, timeout_s: float) -> list[RankStats]:
+        if self.launcher is None:
+            return []
+        return [s for s in await self.launcher.call_all(StatsOp(), timeout_s=timeout_s) if isinstance(s, RankStats)]
+
+    def health_checked(self, request: web.Request | None, ok: bool) -> None:
+        # Only callers holding the worker key are routers whose checks end a drain's window (anyone may ask).
+        caller = (request.remote if request is not None and self.auth.allows(request.headers.get("Authorization"))
+                  else None)
+        self.router_checks.answered(caller, ok, time.monotonic())
+
+    async def known_prefill(self, ep: Endpoint) -> bool:
+        return await self.router.known(ep, self.resolver)
+
+    async def pull(self, ep: Endpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+                   retry_refused_s: float) -> SyntheticResult:
+        return await self.router.pull(ep, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s)
 
     # ------------------------------------------------------------------ HTTP
 

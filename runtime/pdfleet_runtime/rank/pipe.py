@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet_runtime.config import RuntimeConfig
-from pdfleet_runtime.model.state import RankShare
+from pdfleet_runtime.model.state import ModelFault, RankShare
 from pdfleet_runtime.protocol.messages import StatusReport
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
-
-from .options import FaultOptions
 
 __all__ = [
     "ArenaCheck",
@@ -32,6 +30,7 @@ __all__ = [
     "Call",
     "CallFailed",
     "Exit",
+    "FaultOptions",
     "GenerateOp",
     "Generated",
     "LegReport",
@@ -55,6 +54,32 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- pod -> rank
+
+@dataclass(frozen=True)
+class FaultOptions:
+    """Fault injection for tests only (flags hidden from ``--help``): never set in a pod.
+
+    ``write_delay_s``: every engine write of this prefill pod sleeps first (a slow link);
+    ``wire``: speak another wire version (an incompatible peer);
+    ``corrupt_received``: a decode pod flips a byte of every request's state once it arrived, before the
+    byte check (an image that mangles what it receives: its canaries fail with ``BytesMismatched``);
+    ``corrupt_sent``: a prefill pod flips a byte of every request's state after filling it, before the
+    engine write (the wire carries a wrong byte; the decode's byte check finds it);
+    ``scatter_pages``: a seed: each request's pages are drawn at random, as in a long-running pod's
+    fragmented pools (benchmarks: fresh pools hand out contiguous pages the planner coalesces);
+    ``fill_delay_s``: every synthetic fill of this prefill pod sleeps first (the request's input is late:
+    the parity fault tests, which set it directly; no flag);
+    ``model``: a reference-engine negative control (``model.state.ModelFault``; ``parity --model --fault``).
+    """
+
+    write_delay_s: float = 0.0
+    wire: str | None = None
+    corrupt_received: bool = False
+    corrupt_sent: bool = False
+    scatter_pages: int | None = None
+    fill_delay_s: float = 0.0
+    model: ModelFault | None = None
+
 
 @dataclass(frozen=True)
 class RankSpec:

@@ -7,7 +7,7 @@ server holds where a single pod holds a ``RankLauncher``: ``call``/``call_all`` 
 member's through that member's group connection (``protocol.group``), as the same typed pipe
 operations (``dump``/``load``: each op and result by its type's name, its fields schema-checked by
 pydantic on arrival, never a pickle). The member relays them to its rank processes
-(``server.member``).
+(``pod.member``).
 
 A member joins once: its ``GroupJoin`` must be signed with the group key, name a member index not
 yet taken, this role, this config (digest) and ``local_world`` ranks. A member that goes away (its
@@ -47,9 +47,7 @@ from pdfleet_runtime.protocol.group import (
 )
 from pdfleet_runtime.protocol.messages import WIRE, Recipient, RefusalCode, parse_wire
 from pdfleet_runtime.protocol.states import FailureReason
-
-from .launcher import LaunchError, RankCallError, RankLauncher
-from .pipe import (
+from pdfleet_runtime.rank.pipe import (
     ArenaCheck,
     ArenaCheckOp,
     CallFailed,
@@ -67,6 +65,8 @@ from .pipe import (
     TransferOp,
     TransferResult,
 )
+
+from .launcher import LaunchError, RankCallError, RankLauncher
 
 __all__ = ["OPS", "RESULTS", "GroupRanks", "GroupSettings", "config_digest", "dump", "load"]
 
@@ -134,6 +134,8 @@ class GroupRanks:
                  settings: GroupSettings | None = None) -> None:
         assert cfg.group is not None
         self.local, self.cfg, self.codec = local, cfg, codec
+        self.nodes = cfg.group.nodes
+        """Pods of the replica (``group.nodes``): the leader and its members."""
         self.host, self.port, self.instance = host, port, instance
         self._rank_key, self._bootstrap_port = rank_key, bootstrap_port
         self._on_report, self._on_lost = on_report, on_lost
@@ -169,7 +171,7 @@ class GroupRanks:
     @property
     def waiting(self) -> str:
         """Why the group is not complete yet ('' once every member joined with every rank up)."""
-        nodes, local = self.cfg.group.nodes, self.cfg.local_world  # type: ignore[union-attr]
+        nodes, local = self.nodes, self.cfg.local_world
         missing = [m for m in range(1, nodes) if m not in self.members or len(self.members[m].ready) < local]
         if not missing:
             return ""
@@ -184,7 +186,7 @@ class GroupRanks:
         """Listen for members, then start the local ranks (members join while they start, and later)."""
         self._server = await asyncio.start_server(self._accept, self.host, self.port, limit=1 << 16)
         log.info("group leader listening on %s:%d for %d members", self.host, self.port,
-                 self.cfg.group.nodes - 1)  # type: ignore[union-attr]
+                 self.nodes - 1)
         try:
             await self.local.start(timeout_s)
         except LaunchError:

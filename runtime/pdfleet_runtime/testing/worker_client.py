@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .worker_api import Endpoint, completion, parse_request
+from pdfleet_runtime.pod.worker_api import Endpoint, completion, parse_request
 
 __all__ = ["chat_body", "check_openai", "verify_chat_answer"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pdfleet_runtime.protocol.auth import ProtocolError
 from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, TransferRequest
@@ -31,10 +31,10 @@ def room_request_id(room: int) -> str:
 
 
 def room_of(request_id: str) -> int | None:
-    """The room a transfer's request id names (``room-<n>`` or ``room-<n>.<k>``), else None."""
+    """The room a transfer's request id names (``room-<n>``), else None."""
     if not request_id.startswith(ROOM_PREFIX):
         return None
-    head = request_id[len(ROOM_PREFIX):].split(".", 1)[0]
+    head = request_id[len(ROOM_PREFIX):]
     return int(head) if head.isdigit() and len(head) <= 19 else None
 
 
@@ -64,7 +64,6 @@ class Room:
     """Bytes the prefill ranks reported written for this room (sum over legs)."""
     done: bool = False
     failure: str = ""
-    listeners: list[Callable[[], None]] = field(default_factory=list)
 
 
 class RoomTable:
@@ -133,14 +132,12 @@ class RoomTable:
         r = self.rooms.get(room)
         if r is not None and not r.done:
             r.moved, r.failure, r.done = moved, failure, True
-            self._notify(r)
 
     def drop(self, room: int) -> None:
         """Forget a finished room (its prefill answer went out)."""
         r = self.rooms.pop(room, None)
         if r is not None and not r.done:
             r.done = True
-            self._notify(r)
 
     def expire(self) -> int:
         """Expire unclaimed rooms older than the ttl (and claimed ones stuck past twice it); how many."""
@@ -153,12 +150,5 @@ class RoomTable:
                 r.done, r.failure = True, "expired"
                 if r.claimed is None:
                     self.expired += 1
-                self._notify(r)
                 n += 1
         return n
-
-    @staticmethod
-    def _notify(r: Room) -> None:
-        for f in r.listeners:
-            f()
-        r.listeners.clear()
