@@ -26,9 +26,9 @@ import pytest
 from kubernetes import watch
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
+from pdfleet_runtime.testing.chat import ChatTraffic
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.chat import ChatTraffic
 from tests.e2e.traffic import LOCAL_ARGS, NAME, RUNTIME_ARGS, Fleet, Traffic, manifest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1500)]

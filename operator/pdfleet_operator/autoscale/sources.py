@@ -1,6 +1,6 @@
 """Which metric names carry each autoscaling signal, per engine, and one pod's scrape parsed (pure).
 
-The built-in runtime exports SGLang's names (``pdfleet_runtime/server/metrics.py`` and the worker
+The built-in runtime exports SGLang's names (``pdfleet_runtime/pod/metrics.py`` and the worker
 API), so one table serves both; vLLM's names are the fallback of each entry, read where a fleet runs
 vLLM. A value is the first name of its entry the pod exports (summed over label sets), so a pod is
 read the same whichever engine it runs:

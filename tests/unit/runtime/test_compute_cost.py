@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pdfleet_operator.autoscale.sources import Key, parse_sample
-from pdfleet_runtime.compute_cost import (
+from pdfleet_runtime.config import ComputeCost
+from pdfleet_runtime.pod.compute_cost import (
     COMPUTE_COST_ENV,
     DecodeCompute,
     PrefillCompute,
@@ -19,8 +20,7 @@ from pdfleet_runtime.compute_cost import (
     prefill_compute,
     warming,
 )
-from pdfleet_runtime.config import ComputeCost
-from pdfleet_runtime.seeded_load import LoadMetrics
+from pdfleet_runtime.pod.seeded_load import LoadMetrics
 
 
 def test_prefill_is_one_fifo_server_over_prompt_tokens() -> None:
@@ -58,7 +58,7 @@ def test_the_cost_comes_from_the_config_or_the_environment() -> None:
 
 
 def test_the_declared_start_up_keeps_the_pod_not_ready() -> None:
-    from pdfleet_runtime.server.readiness import Problem, Readiness
+    from pdfleet_runtime.pod.readiness import Problem, Readiness
 
     cost = ComputeCost(startup_seconds=30)
     assert "30s" in warming(cost, 0.0) and warming(cost, 30.0) == "" and warming(None, 0.0) == ""
