@@ -233,11 +233,12 @@ def test_bad_requests_are_openai_errors(tmp_path: Path, pairs: list[Pair]) -> No
     assert e.value.body["param"] == "max_tokens"
     code, body = http("POST", pair.decode.url + "/v1/completions", None, 10)
     assert code == 400 and body["error"]["param"] == "prompt"
-    # No prefill at the named bootstrap address: 503, nothing held on the decode.
+    # A bootstrap address the decode's discovery does not name: refused before any dial, nothing held.
     fields = {**pair.room_fields(), "bootstrap_port": 1}
-    with pytest.raises(openai.InternalServerError) as ie:
+    with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="x", extra_body=fields)
-    assert ie.value.status_code == 503 and ie.value.body["code"] == "prefill_unreachable"
+    assert e.value.body["code"] == "unknown_prefill" and e.value.body["param"] == "bootstrap_host"
+    assert pools(pair.decode)["held"] == 0
     # No prefill holds the room (the router never sent it there): refused, a clean error after the wait.
     with pytest.raises(openai.APIStatusError) as ae:
         client.completions.create(model=MODEL, prompt="x", extra_body=pair.room_fields())
