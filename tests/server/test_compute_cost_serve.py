@@ -21,7 +21,8 @@ from tests.server.harness import Pod, config, free_offset, http
 pytestmark = pytest.mark.slow
 
 FAST = ("--retry-period", "0.3", "--canary-timeout", "3", "--canary-tokens", "64")
-PREFILL_COST = ComputeCost(prefill_seconds_per_prompt_token=0.002, startup_seconds=10)  # 400 tokens: 0.8 s
+PREFILL_COST = ComputeCost(prefill_seconds_per_prompt_token=0.002, startup_seconds=20)  # 400 tokens: 0.8 s; start-up
+# long enough that a pod slow to listen on a loaded host (10 s seen) still answers /readyz inside it
 DECODE_COST = ComputeCost(decode_seconds_per_token=0.02, decode_seconds_per_running_request=0.002)
 
 
