@@ -370,9 +370,10 @@ class LocalCluster:
         (Established, and listed by discovery); returns its name. Also installs the runtime pod-status
         policy, which the chart installs with the CRD (``devcluster.policies``)."""
         from pdfleet_devcluster.policies import runtime_policy_yaml
-        from pdfleet_operator.api.crd import CRD_NAME, crd_yaml
+        from pdfleet_operator.api.crd import CRD_NAME, crd_yaml, rolescale_crd_yaml
 
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd_yaml())
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rolescale_crd_yaml())
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=runtime_policy_yaml())
         self.wait_established(CRD_NAME, timeout)
         self._wait_for("pdd discovery", lambda: self.kubectl("get", "pdd", "-A", check=False).returncode == 0, timeout)

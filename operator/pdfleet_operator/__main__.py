@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peering priority (default: drawn at random at start, so replicas never tie)")
     p.add_argument("--resync-seconds", type=float, default=10.0,
                    help="reconcile every PDDeployment at least this often (default 10)")
+    p.add_argument("--autoscale-interval-seconds", type=float, default=15.0, metavar="S",
+                   help="an autoscaling pass per PDDeployment with spec.autoscaling this often (default 15)")
     p.add_argument("--max-parallel-reconciles", type=int, default=4, metavar="N",
                    help="reconcile passes at once, across PDDeployments (default 4)")
     p.add_argument("--metrics-listen", default="0.0.0.0:8081", metavar="HOST:PORT",

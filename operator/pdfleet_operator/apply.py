@@ -141,6 +141,14 @@ class Writer:
         for key in [k for k in self._applied if k[0] == namespace and k[2].startswith(f"{deployment}-")]:
             del self._applied[key]
 
+    def patch_status_of(self, api_version: str, kind: str, namespace: str, name: str, status: dict) -> dict:
+        """Merge-patch another kind's status subresource (a PDRoleScale's); the object after."""
+        res = self._resource(api_version, kind)
+        return self._dyn.patch(
+            res.subresources["status"], body={"status": status}, name=name, namespace=namespace,
+            content_type="application/merge-patch+json", field_manager=FIELD_MANAGER,
+        ).to_dict()
+
     def patch_status(self, namespace: str, name: str, status: dict) -> dict:
         """Merge-patch the status subresource (conditions are replaced as a whole list); the object after."""
         res = self._resource(API_VERSION, KIND)

@@ -74,7 +74,8 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         and (nodes == 1 or labels.get(LABEL_GROUP) == group_pod_name(owner.get("name", ""), role, revision, index, 0))
     )
     conditions = (pod.get("status") or {}).get("conditions") or ()
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    ready_cond = next((c for c in conditions if c.get("type") == "Ready" and c.get("status") == "True"), None)
+    ready = ready_cond is not None
     # Drained only for the drain under way: the condition must carry this drain's stamp.
     drained = drain_started is not None and any(
         c.get("type") == CONDITION_DRAINED and c.get("status") == "True"
@@ -104,6 +105,10 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         member=member,
         group_size=nodes,
         failed=status.get("phase") == "Failed",
+        ip=status.get("podIP") or None,
+        created=_rfc3339(meta.get("creationTimestamp")) if meta.get("creationTimestamp") else None,
+        ready_since=_rfc3339(ready_cond.get("lastTransitionTime")) if ready_cond and ready_cond.get(
+            "lastTransitionTime") else None,
     )
 
 

@@ -60,6 +60,9 @@ class ObservedPod:
     member: int = 0  # its place in its replica group (0: the leader; every single-node pod is one)
     group_size: int = 1  # the pods of its group (nodesPerReplica of the revision it was made from)
     failed: bool = False  # phase Failed (evicted, or its containers ended and will not restart)
+    ip: str | None = None  # status.podIP (the autoscaler reads its metrics there)
+    created: float | None = None  # epoch seconds of metadata.creationTimestamp
+    ready_since: float | None = None  # epoch seconds the Ready condition last became True (None: not ready)
 
 
 @dataclass(frozen=True)

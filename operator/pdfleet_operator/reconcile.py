@@ -28,20 +28,31 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from pdfleet_operator.api.constants import (
+    API_VERSION,
     GROUP,
     LABEL_DEPLOYMENT,
     PLURAL,
     VERSION,
     ConditionStatus,
     ConditionType,
+    Role,
 )
 from pdfleet_operator.api.models import Condition, PDDeploymentSpec, PDDeploymentStatus
+from pdfleet_operator.api.rolescale import RS_KIND, RS_PLURAL, rolescale_name
 from pdfleet_operator.apply import Outcome, Writer
+from pdfleet_operator.autoscale.replicas import replicas_in_effect, with_replicas
+from pdfleet_operator.autoscale.rolescale import (
+    adapter_roles,
+    external_counts,
+    rolescale_body,
+    rolescale_status,
+)
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
 from pdfleet_operator.observed import Owner, Snapshot
 from pdfleet_operator.placement import check_placement, node_facts
 from pdfleet_operator.plan import (
+    Action,
     ActionKind,
     group_pods_running,
     grouped_roles,
@@ -283,6 +294,9 @@ class Reconciler:
             msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             self._write_status(owner, raw_status, spec_unreadable_status(admission, msg, meta.get("generation", 0)))
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
+        # The count each role runs: the autoscaler's, a PDRoleScale's or the spec's (autoscale.replicas).
+        declared, scales = spec, self._role_scales(owner, view)
+        spec = with_replicas(spec, replicas_in_effect(spec, old_status, external_counts(declared, owner, scales)))
         snapshot = self._observe(owner, view, spec)
         problems = check_placement(spec, view.nodes if view is not None else observe_nodes(self._api))
         admission = with_placement(admission, problems, meta.get("generation", 0))
@@ -297,6 +311,11 @@ class Reconciler:
         targets = rollout_targets(spec, snapshot, decisions)
         admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
         actions = plan(owner, spec, snapshot, now=now, targets=targets)
+        have = {(s.get("metadata") or {}).get("name") for s in scales}
+        actions += [Action(ActionKind.CREATE, API_VERSION, RS_KIND, rolescale_name(name, role),
+                           body=rolescale_body(owner, declared, role),
+                           reason=f"{role.value} scalingAdapter: its count for an HPA or KEDA")
+                    for role in adapter_roles(declared) if rolescale_name(name, role) not in have]
         if not _admitted(admission):
             # A stored spec the running matrix rejects: keep what runs, start nothing new.
             actions = [a for a in actions if a.kind is ActionKind.APPLY or a.object_kind == "Secret"]
@@ -311,6 +330,8 @@ class Reconciler:
             [a.reason for a in actions if a.kind is ActionKind.HOLD], datetime.now(UTC), namespace=owner.namespace,
             matrix_version=matrix_version,
         )
+        if declared.autoscaling is None and old_status.autoscaling is not None:
+            status = status.model_copy(update={"autoscaling": None})  # spec.autoscaling removed: clear its record
         conditions = status.conditions or []
         before = {c.type: c.status for c in old_status.conditions or ()}
         transitions = [(c.type.value, c.status.value, c.reason or "", c.message or "")
@@ -322,8 +343,39 @@ class Reconciler:
             if d.failure:
                 transitions.append((ConditionType.DEGRADED.value, "True", "RolloutFailed", f"{role.value}: {d.message}"))
         self._write_status(owner, raw_status, status)
+        self._write_scales(owner, declared, scales, status)
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=conditions,
                           requeue_after=next_wake(spec, snapshot, decisions, now))
+
+    def _role_scales(self, owner: Owner, view: View | None) -> list[dict]:
+        """The deployment's PDRoleScale objects: watched, or listed (a Reconciler without watched state);
+        none where their CRD is not installed."""
+        if view is not None:
+            return view.of(RS_KIND)
+        try:
+            listing = self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, owner.namespace, RS_PLURAL, label_selector=f"{LABEL_DEPLOYMENT}={owner.name}",
+                _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return list(json.loads(listing.data).get("items") or ())
+
+    def _write_scales(self, owner: Owner, spec: PDDeploymentSpec, scales: list[dict],
+                      status: PDDeploymentStatus) -> None:
+        """Each PDRoleScale's status (the scale subresource's replicas and selector), when it changed."""
+        counts = {role: ((s.replicas, s.ready) if s is not None else (0, 0))
+                  for role, s in ((Role.PREFILL, status.prefill), (Role.DECODE, status.decode))}
+        for body in scales:
+            want = rolescale_status(spec, owner, body, counts)
+            old = body.get("status") or {}
+            if all(old.get(k) == v for k, v in want.items()):
+                continue
+            answer = self._writer.patch_status_of(API_VERSION, RS_KIND, owner.namespace, body["metadata"]["name"],
+                                                  want)
+            if self._state is not None:
+                self._state.wrote(RS_KIND, owner.namespace, owner.name, answer)
 
     def _remember(self, owner: Owner, o: Outcome) -> None:
         """Overlay one write on the watched state; note a secret created."""
@@ -403,15 +455,17 @@ def _index_node(body: kopf.Body, **_: Any) -> dict:
 
 
 def register(registry: kopf.OperatorRegistry, reconciler_ref: Callable[[], Reconciler],
-             resync_seconds: float = 10.0, kopf_settings: kopf.OperatorSettings | None = None) -> None:
+             resync_seconds: float = 10.0, kopf_settings: kopf.OperatorSettings | None = None,
+             wakeups: Wakeups | None = None) -> Wakeups:
     """Register the reconcile handlers on ``registry``; ``reconciler_ref`` is set at startup.
 
     Indexes hold the watched state (``watched``); each PDDeployment gets a daemon that runs its
     passes: at once when an event wakes it, at the next time-based decision the last pass named (a
     drain deadline, a gate timeout), else every ``resync_seconds`` (drift a watch missed). Daemons run
     only while this replica is the active peer (kopf stops them when it pauses), and one deployment's
-    pass never waits for another's except for a free slot (``Reconciler``'s bound)."""
-    wakeups = Wakeups()
+    pass never waits for another's except for a free slot (``Reconciler``'s bound). Returns the
+    wake-ups, through which others (the autoscaler) ask for a pass."""
+    wakeups = wakeups or Wakeups()
 
     for api_version, plural, _ in OWNED_KINDS:
         group, _, version = api_version.rpartition("/")
@@ -463,3 +517,5 @@ def register(registry: kopf.OperatorRegistry, reconciler_ref: Callable[[], Recon
             if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
                 wakeups.forget(key)
                 reconciler_ref().forget(namespace, name)
+
+    return wakeups

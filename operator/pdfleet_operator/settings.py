@@ -176,6 +176,10 @@ class OperatorSettings(_Frozen):
         10.0, gt=0, description="Every PDDeployment is reconciled at least this often (drift correction); "
         "child events reconcile at once."
     )
+    autoscale_interval_seconds: float = Field(
+        15.0, ge=1, le=600, description="An autoscaling pass per PDDeployment with spec.autoscaling this often "
+        "(an HPA's sync period; docs/autoscaling.md)."
+    )
     max_parallel_reconciles: int = Field(
         4, ge=1, le=64, description="Reconcile passes that run at once, across PDDeployments (each in a "
         "thread; a deployment's passes never overlap). A slow pass holds one slot, never another "
@@ -213,6 +217,7 @@ class OperatorSettings(_Frozen):
             peering=args.peering,
             priority=args.priority,
             resync_seconds=args.resync_seconds,
+            autoscale_interval_seconds=getattr(args, "autoscale_interval_seconds", 15.0),
             max_parallel_reconciles=args.max_parallel_reconciles,
             metrics_listen=args.metrics_listen or None,
             admission=AdmissionSettings.model_validate(admission),

@@ -42,6 +42,7 @@ OWNED_KINDS = (
     ("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget"),
     ("apps/v1", "deployments", "Deployment"),
     ("apps/v1", "controllerrevisions", "ControllerRevision"),
+    ("pdfleet.io/v1alpha1", "pdrolescales", "PDRoleScale"),  # a role's count for an HPA (scalingAdapter)
 )
 INDEX_PDDEPLOYMENTS = "pdfleet_idx_pddeployments"
 INDEX_NODES = "pdfleet_idx_nodes"

@@ -35,6 +35,7 @@ __all__ = [
     "HTTP_PORT",
     "READINESS_GATE",
     "SERVED_NAME_PATTERN",
+    "ComputeCost",
     "ConfigError",
     "GroupConfig",
     "ModelSourceConfig",
@@ -135,6 +136,20 @@ class GroupConfig(_Model):
     secret_path: Path = Field(description="File holding the role's group key.")
 
 
+class ComputeCost(_Model):
+    """A declared compute cost for the seeded mode (``compute_cost``): load makes queues, TTFT, ITL and KV
+    use move as an engine's would, on a machine without the engine. Zero everywhere: no cost (the default)."""
+
+    prefill_seconds_per_prompt_token: float = Field(0.0, ge=0, le=1, description="Prefill: seconds of compute "
+                                                    "per prompt token; a pod computes one prompt at a time, FIFO.")
+    decode_seconds_per_token: float = Field(0.0, ge=0, le=10, description="Decode: seconds of one step (one "
+                                            "generated token of every running request), the batch's fixed part.")
+    decode_seconds_per_running_request: float = Field(0.0, ge=0, le=10, description="Decode: seconds a step "
+                                                      "grows by per running request (the batch's part).")
+    startup_seconds: float = Field(0.0, ge=0, le=3600, description="Seconds after start before the pod may "
+                                   "report Ready (an engine loading weights and warming up).")
+
+
 class RuntimeConfig(_Model):
     """Everything one pod's runtime needs to start; written by the operator per role."""
 
@@ -188,6 +203,10 @@ class RuntimeConfig(_Model):
     model: ModelSourceConfig | None = Field(
         None, description="Compute this model (the reference engine); unset: seeded state. The layout must agree "
         "with its config.json (the ranks refuse to start otherwise, naming the field).")
+    compute_cost: ComputeCost | None = Field(
+        None, description="Seeded mode: a declared compute cost (prefill per prompt token, decode per step and per "
+        "running request, a start-up delay before Ready); unset: none, unless the pod's PDFLEET_COMPUTE_COST "
+        "environment variable gives one (JSON, the same fields).")
     served_model_name: str | None = Field(
         None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN,
         description="The model name the worker API answers as (OpenAI ``model``, /v1/models); the deployment's "

@@ -20,13 +20,14 @@ import math
 from enum import StrEnum
 from typing import NamedTuple
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from pdfleet_operator.api.kube import ApiModel
 
 __all__ = [
     "AUTOSCALING_RULES",
     "AutoscalingSpec",
+    "AutoscalingStatus",
     "BacklogSignal",
     "DecodeAutoscaling",
     "DecodeSignals",
@@ -36,7 +37,10 @@ __all__ = [
     "PrefillAutoscaling",
     "PrefillSignals",
     "RatioBand",
+    "Recommendation",
+    "RoleAutoscalingStatus",
     "RunningRequestsSignal",
+    "SignalReading",
     "cheapest_in_band",
 ]
 
@@ -171,6 +175,67 @@ class AutoscalingSpec(ApiModel):
     )
 
 
+# -- status: what the operator decided and why (written by ``autoscale.runner``) -----------------
+
+
+class SignalReading(ApiModel):
+    """One signal's reading at a decision: its value, its target and the replicas it asked for."""
+
+    signal: str = Field(max_length=64, description="backlogSeconds, ttftSeconds, kvCacheUsage, "
+                        "runningRequestsPerReplica or itlSeconds.")
+    value: float = Field(description="The signal's value over the role (seconds, a fraction, requests per replica).")
+    target: float = Field(description="The spec's target for it.")
+    recommendation: int = Field(ge=0, description="Replicas this signal alone asks for.")
+    covered_by_starting: bool = Field(False, description="The replicas already starting cover it.")
+
+
+class Recommendation(ApiModel):
+    """One past recommendation, kept for the stabilization windows (an operator restart resumes them)."""
+
+    at: float = Field(ge=0, description="When, in epoch seconds.")
+    replicas: int = Field(ge=0, description="What the signals asked for.")
+
+
+class RoleAutoscalingStatus(ApiModel):
+    """One role's latest autoscaling decision."""
+
+    desired: int = Field(ge=0, description="The replicas the autoscaler hands to the reconcile (it drains "
+                         "the surplus, never deletes a serving pod).")
+    current: int = Field(0, ge=0, description="The count in effect before this decision.")
+    recommendation: int | None = Field(None, ge=0, description="What the signals asked for, before the "
+                                       "windows, the bounds, the budget and the band (unset: no signal).")
+    reason: str = Field(max_length=64, description="Why desired is what it is: SignalAboveTarget, "
+                        "SignalBelowTarget, WithinTarget, StartingReplicasCover, ScaleUpStabilizing, "
+                        "ScaleDownStabilizing, AtMinReplicas, AtMaxReplicas, GpuBudget, RatioBand, NoSignal, "
+                        "RolloutInProgress.")
+    message: str = Field("", max_length=4096, description="The same in words.")
+    readings: list[SignalReading] | None = Field(None, max_length=8, description="Every configured signal "
+                                                 "that was reported, with the replicas it asked for.")
+    ready: int = Field(0, ge=0, description="Routable ready replicas at the decision.")
+    starting: int = Field(0, ge=0, description="Replicas created and not yet Ready.")
+    draining: int = Field(0, ge=0, description="Replicas draining (they hold GPUs until they go).")
+    startup_seconds: float | None = Field(None, ge=0, description="The role's measured create -> Ready time "
+                                          "(the median of its ready pods), which the planner waits out.")
+    scraped: int = Field(0, ge=0, description="Pods whose metrics were read at this decision.")
+    last_scale_up: float | None = Field(None, ge=0, description="Epoch seconds of the last growth.")
+    last_scale_down: float | None = Field(None, ge=0, description="Epoch seconds of the last shrink.")
+    recommendations: list[Recommendation] | None = Field(
+        None, max_length=512, description="Recommendations inside the longer stabilization window, oldest first.")
+
+
+class AutoscalingStatus(ApiModel):
+    """``status.autoscaling``: the latest decision of both roles (docs/autoscaling.md)."""
+
+    last_decision_time: AwareDatetime | None = Field(None, description="When the latest decision was made.")
+    held_by_rollout: bool = Field(False, description="A rollout is in progress: the autoscaler holds both "
+                                  "counts until it completes (the rollout wins).")
+    gpus: int = Field(0, ge=0, description="GPUs of the desired replicas of both roles.")
+    ratio_in_band: bool | None = Field(None, description="Whether desired prefill / decode is inside the "
+                                       "band (unset: no band).")
+    prefill: RoleAutoscalingStatus | None = Field(None, description="The prefill role's decision.")
+    decode: RoleAutoscalingStatus | None = Field(None, description="The decode role's decision.")
+
+
 # -- admission checks that need a loop (the webhook and `pdfleet validate`) ------------------------
 
 
@@ -210,6 +275,11 @@ AUTOSCALING_RULES: dict[str, _Rule] = {
     "autoscaling-max-unreachable": _Rule(
         "a maxReplicas the GPU budget can never reach is a bound that does nothing",
         "lower maxReplicas to what the budget holds, or raise gpuBudget",
+    ),
+    "autoscaling-double-control": _Rule(
+        "spec.autoscaling scales both roles; a role with scalingAdapter is scaled from outside (an HPA or KEDA "
+        "through its PDRoleScale): two controllers of one count would fight",
+        "remove spec.autoscaling, or set scalingAdapter false on both roles",
     ),
     "autoscaling-budget-feasible": _Rule(
         "every replica count inside min/max whose ratio is in the band holds more GPUs than the budget",

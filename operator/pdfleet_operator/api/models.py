@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, Field, StringConstraints
 
-from pdfleet_operator.api.autoscaling import AutoscalingSpec
+from pdfleet_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus
 from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, ConditionType, RolloutPhase
 from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
 from pdfleet_runtime.config import SERVED_NAME_PATTERN
@@ -325,6 +325,12 @@ class RoleSpec(ApiModel):
     engine: EngineOverride | None = Field(
         None, description="This role's engine overrides (image, version, args, env) of spec.engine."
     )
+    scaling_adapter: bool = Field(
+        False,
+        description="Drive this role's count from outside (an HPA or KEDA): the operator makes a PDRoleScale "
+        "<deployment>-<role> with a scale subresource and takes the count from it. Not with spec.autoscaling "
+        "(docs/autoscaling.md). Default false.",
+    )
 
 
 class RolloutSpec(ApiModel):
@@ -537,6 +543,10 @@ class PDDeploymentStatus(ApiModel):
     rollout: RolloutStatus | None = Field(None, description="The rollout's state.")
     endpoint: str | None = Field(
         None, description="URL of the router Service clients send OpenAI requests to (printer column)."
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        None, description="The autoscaler's latest decision per role: desired, reason, the signal values "
+        "(spec.autoscaling set only; docs/autoscaling.md)."
     )
 
 

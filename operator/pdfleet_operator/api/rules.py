@@ -162,7 +162,21 @@ def _ratio_relaxed(o: Obj) -> bool:
                 and band["max"] * float(d["maxReplicas"]) >= float(p["minReplicas"]))
 
 
+def _single_control(o: Obj) -> bool:
+    return "autoscaling" not in o or not any(o[r].get("scalingAdapter") for r in ("prefill", "decode"))
+
+
 _AUTOSCALING_RULES: tuple[CelRule, ...] = (
+    _as_rule(
+        "autoscaling-double-control",
+        ("spec",),
+        "!has(self.autoscaling) || !((has(self.prefill.scalingAdapter) && self.prefill.scalingAdapter) || "
+        "(has(self.decode.scalingAdapter) && self.decode.scalingAdapter))",
+        "spec.autoscaling and scalingAdapter (an outside autoscaler through a PDRoleScale) cannot drive the same "
+        "role: remove one",
+        _single_control,
+        ".autoscaling",
+    ),
     *(
         _as_rule(
             "autoscaling-replicas-in-range",

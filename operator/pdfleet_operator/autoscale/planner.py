@@ -198,66 +198,6 @@ def _decode_inflow(spec: AutoscalingSpec, m: PrefillMetrics, fleet: RoleFleet, r
     return tokens / prompt if prompt >= 1 else None  # a prompt has a token at least
 
 
-@dataclass
-class _Role:
-    """Working values of one role inside one ``plan`` call."""
-
-    role: Role
-    current: int
-    lo: int  # the bounds
-    hi: int
-    floor: int  # the lowest count the windows allow now (>= lo unless current is below lo)
-    ceiling: int  # the highest the windows allow now
-    gpus: int
-    draining: int
-    rec: int | None
-    target: int
-    reason: Reason
-    message: str
-    readings: tuple[Reading, ...]
-
-
-def _window(history: tuple[tuple[float, int], ...], now: float, seconds: float) -> list[int]:
-    return [r for t, r in history if now - t <= seconds]
-
-
-def _stabilize(window_up: int, window_down: int, hist: RoleHistory, now: float, current: int,
-               rec: int | None) -> tuple[int, Reason, str, bool, bool]:
-    """(target, reason, message, may_shrink, may_grow) of one role from its recommendations and windows;
-    the last two say whether any later rule (the band) may move the role down or up this pass."""
-    may_shrink = hist.last_scale_up is None or now - hist.last_scale_up >= window_down
-    may_grow = hist.last_scale_down is None or now - hist.last_scale_down >= window_up
-    if rec is None:
-        return current, Reason.NO_SIGNAL, "no configured signal is reported: holding", may_shrink, may_grow
-    up = min(_window(hist.recommendations, now, window_up), default=rec)
-    down = max(_window(hist.recommendations, now, window_down), default=rec)
-    if up > current:
-        if not may_grow:
-            return current, Reason.SCALE_UP_STABILIZING, (
-                f"would grow to {up}; shrank {now - (hist.last_scale_down or now):.0f}s ago, inside the "
-                f"{window_up}s scale-up window"), may_shrink, may_grow
-        return up, Reason.SIGNAL_ABOVE_TARGET, (
-            f"signals ask for {up} (the lowest over the {window_up}s scale-up window)"), may_shrink, may_grow
-    if down < current:
-        if not may_shrink:
-            return current, Reason.SCALE_DOWN_STABILIZING, (
-                f"would shrink to {down}; grew {now - (hist.last_scale_up or now):.0f}s ago, inside the "
-                f"{window_down}s scale-down window"), may_shrink, may_grow
-        return down, Reason.SIGNAL_BELOW_TARGET, (
-            f"signals ask for {down} (the highest over the {window_down}s scale-down window)"), may_shrink, may_grow
-    if rec < current:
-        return current, Reason.SCALE_DOWN_STABILIZING, (
-            f"signals ask for {rec}; {down} over the {window_down}s scale-down window"), may_shrink, may_grow
-    if rec > current:
-        return current, Reason.SCALE_UP_STABILIZING, (
-            f"signals ask for {rec}; {up} over the {window_up}s scale-up window"), may_shrink, may_grow
-    return current, Reason.WITHIN_TARGET, f"signals ask for {rec}, as there is", may_shrink, may_grow
-
-
-def _in_band(p: int, d: int, band: tuple[float, float] | None) -> bool:
-    return band is None or (d > 0 and band[0] * d - 1e-9 <= p <= band[1] * d + 1e-9)
-
-
 def _role(role: Role, rs: PrefillAutoscaling | DecodeAutoscaling, hist: RoleHistory, fleet: RoleFleet,
           readings: list[Reading], now: float) -> _Role:
     rec = max((r.recommendation for r in readings), default=None)

@@ -2,7 +2,8 @@
 
 A role's revision covers every spec field that ends up in its pods or its runtime config,
 including the shared model and transfer settings and the other role's shape (the runtime
-plans with both). Replicas and rollout settings are excluded: scaling is not a new revision.
+plans with both). Replicas, the scaling adapter and rollout settings are excluded: scaling is not a new
+revision.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
         "role": role.value,
         "model": spec.model.model_dump(mode="json", by_alias=True, exclude_none=True),
         "transfer": spec.transfer.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "self": mine.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"}),
+        "self": mine.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas", "scaling_adapter"}),
         "peerShape": other.parallelism.model_dump(mode="json", by_alias=True),
         "drain": spec.rollout.drain_timeout_seconds,
     }

@@ -48,6 +48,7 @@ from pdfleet_runtime.protocol.messages import WIRE, parse_wire
 from pdfleet_runtime.rank.pipe import LegReport, RankStats, StatsOp, Transport
 
 from .admin import start_admin
+from .compute_cost import warming
 from .drain import Drain, DrainPhase
 from .gate import GateWriter, NoGate
 from .group import GroupRanks
@@ -118,6 +119,8 @@ class PodServer:
         self.worker = WorkerApi(self, self.metrics.registry)
         """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``), over this server as its
         ``WorkerPod``."""
+        born, cost = time.monotonic(), self.worker.cost
+        self.readiness.warming = lambda: warming(cost, time.monotonic() - born)  # a declared start-up delay
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -532,9 +535,10 @@ class PodServer:
             self.bootstrap.state.drain(not admitting)
 
     def _in_flight_estimate(self) -> int:
+        computing = self.worker.computing if hasattr(self, "worker") else 0  # the declared compute (seeded_load)
         if self.bootstrap is not None:
-            return self.bootstrap.state.unfinished
-        return self.router.active
+            return self.bootstrap.state.unfinished + computing
+        return self.router.active + computing
 
     async def _in_flight_now(self) -> int:
         """Decode: requests admitted and not answered. Prefill: requests some source has not finished, and

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -43,12 +45,14 @@ from pdfleet_runtime.protocol.discovery import Endpoint as PeerEndpoint
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.rank.pipe import RankStats
 
+from .compute_cost import cost_from, decode_compute, prefill_compute
 from .drain import Drain
 from .launcher import RankCallError
 from .metrics import sglang_gauges
 from .options import ServeOptions
 from .rooms import RoomError, RoomTable
 from .routing import SyntheticResult
+from .seeded_load import LoadMetrics
 from .worker_api import (
     ApiError,
     Endpoint,
@@ -160,6 +164,10 @@ class WorkerApi:
         self.held.set_function(lambda: sum(1 for x in self.rooms.rooms.values() if not x.done))
         self.room_bytes = Counter("pdfleet_room_transfer_bytes", "Bytes of worker requests (rooms) moved, as this "
                                   "pod reports them per request", registry=r)
+        self.cost = cost_from(cfg.compute_cost, os.environ)  # the seeded mode's declared compute (compute_cost)
+        self.computing = 0  # requests in their declared compute: a drain waits for them
+        self.load = LoadMetrics(r, self.model, self.role.value, cfg.kv_tokens, prefill_compute(self.cost),
+                                decode_compute(self.cost))
 
     def add_routes(self, app: web.Application) -> None:
         for ep in Endpoint:
@@ -257,6 +265,13 @@ class WorkerApi:
 
     async def _prefill(self, req: WorkerRequest, source: str) -> web.Response:
         cfg = self.pod.opts.config
+        self.queued += 1  # waits for its turn and its compute (seeded_load; none without a declared cost)
+        self.computing += 1
+        try:
+            await self.load.prefill_prompt(req.prompt_tokens, time.monotonic())
+        finally:
+            self.queued -= 1
+            self.computing -= 1
         nbytes = request_state_bytes(cfg, req.prompt_tokens, decode_side=False)
         assert req.room is not None
         try:
@@ -324,14 +339,25 @@ class WorkerApi:
             raise ApiError(400, f"bootstrap_host:bootstrap_port {ep} is not a prefill pod of this deployment (the "
                            "prefill Service does not name it): send the request through the router",
                            param="bootstrap_host", code="unknown_prefill")
-        self.running += 1
-        self.used_tokens += req.prompt_tokens
-        try:
+        # A request runs (and holds KV) from admission; with a declared cost, once its state arrived (SGLang's
+        # decode batch: waiting for a prefill's compute is not running).
+        counted = self.cost is None
+        self._run(+1 if counted else 0, req.prompt_tokens)
+        arrived = time.monotonic()
+        try:  # with a declared cost the prefill holds the room once computed: wait for it as long as a request
             res = await self.pod.pull(ep, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
-                                      retry_refused_s=ROOM_WAIT_S)
+                                      retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s)
+            if res.ok:
+                self._run(0 if counted else +1, req.prompt_tokens)
+                counted, self.computing = True, self.computing + 1
+                try:
+                    await self.load.generate(len(completion(req.seed, req.prompt_tokens, res.bytes,
+                                                            req.max_tokens).ids), arrived, lambda: self.running,
+                                             self._hold)
+                finally:
+                    self.computing -= 1
         finally:
-            self.running -= 1
-            self.used_tokens -= req.prompt_tokens
+            self._run(-1 if counted else 0, req.prompt_tokens)
         if not res.ok:
             raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
         expected = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
@@ -354,6 +380,13 @@ class WorkerApi:
             await resp.write(event.encode())
         await resp.write_eof()
         return resp
+
+    def _hold(self, tokens: int) -> None:
+        self.used_tokens += tokens
+
+    def _run(self, step: int, prompt_tokens: int) -> None:
+        self.running += step
+        self.used_tokens += step * prompt_tokens
 
     def _failure(self, req: WorkerRequest, failure: FailureReason | None, reason: str,
                  buffers: tuple[str, ...]) -> ApiError:

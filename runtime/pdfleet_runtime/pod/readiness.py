@@ -128,6 +128,8 @@ class Readiness:
     """A group leader's members not joined yet, in a sentence; '' when complete (or no group)."""
     pools_held: str = ""
     """Why the pools have no room with nothing running, in a sentence; '' when they have room or run work."""
+    warming: Callable[[], str] = lambda: ""
+    """The declared start-up left (``compute_cost.warming``), in a sentence; '' once over or undeclared."""
 
     # ------------------------------------------------------------------ facts
 
@@ -183,6 +185,8 @@ class Readiness:
                            f"{self.group_waiting}")
         if self.ranks_up < self.ranks_total:
             return Verdict(False, Problem.STARTING, f"{self.ranks_up} of {self.ranks_total} rank processes are up")
+        if warm := self.warming():
+            return Verdict(False, Problem.STARTING, warm)
         if self.failed_in_row >= self.failures_not_ready:
             return Verdict(False, Problem.FAILING, f"{self.failed_in_row} transfers failed in a row, the last: "
                            f"{self.last_failure}")

@@ -51,7 +51,8 @@ def test_the_example_is_admitted_without_warnings() -> None:
 def test_every_autoscaling_cel_rule_has_a_reason_and_a_fix() -> None:
     ids = {r.id for r in CEL_RULES if r.id.startswith("autoscaling-")}
     assert ids == {"autoscaling-replicas-in-range", "autoscaling-budget-minimums", "autoscaling-min-max",
-                   "autoscaling-signal", "autoscaling-ratio-order", "autoscaling-ratio-feasible"}
+                   "autoscaling-signal", "autoscaling-ratio-order", "autoscaling-ratio-feasible",
+                   "autoscaling-double-control"}
     for r in CEL_RULES:
         if r.id.startswith("autoscaling-"):
             assert r.reason == AUTOSCALING_RULES[r.id].reason and r.fix == AUTOSCALING_RULES[r.id].fix

@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 
 from pdfleet_operator.admission.handlers import VALIDATE_WEBHOOK_ID
-from pdfleet_operator.api.crd import CRD_FILE
+from pdfleet_operator.api.crd import CRD_FILE, ROLESCALE_CRD_FILE
 from pdfleet_operator.reconcile import CHILD_KINDS
 from pdfleet_operator.resources.rbac import runtime_role
 from tests.unit.chart.conftest import CHART, NAMESPACE, Render, by_kind, helm_run, one
@@ -42,7 +42,9 @@ def test_chart_crd_is_the_generated_crd() -> None:
         "charts/pdfleet/crds is stale: cp crds/*.yaml charts/pdfleet/crds/"
     )
     # Besides it only kopf's peering CRDs (tests/unit/chart/test_operator_availability.py).
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted([CRD_FILE.name, "kopf.dev_peerings.yaml"])
+    assert (CHART / "crds" / ROLESCALE_CRD_FILE.name).read_bytes() == ROLESCALE_CRD_FILE.read_bytes()
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(
+        [CRD_FILE.name, ROLESCALE_CRD_FILE.name, "kopf.dev_peerings.yaml"])
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
@@ -99,6 +101,8 @@ def test_namespaced_rbac_covers_what_the_operator_does(render: Render) -> None:
         for res in rule["resources"]:
             assert set(rule["verbs"]) <= _granted(rules, rule["apiGroups"][0], res), res
     assert _granted(rules, "pdfleet.io", "pddeployments/status") == {"get", "patch"}
+    assert _granted(rules, "pdfleet.io", "pdrolescales/status") == {"get", "patch"}
+    assert "patch" not in _granted(rules, "pdfleet.io", "pdrolescales")  # its spec.replicas is the HPA's
     assert "delete" not in _granted(rules, "pdfleet.io", "pddeployments")
     assert _granted(rules, "", "secrets") == {"get", "create"}  # read its own by name, create once; no list
     assert _granted(rules, "apps", "controllerrevisions") == {"get", "list", "watch", "create"}
