@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdfleet_runtime import __version__
-from pdfleet_runtime.source import describe
 from pdfleet_runtime.model.state import ModelFault
+from pdfleet_runtime.source import describe
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED = 0, 1, 2
 

@@ -250,6 +250,11 @@ class QSAConfig(_Model):
     index_heads: int = Field(ge=1, description="Index-key heads per token (replicated on every rank).")
     index_head_dim: int = Field(ge=1, description="Width of one index-key head.")
     dtype: DType = Field(default=DType.BFLOAT16, description="Index-key element type.")
+    rope_positions: int = Field(
+        default=1, ge=1, le=8,
+        description="Position coordinates kept per pending token in the RoPE ring (SGLang 0.5.23 keeps 3: MRoPE).",
+    )
+    rope_dtype: DType = Field(default=DType.INT32, description="RoPE ring element type (SGLang 0.5.23: int64).")
 
 
 class PLEConfig(_Model):
@@ -258,8 +263,18 @@ class PLEConfig(_Model):
     short_conv_layers: LayerSet = Field(description="Layers with PLE short-conv state.")
     short_conv_width: int = Field(ge=1, description="Channels of the per-layer embedding conv.")
     short_conv_kernel: int = Field(ge=2, description="Conv kernel; the state keeps kernel - 1 columns.")
-    ngram_context: int = Field(ge=1, description="Token ids of history kept per request (int32).")
+    ngram_context: int = Field(ge=1, description="Token ids of history kept per request.")
     dtype: DType = Field(default=DType.BFLOAT16, description="Short-conv state element type.")
+    short_conv_dilation: int = Field(
+        default=1, ge=1, le=64,
+        description="Conv dilation: the state keeps (kernel - 1) x dilation columns (Qwen4-Exp: its ngram_size).",
+    )
+    ngram_dtype: DType = Field(default=DType.INT32, description="N-gram history element type (SGLang 0.5.23: int64).")
+
+    @property
+    def short_conv_columns(self) -> int:
+        """Columns of the short-conv state: (kernel - 1) x dilation."""
+        return (self.short_conv_kernel - 1) * self.short_conv_dilation
 
 
 class SWAConfig(_Model):
@@ -288,6 +303,11 @@ class Layout(_Model):
     qsa: QSAConfig | None = Field(default=None, description="QSA state on the full-attention layers.")
     ple: PLEConfig | None = Field(default=None, description="Per-layer-embedding state.")
     swa: SWAConfig | None = Field(default=None, description="Sliding-window attention layers.")
+    weight_bytes: int | None = Field(
+        default=None, ge=0,
+        description="Bytes of the model's weights (pdfleet layout fills it from config.json); the GPU memory rule "
+        "counts weightBytes / (tensor x pipeline) per rank beside the pools. Unset: pools alone.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Layout:
@@ -570,11 +590,12 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
         if layer in ple:
             assert layout.ple is not None
             out.append(_replicated(StateType.PLE_SHORT_CONV, EntryField.SHORT_CONV, layer, IndexKind.SLOT,
-                                   (layout.ple.short_conv_kernel - 1, layout.ple.short_conv_width),
+                                   (layout.ple.short_conv_columns, layout.ple.short_conv_width),
                                    layout.ple.dtype))
     if qsa is not None and full.intersection(layers):
+        rope_shape = (qsa.compress_ratio,) if qsa.rope_positions == 1 else (qsa.compress_ratio, qsa.rope_positions)
         out.append(_replicated(StateType.QSA_PENDING, EntryField.ROPE, QSA_ROPE_LAYER_ID, IndexKind.ROW,
-                               (qsa.compress_ratio,), DType.INT32))
+                               rope_shape, qsa.rope_dtype))
     if layout.ple is not None and (ple.intersection(layers) or (not ple and pp_rank == 0)):
         out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, PLE_NGRAM_LAYER_ID, IndexKind.SLOT,
                                (layout.ple.ngram_context,), DType.INT32))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
@@ -37,6 +37,7 @@ from pdfleet_runtime.layouts import (
     resolve_layout,
 )
 from pdfleet_runtime.links import UNSUPPORTED_PROTOCOLS, Backend, LinkProtocol
+from pdfleet_runtime.model.weights import PRESET_WEIGHT_BYTES
 from pdfleet_runtime.roles import Role
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_RELEASES, RuntimeRelease, release_of
 
@@ -182,6 +183,7 @@ class LayoutFacts:
     qsa_compress_ratio: int | None = None
     pool_bytes: Callable[[int, int, int, int], int] | None = None
     paths: Mapping[str, str] = field(default_factory=dict)
+    weight_bytes: int | None = None  # the model's weights (a preset's real model, or the layout's weightBytes)
 
     def path(self, fact: str) -> str:
         return self.paths.get(fact, "spec.model.layout")
@@ -295,9 +297,10 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "one compressed QSA page covers one full-KV page, so a page must hold a whole number of "
        "compressed entries",
        "set pageSize to a multiple of qsa.compressRatio"),
-    _r("pool-fits-gpu", "pools must fit the GPU memory of one device",
-       "every rank allocates its KV and state pools at start; pools larger than the device fail at "
-       "start or evict the weights",
+    _r("pool-fits-gpu", "weights and pools must fit the GPU memory of one device",
+       "every rank holds its share of the model's weights (weights / (tensor x pipeline); a preset counts the "
+       "real model it stands for, an inline layout its weightBytes) and allocates its KV and state pools at "
+       "start; more than the device holds fails at start",
        "raise parallelism.tensor or pipeline, lower pool.kvTokensPerReplica or "
        "pool.maxConcurrentRequests, or set gpuMemoryGiB to the real device"),
     _r("runtime-version-unknown", "the runtime version is unknown to this matrix",
@@ -565,15 +568,21 @@ def _check_pools(c: _Ctx) -> Iterator[Violation]:
         # its heads sharded over the attention TP (MLA's latent KV, replicated over TP, shrinks by dp)
         dp = c.attn_dp[role]
         try:
-            need = lay.pool_bytes(c.attn_tp(role), tp_pp[1], -(-reqs // dp), -(-toks // dp))
+            pools = lay.pool_bytes(c.attn_tp(role), tp_pp[1], -(-reqs // dp), -(-toks // dp))
         except ValueError:  # LayoutError: a shape the layout cannot split; the shape rules say why
             continue
+        model = lay.weight_bytes or 0
+        weights = -(-model // (tp_pp[0] * tp_pp[1]))
+        need = pools + weights
         have = gib * _GIB * c.matrix.gpu_memory_fraction
         if need > have:
             at = f"tp{tp_pp[0]}xpp{tp_pp[1]}" + (f" with attention DP {dp}" if dp > 1 else "")
+            what = (f"weights {weights / _GIB:.1f} GiB ({model / _GIB:.1f} GiB / {tp_pp[0] * tp_pp[1]}) "
+                    f"and pools {pools / _GIB:.1f} GiB need {need / _GIB:.1f} GiB" if weights
+                    else f"pools need {need / _GIB:.1f} GiB")
             yield c.violation(
                 "pool-fits-gpu",
-                f"{role} pools need {need / _GIB:.1f} GiB per GPU at {at} "
+                f"{role} {what} per GPU at {at} "
                 f"with {toks} KV "
                 f"tokens and {reqs} requests; {have / _GIB:.1f} GiB "
                 f"({c.matrix.gpu_memory_fraction:.0%} of {gib:g} GiB) is available",
@@ -780,6 +789,7 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
         qsa_compress_ratio=layout.qsa_compress_ratio,
         pool_bytes=_pool_bytes_fn(layout),
         paths=MappingProxyType(paths),
+        weight_bytes=PRESET_WEIGHT_BYTES.get(preset) if preset is not None else layout.weight_bytes,
     )
     if preset is not None and base == "spec.model.layout":
         _PRESET_FACTS[preset] = facts
@@ -787,11 +797,16 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
 
 
 def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: LinkProtocol | str,
-                 prefill: RoleInput, decode: RoleInput, engine: str = "pdfleet") -> MatrixInput:
+                 prefill: RoleInput, decode: RoleInput, engine: str = "pdfleet", *,
+                 count_weights: bool = True) -> MatrixInput:
     """The one builder of an evaluation's input (the operator's admission and the parity harness):
-    the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``)."""
+    the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``).
+    ``count_weights=False`` leaves the model's weights out of the GPU memory rule (the byte-parity harness
+    fills seeded pools and loads no weights)."""
     try:
         facts: LayoutFacts | None = layout_facts(layout)
     except (LayoutError, ValueError):
         facts = None
+    if facts is not None and not count_weights and facts.weight_bytes is not None:
+        facts = replace(facts, weight_bytes=None)
     return MatrixInput(facts, backend, protocol, prefill, decode, engine)

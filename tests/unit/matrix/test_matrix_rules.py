@@ -232,8 +232,19 @@ def test_all_violations_at_once() -> None:
 def test_valid_presets_are_admitted_by_their_backends() -> None:
     assert evaluate(inp(QWEN_FULL, "mooncake", p=RoleInput(4), d=RoleInput(2))).admitted
     assert evaluate(inp(HYBRID, "nixl", p=RoleInput(4), d=RoleInput(2))).admitted
-    assert evaluate(inp(MLA, "mori", p=RoleInput(8), d=RoleInput(4))).admitted
+    assert evaluate(inp(MLA, "mori", p=RoleInput(16), d=RoleInput(8))).admitted
     assert evaluate(inp(LLAMA, "mori", p=RoleInput(2, 2), d=RoleInput(2, 2))).admitted
+
+
+def test_weights_count_in_the_gpu_memory_rule() -> None:
+    """A preset counts the real model it stands for: Qwen3-Next-80B's ~148 GiB of bf16 weights cannot sit on one
+    141 GiB GPU at TP 1, DeepSeek-V3's ~627 GiB of FP8 weights need 8 of them; Llama-3-8B fits anywhere."""
+    v = evaluate(inp(HYBRID, "nixl", p=RoleInput(1), d=RoleInput(2)))
+    (bad,) = [x for x in v.violations if x.rule == "pool-fits-gpu"]
+    assert "prefill weights 148.4 GiB (148.4 GiB / 1) and pools" in bad.message
+    assert "126.9 GiB (90% of 141 GiB) is available" in bad.message
+    assert not evaluate(inp(MLA, "mori", p=RoleInput(8), d=RoleInput(4))).admitted
+    assert evaluate(inp(LLAMA, "mooncake", p=RoleInput(1), d=RoleInput(1))).admitted
 
 
 def test_rules_are_data_with_reasons() -> None:
