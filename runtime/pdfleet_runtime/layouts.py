@@ -598,7 +598,7 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
                                rope_shape, qsa.rope_dtype))
     if layout.ple is not None and (ple.intersection(layers) or (not ple and pp_rank == 0)):
         out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, PLE_NGRAM_LAYER_ID, IndexKind.SLOT,
-                               (layout.ple.ngram_context,), DType.INT32))
+                               (layout.ple.ngram_context,), layout.ple.ngram_dtype))
     return tuple(out)
 
 
