@@ -152,6 +152,8 @@ def _transformers(b: _Builder) -> None:
     for layer, kind in enumerate(f.layer_kinds):
         if kind in (FULL, SLIDING, INDEXED):
             cls = {FULL: "DynamicLayer", SLIDING: "DynamicSlidingWindowLayer", INDEXED: "DynamicIndexedLayer"}[kind]
+            if f.family == "deepseek_v32":
+                cls = "DynamicIndexedLayer"
             cap = (f.sliding_window - 1) if kind == SLIDING and f.sliding_window else None
             if f.mla is not None:
                 b.add(f"{cls}.keys", layer, Item.TOKEN, (1, f.mla[0]), f.dtype, Split.REPLICATED)
