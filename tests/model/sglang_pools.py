@@ -44,7 +44,7 @@ def _state(pool) -> dict:
             "groups": [None if g is None else [int(x) for x in g] for g in groups]}
 
 
-def _hybrid(cfg: dict, tp: int, page: int, torch, sg) -> dict:
+def _hybrid(cfg: dict, tp: int, page: int, torch) -> dict:
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
     from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool
 
@@ -117,7 +117,7 @@ def _case(case: dict) -> dict:
                                     kv_lora_rank=cfg["kv_lora_rank"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
                                     layer_num=n, device="cpu", enable_memory_saver=False)
             return {"kv": {"items": _infos(pool.get_contiguous_buf_infos()), "layers": list(range(n))}}
-        return _hybrid(cfg, tp, page, torch, None)
+        return _hybrid(cfg, tp, page, torch)
 
 
 def main() -> None:
@@ -126,12 +126,13 @@ def main() -> None:
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.CRITICAL)
-    cases = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
     results = {}
     for case in cases:
         try:
             results[case["id"]] = {"ok": True, **_case(case)}
-        except BaseException as exc:  # noqa: BLE001 - reported per case
+        except BaseException as exc:  # reported per case
             results[case["id"]] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                                    "trace": traceback.format_exc()[-3000:]}
     with open(sys.argv[2], "w") as f:
