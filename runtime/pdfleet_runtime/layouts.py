@@ -40,6 +40,7 @@ __all__ = [
     "PRESETS",
     "AttentionKind",
     "BufferSpec",
+    "ConvGroup",
     "DType",
     "EntryField",
     "IndexKind",
@@ -57,6 +58,7 @@ __all__ = [
     "StateType",
     "UnknownPresetError",
     "arena_offsets",
+    "group_range",
     "item_bytes_by_kind",
     "pages_for_tokens",
     "pool_counts",
@@ -221,6 +223,25 @@ class MLAConfig(_Model):
     qk_rope_head_dim: int = Field(ge=0, description="Width of the decoupled RoPE key (DeepSeek-V3: 64).")
 
 
+class ConvGroup(_Model):
+    """One channel group of a linear-attention conv state: ``heads`` x ``headDim`` channels.
+
+    Under TP a group is sharded when TP divides its heads, and replicated on ``tp / heads`` ranks (each
+    holding one head) when its heads divide TP: Mamba2's B and C with ``n_groups`` below TP. The planner
+    slices each group on its own and elects one writer among the replicas of a head."""
+
+    heads: int = Field(ge=1, le=4096, description="Heads (groups) of this channel group.")
+    head_dim: int = Field(ge=1, le=1 << 20, description="Channels per head.")
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
+    def per_rank(self, tp: int) -> int:
+        """Channels one rank of ``tp`` holds: its share of the heads, or one whole head when replicated."""
+        return self.width // tp if self.heads % tp == 0 else self.head_dim
+
+
 class LinearAttentionConfig(_Model):
     """Linear attention (Gated DeltaNet style) on every layer that is neither full attention nor SWA."""
 
@@ -235,12 +256,25 @@ class LinearAttentionConfig(_Model):
     temporal_dtype: DType = Field(
         default=DType.FLOAT32, description="Temporal (recurrent) state element type; default float32."
     )
+    conv_groups: list[ConvGroup] | None = Field(
+        default=None, min_length=1, max_length=16,
+        description="The conv state's channel groups in order, when they are not Gated DeltaNet's q|k|v (the "
+        "default: numKeyHeads x keyHeadDim twice, numValueHeads x valueHeadDim). Mamba2: x (heads x head dim), "
+        "then B and C (n_groups x state size each); a group whose heads are fewer than TP is replicated.",
+    )
 
     @property
-    def conv_shard_groups(self) -> tuple[int, int, int]:
-        """Global channel widths of the q, k and v groups of the conv state, each sharded on its own."""
-        qk = self.num_key_heads * self.key_head_dim
-        return (qk, qk, self.num_value_heads * self.value_head_dim)
+    def groups(self) -> tuple[ConvGroup, ...]:
+        """The conv channel groups: declared, or q | k | v."""
+        if self.conv_groups is not None:
+            return tuple(self.conv_groups)
+        qk = ConvGroup(heads=self.num_key_heads, head_dim=self.key_head_dim)
+        return (qk, qk, ConvGroup(heads=self.num_value_heads, head_dim=self.value_head_dim))
+
+    @property
+    def conv_shard_groups(self) -> tuple[int, ...]:
+        """Global channel widths of the conv state's groups (q, k, v by default), each sliced on its own."""
+        return tuple(g.width for g in self.groups)
 
 
 class QSAConfig(_Model):
@@ -303,6 +337,10 @@ class Layout(_Model):
     qsa: QSAConfig | None = Field(default=None, description="QSA state on the full-attention layers.")
     ple: PLEConfig | None = Field(default=None, description="Per-layer-embedding state.")
     swa: SWAConfig | None = Field(default=None, description="Sliding-window attention layers.")
+    empty_layers: LayerSet | None = Field(
+        default=None,
+        description="Layers that hold no per-request state (NemotronH's MLP-only layers); never linear attention.",
+    )
     weight_bytes: int | None = Field(
         default=None, ge=0,
         description="Bytes of the model's weights (pdfleet layout fills it from config.json); the GPU memory rule "
@@ -313,7 +351,9 @@ class Layout(_Model):
     def _consistent(self) -> Layout:
         n = self.num_layers
         full = self.full_attention_layers.resolve(n)
+        empty = set(self.empty_layers.resolve(n)) if self.empty_layers else set()
         for name, ids in (("fullAttentionLayers", full),
+                          ("emptyLayers", tuple(empty)),
                           ("swa.layers", self.swa.layers.resolve(n) if self.swa else ()),
                           ("ple.shortConvLayers", self.ple.short_conv_layers.resolve(n) if self.ple else ())):
             bad = [i for i in ids if i >= n]
@@ -327,8 +367,10 @@ class Layout(_Model):
         swa = set(self.swa.layers.resolve(n)) if self.swa else set()
         if swa & set(full):
             raise ValueError(f"layers {sorted(swa & set(full))} are both full attention and SWA")
-        if self.linear_attention is None and len(full) + len(swa) != n:
-            missing = sorted(set(range(n)) - set(full) - swa)
+        if empty & (swa | set(full)):
+            raise ValueError(f"layers {sorted(empty & (swa | set(full)))} are both empty and attention layers")
+        if self.linear_attention is None and len(full) + len(swa) + len(empty) != n:
+            missing = sorted(set(range(n)) - set(full) - swa - empty)
             raise ValueError(f"layers {missing} have no attention (set linearAttention or list them)")
         if self.qsa is not None and self.page_size % self.qsa.compress_ratio:
             raise ValueError(
@@ -350,8 +392,12 @@ class Layout(_Model):
         """Layers that are neither full attention nor SWA (empty without linear attention)."""
         if self.linear_attention is None:
             return ()
-        taken = set(self.full_attention_layer_ids) | set(self.swa_layer_ids)
+        taken = set(self.full_attention_layer_ids) | set(self.swa_layer_ids) | set(self.empty_layer_ids)
         return tuple(i for i in range(self.num_layers) if i not in taken)
+
+    @property
+    def empty_layer_ids(self) -> tuple[int, ...]:
+        return self.empty_layers.resolve(self.num_layers) if self.empty_layers else ()
 
     @property
     def ple_layer_ids(self) -> tuple[int, ...]:
@@ -379,6 +425,8 @@ class Layout(_Model):
         la = self.linear_attention
         if la is None or not self.linear_layer_ids:
             return None
+        if la.conv_groups is not None:  # the groups may be replicated; the temporal state is sliced by value head
+            return la.num_value_heads
         return math.gcd(la.num_key_heads, la.num_value_heads)
 
     @property
@@ -474,7 +522,8 @@ class BufferSpec:
     An item (one page, slot or row) is ``outer_count`` rows of ``dim`` units of ``unit_bytes``
     along the sliceable dim; replicated buffers have ``dim == 0`` and ``outer_count == 1``.
     ``shard_groups`` are the global (unsharded) widths, in units, of groups sharded on their own.
-    ``total_heads`` is the model's KV head count for ``Sharding.HEADS``.
+    ``total_heads`` is the model's KV head count for ``Sharding.HEADS``. ``group_heads`` gives each shard
+    group's heads when groups were declared (replicated when fewer than TP).
     """
 
     state_type: StateType
@@ -489,6 +538,9 @@ class BufferSpec:
     unit_bytes: int
     shard_groups: tuple[int, ...] | None = None
     total_heads: int = 0
+    group_heads: tuple[int, ...] | None = None
+    """Heads of each shard group, when the groups were declared (``conv_groups``): a group whose heads do
+    not divide by TP is replicated, one head per rank (the planner elects one writer)."""
 
     @property
     def item_bytes(self) -> int:
@@ -501,6 +553,19 @@ class BufferSpec:
 
     def describe(self) -> str:
         return f"{self.state_type.value}/{self.field.value} layer {self.layer_id}"
+
+
+def group_range(width: int, heads: int, tp: int, rank: int) -> tuple[int, int]:
+    """``(first channel, channels)`` of a channel group of ``heads`` x ``width / heads`` that rank ``rank`` of
+    ``tp`` holds: its ``1/tp`` share when tp divides the heads, else the one head ``rank // (tp / heads)``
+    (replicated on ``tp / heads`` ranks). ValueError when neither divides the other."""
+    if heads < 1 or width % heads or (heads % tp and tp % heads):
+        raise ValueError(f"a group of {width} channels in {heads} heads cannot be split by tp={tp}")
+    if heads % tp == 0:
+        n = width // tp
+        return rank * n, n
+    n = width // heads
+    return (rank // (tp // heads)) * n, n
 
 
 def _check_shape(tp: int, pp: int, tp_rank: int, pp_rank: int, num_layers: int) -> None:
@@ -551,9 +616,16 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
     la, qsa = layout.linear_attention, layout.qsa
     out: list[BufferSpec] = []
     if la is not None and linear:
-        for name, heads in (("numKeyHeads", la.num_key_heads), ("numValueHeads", la.num_value_heads)):
+        checks = [("numValueHeads", la.num_value_heads)]
+        if la.conv_groups is None:
+            checks.insert(0, ("numKeyHeads", la.num_key_heads))
+        for name, heads in checks:
             if heads % tp:
                 raise ShapeError(f"linearAttention.{name} {heads} is not divisible by tp={tp}", name)
+        for i, g in enumerate(la.conv_groups or ()):
+            if g.heads % tp and tp % g.heads:
+                raise ShapeError(f"linearAttention.convGroups[{i}].heads {g.heads} and tp={tp} must divide one "
+                                 "another", "convGroups")
     for layer in layers:
         if layer in full:
             if layout.attention_kind is AttentionKind.MLA:
@@ -574,12 +646,13 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
         if layer in linear:
             assert la is not None
             groups = la.conv_shard_groups
-            conv_dim = sum(groups) // tp
+            conv_dim = sum(g.per_rank(tp) for g in la.groups)
             out.append(BufferSpec(
                 StateType.MAMBA, EntryField.CONV, LayerId(layer), IndexKind.SLOT,
                 (la.conv_kernel - 1, conv_dim), la.conv_dtype, Sharding.DIM,
                 dim=conv_dim, outer_count=la.conv_kernel - 1, unit_bytes=la.conv_dtype.itemsize,
                 shard_groups=groups,
+                group_heads=tuple(g.heads for g in la.groups) if la.conv_groups is not None else None,
             ))
             vh = la.num_value_heads // tp
             out.append(BufferSpec(

@@ -277,18 +277,47 @@ def _sglang(b: _Builder) -> None:
 
 
 def _vllm(b: _Builder) -> None:
-    f = b.f
-    if f.family not in ("llama", "mistral", "deepseek_v3"):
-        b.missing.append(f"vLLM's form of {f.family} (hybrid page-size unification, Mamba and indexer specs) "
-                         "is not derived yet")
-        return
+    """vLLM 0.33.0: one KV-cache spec per layer (``v1/kv_cache_interface.py``); a block of ``page`` tokens for
+    attention, one state per request for Mamba layers (``MambaSpec`` shapes from the model class's
+    ``get_mamba_state_shape_from_config``, ``model_executor/layers/mamba/mamba_utils.py``)."""
+    f, tp = b.f, b.tp
     for layer in f.attention_layers:
         if f.mla is not None:
             b.add("MLAAttentionSpec", layer, Item.PAGE, (b.page, 1, sum(f.mla)), f.dtype, Split.REPLICATED)
         else:
             name = "SlidingWindowSpec" if f.sliding_window else "FullAttentionSpec"
-            b.add(f"{name}.k", layer, Item.PAGE, (b.page, b.hpr, f.head_dim), f.dtype, Split.HEADS)
-            b.add(f"{name}.v", layer, Item.PAGE, (b.page, b.hpr, f.head_dim), f.dtype, Split.HEADS)
+            b.add(name, layer, Item.PAGE, (2, b.page, b.hpr, f.head_dim), f.dtype, Split.HEADS,
+                  max_tokens=f.sliding_window)
+    if f.indexer is not None and f.family == "deepseek_v32":
+        b.missing.append("DSA indexer K cache (vLLM's DeepseekV32IndexerCache spec, not derived)")
+    if f.family == "qwen4_exp_text":
+        b.missing.append("vLLM's Qwen4-Exp QSA indexer caches and n-gram ids (not derived)")
+    la, m = f.linear, f.mamba2
+    for layer in f.layers_of(LINEAR):
+        assert la is not None
+        _check_heads("linear_num_key_heads", la.key_heads, tp)
+        _check_heads("linear_num_value_heads", la.value_heads, tp)
+        # mamba_cache_dtype and mamba_ssm_cache_dtype "auto": the model's dtype for both (gated_delta_net_state_dtype)
+        b.add("MambaSpec.conv", layer, Item.SLOT, (la.conv_kernel - 1, sum(la.groups) // tp), f.dtype, Split.GROUPS,
+              groups=la.groups)
+        b.add("MambaSpec.temporal", layer, Item.SLOT, (la.value_heads // tp, la.value_dim, la.key_dim), f.dtype,
+              Split.DIM)
+    if f.ple is not None:  # a second Mamba layout (Qwen4ExpForCausalLM.get_mamba_specs_from_config)
+        for layer in f.ple.layers:
+            b.add("MambaSpec.ple_conv", layer, Item.SLOT, (f.ple.columns, f.ple.channels), f.dtype, Split.REPLICATED)
+    for layer in f.layers_of(MAMBA):
+        assert m is not None
+        _check_heads("mamba_num_heads", m.heads, tp)
+        conv = (m.x_channels + 2 * _mamba_groups(m.n_groups, tp) * m.state_size) // tp
+        b.add("MambaSpec.conv", layer, Item.SLOT, (m.conv_kernel - 1, conv), f.dtype, Split.DIM)
+        b.add("MambaSpec.temporal", layer, Item.SLOT, (m.heads // tp, m.head_dim, m.state_size), m.ssm_dtype,
+              Split.DIM)
+    if f.mamba2 is not None:
+        b.missing.append("Mamba2 conv channel groups x|B|C (B and C replicated when n_groups < tp)")
+    if f.layers_of(LINEAR, MAMBA):
+        b.notes.append("vLLM raises the attention block size until a block holds a request's Mamba state and pads "
+                       "the Mamba page to it (platforms/interface.py _align_hybrid_block_size): the page size here "
+                       "is the one asked for, not the aligned one")
 
 
 # --------------------------------------------------------------------------- the layout pdfleet can say
@@ -324,8 +353,8 @@ def _layout(b: _Builder) -> Layout | None:
         linear = LinearAttentionConfig(
             num_key_heads=la.key_heads, num_value_heads=la.value_heads, key_head_dim=la.key_dim,
             value_head_dim=la.value_dim, conv_kernel=la.conv_kernel,
-            conv_dtype=DType.BFLOAT16 if engine is Engine.SGLANG else f.dtype, temporal_dtype=la.ssm_dtype
-            if engine is Engine.SGLANG else DType.FLOAT32)
+            conv_dtype=DType.BFLOAT16 if engine is Engine.SGLANG else f.dtype,
+            temporal_dtype={Engine.SGLANG: la.ssm_dtype, Engine.VLLM: f.dtype}.get(engine, DType.FLOAT32))
     qsa = ple = None
     if f.indexer is not None and f.layers_of(INDEXED):
         qsa = QSAConfig(compress_ratio=f.indexer.compress_ratio, index_heads=f.indexer.kv_heads,
