@@ -184,6 +184,7 @@ class LayoutFacts:
     pool_bytes: Callable[[int, int, int, int], int] | None = None
     paths: Mapping[str, str] = field(default_factory=dict)
     weight_bytes: int | None = None  # the model's weights (a preset's real model, or the layout's weightBytes)
+    conv_group_heads: tuple[int, ...] = ()  # declared conv channel groups' heads (Mamba2 x|B|C), () for q|k|v
 
     def path(self, fact: str) -> str:
         return self.paths.get(fact, "spec.model.layout")
@@ -293,6 +294,10 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
     _r("linear-heads-tp", "linear-attention heads must be divisible by TP",
        "linear-attention (Mamba/GDN) state is sharded by head along one axis; a rank must own whole heads",
        "pick a TP that divides every linear-attention head count of the layout"),
+    _r("conv-groups-tp", "TP and each conv channel group's heads must divide one another",
+       "a rank holds its share of a group's heads, or one whole head replicated on TP/heads ranks (Mamba2's B and "
+       "C with n_groups below TP); a head cannot be split across ranks",
+       "pick a TP that divides every linearAttention.convGroups heads count or is a multiple of it"),
     _r("qsa-page-ratio", "page size must be a multiple of the QSA compress ratio",
        "one compressed QSA page covers one full-KV page, so a page must hold a whole number of "
        "compressed entries",
@@ -539,6 +544,10 @@ def _check_layout_shapes(c: _Ctx) -> Iterator[Violation]:
             yield c.violation("linear-heads-tp",
                               f"{what} does not divide linear-attention head counts {bad}",
                               *paths, lay.path("linear_heads"))
+        odd = sorted({n for n in lay.conv_group_heads if _pos_int(n) and n % tp and tp % n})
+        if odd:
+            yield c.violation("conv-groups-tp", f"{what} and conv channel groups of {odd} heads do not divide one "
+                              "another", *paths, lay.path("linear_heads"))
 
 
 def _check_qsa_page(c: _Ctx) -> Iterator[Violation]:
@@ -624,6 +633,10 @@ def _check_backend(c: _Ctx) -> Iterator[Violation]:
         if states & PLE_STATES:
             yield from no(Feature.REPLICATED_HETERO_TP,
                           f"{b} cannot move replicated PLE state across {hetero} ({lay.name})", *tp_paths)
+        if any(h < max(p[0], d[0]) for h in lay.conv_group_heads):
+            yield from no(Feature.REPLICATED_HETERO_TP,
+                          f"{b} cannot elect writers for replicated conv channel groups across {hetero} "
+                          f"({lay.name})", *tp_paths)
         if states & QSA_STATES:
             feature = Feature.QSA_HETERO_TP_MLA if lay.mla else Feature.QSA_HETERO_TP_MHA
             kind = "MLA" if lay.mla else "non-MLA"
@@ -666,7 +679,7 @@ CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus",
                 "builtin-no-attention-dp", "builtin-no-expert-parallel"}), _check_nested),
     (frozenset({"tp-divisible", "pp-match"}), _check_tp_pp),
-    (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "warn-kv-heads-replicated"}),
+    (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "conv-groups-tp", "warn-kv-heads-replicated"}),
      _check_layout_shapes),
     (frozenset({"qsa-page-ratio"}), _check_qsa_page),
     (frozenset({"pool-fits-gpu"}), _check_pools),
@@ -784,8 +797,11 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
         kv_heads=layout.kv_heads,
         page_size=layout.page_size,
         linear_heads=(
-            (la.num_key_heads, la.num_value_heads) if la is not None and layout.linear_layer_ids else ()
+            () if la is None or not layout.linear_layer_ids
+            else (la.num_value_heads,) if la.conv_groups is not None else (la.num_key_heads, la.num_value_heads)
         ),
+        conv_group_heads=(tuple(g.heads for g in la.conv_groups)
+                          if la is not None and la.conv_groups is not None and layout.linear_layer_ids else ()),
         qsa_compress_ratio=layout.qsa_compress_ratio,
         pool_bytes=_pool_bytes_fn(layout),
         paths=MappingProxyType(paths),

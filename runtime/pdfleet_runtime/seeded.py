@@ -75,8 +75,8 @@ def shard_logical(logical: np.ndarray, spec: BufferSpec, tp: int, tp_rank: int) 
     heads = spec.group_heads or tuple(tp for _ in groups)  # undeclared groups: sharded by TP
     parts, start = [], 0
     for g, h in zip(groups, heads, strict=True):
-        first, n = group_range(g, h, tp, tp_rank)
-        parts.append(logical[:, :, start + first : start + first + n])
+        first, width = group_range(g, h, tp, tp_rank)
+        parts.append(logical[:, :, start + first : start + first + width])
         start += g
     return np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(n, -1)
 

@@ -29,6 +29,7 @@ from enum import StrEnum
 from pdfleet_runtime.ids import PLE_NGRAM_LAYER_ID, QSA_ROPE_LAYER_ID
 from pdfleet_runtime.layouts import (
     AttentionKind,
+    ConvGroup,
     DType,
     LayerSet,
     Layout,
@@ -261,7 +262,6 @@ def _sglang(b: _Builder) -> None:
         for layer in mamba:
             b.add("MambaPool.temporal", layer, Item.SLOT, (m.heads // tp, m.head_dim, m.state_size), m.ssm_dtype,
                   Split.DIM)
-        b.missing.append("Mamba2 conv channel groups x|B|C (B and C replicated when n_groups < tp)")
     if f.ple is not None:
         for layer in f.ple.layers:
             b.add("ShortConvPool.conv_state", layer, Item.SLOT, (f.ple.channels, f.ple.columns), conv_dtype,
@@ -312,8 +312,6 @@ def _vllm(b: _Builder) -> None:
         b.add("MambaSpec.conv", layer, Item.SLOT, (m.conv_kernel - 1, conv), f.dtype, Split.DIM)
         b.add("MambaSpec.temporal", layer, Item.SLOT, (m.heads // tp, m.head_dim, m.state_size), m.ssm_dtype,
               Split.DIM)
-    if f.mamba2 is not None:
-        b.missing.append("Mamba2 conv channel groups x|B|C (B and C replicated when n_groups < tp)")
     if f.layers_of(LINEAR, MAMBA):
         b.notes.append("vLLM raises the attention block size until a block holds a request's Mamba state and pads "
                        "the Mamba page to it (platforms/interface.py _align_hybrid_block_size): the page size here "
@@ -332,8 +330,6 @@ def _layout(b: _Builder) -> Layout | None:
                              "(transformers' DynamicIndexedLayer)")
         if f.ple is not None:
             b.missing.append("PLE conv and n-gram ids per PLE layer (transformers' conv_states[1] and [2])")
-        if f.mamba2 is not None:
-            b.missing.append("Mamba2 conv channel groups x|B|C (B and C replicated when n_groups < tp)")
     if b.missing or not b.out:
         return None
     full = list(f.layers_of(FULL, INDEXED))
@@ -348,6 +344,13 @@ def _layout(b: _Builder) -> Layout | None:
     elif f.sliding_window:
         full = list(f.attention_layers)
     linear = None
+    if f.mamba2 is not None:
+        m = f.mamba2
+        bc = ConvGroup(heads=m.n_groups, head_dim=m.state_size)
+        linear = LinearAttentionConfig(
+            num_key_heads=m.n_groups, num_value_heads=m.heads, key_head_dim=m.head_dim, value_head_dim=m.state_size,
+            conv_kernel=m.conv_kernel, conv_groups=[ConvGroup(heads=m.heads, head_dim=m.head_dim), bc, bc],
+            conv_dtype=DType.BFLOAT16 if engine is Engine.SGLANG else f.dtype, temporal_dtype=m.ssm_dtype)
     if f.linear is not None:
         la = f.linear
         linear = LinearAttentionConfig(
@@ -365,8 +368,9 @@ def _layout(b: _Builder) -> Layout | None:
                         short_conv_kernel=f.ple.kernel, short_conv_dilation=f.ple.ngram_size,
                         ngram_context=f.ple.ngram_size - 1, ngram_dtype=DType.INT64, dtype=DType.BFLOAT16)
     every = LayerSet(interval=1) if full == list(range(len(f.layer_kinds))) else LayerSet(ids=full)
+    empty = LayerSet(ids=list(f.layers_of(NONE))) if f.layers_of(NONE) else None
     return Layout(**common, full_attention_layers=every, kv_heads=f.kv_heads, head_dim=f.head_dim,
-                  linear_attention=linear, qsa=qsa, ple=ple, swa=swa)
+                  linear_attention=linear, qsa=qsa, ple=ple, swa=swa, empty_layers=empty)
 
 
 def engine_form(facts: ModelFacts, engine: Engine | str, *, tp: int = 1, page_size: int = 16) -> EngineForm:
