@@ -34,7 +34,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from pdfleet_runtime.ids import PLE_NGRAM_LAYER_ID, QSA_ROPE_LAYER_ID, LayerId
+from pdfleet_runtime.ids import INDEX_POSITIONS_LAYER_ID, PLE_NGRAM_LAYER_ID, QSA_ROPE_LAYER_ID, LayerId
 
 __all__ = [
     "PRESETS",
@@ -43,6 +43,7 @@ __all__ = [
     "ConvGroup",
     "DType",
     "EntryField",
+    "IndexKeysConfig",
     "IndexKind",
     "LayerSet",
     "Layout",
@@ -51,6 +52,7 @@ __all__ = [
     "LinearAttentionConfig",
     "MLAConfig",
     "PLEConfig",
+    "PositionsConfig",
     "QSAConfig",
     "SWAConfig",
     "ShapeError",
@@ -84,6 +86,8 @@ class StateType(StrEnum):
     QSA_COMPRESSED = "qsa_compressed"
     PLE_SHORT_CONV = "ple_short_conv"
     PLE_NGRAM = "ple_ngram"
+    INDEX_K = "index_k"
+    POSITIONS = "positions"
 
 
 class AttentionKind(StrEnum):
@@ -132,6 +136,8 @@ class EntryField(StrEnum):
     COMPRESSED = "compressed"
     SHORT_CONV = "short_conv"
     NGRAM = "ngram"
+    INDEX_K = "index_k"
+    POSITIONS = "positions"
 
 
 class IndexKind(StrEnum):
@@ -304,11 +310,35 @@ class PLEConfig(_Model):
         description="Conv dilation: the state keeps (kernel - 1) x dilation columns (Qwen4-Exp: its ngram_size).",
     )
     ngram_dtype: DType = Field(default=DType.INT32, description="N-gram history element type (SGLang 0.5.23: int64).")
+    ngram_per_layer: bool = Field(
+        default=False,
+        description="Keep the n-gram history on every PLE layer (transformers 5.23.0's conv_states[2]) instead of "
+        "once per request.",
+    )
 
     @property
     def short_conv_columns(self) -> int:
         """Columns of the short-conv state: (kernel - 1) x dilation."""
         return (self.short_conv_kernel - 1) * self.short_conv_dilation
+
+
+class IndexKeysConfig(_Model):
+    """Raw per-token index keys of a sparse-attention indexer (transformers' Qwen4-Exp QSA and DeepSeek-V3.2
+    DSA ``indexer_keys``): paged like KV, replicated on every TP rank (one index head)."""
+
+    head_dim: int = Field(ge=1, le=1 << 16, description="Width of one index key.")
+    heads: int = Field(default=1, ge=1, le=64, description="Index key heads per token (transformers: 1).")
+    dtype: DType = Field(default=DType.BFLOAT16, description="Index key element type.")
+    layers: LayerSet | None = Field(default=None, description="Layers holding index keys; default the full-attention "
+                                    "layers.")
+
+
+class PositionsConfig(_Model):
+    """A request-wide per-token position buffer (transformers' Qwen4-Exp ``indexer_position_ids`` ``[3, S]``),
+    paged like KV, held by every PP stage that holds an index-key layer; one elected stage sends it."""
+
+    coordinates: int = Field(default=3, ge=1, le=8, description="Coordinates per token (MRoPE: 3).")
+    dtype: DType = Field(default=DType.INT64, description="Element type.")
 
 
 class SWAConfig(_Model):
@@ -337,6 +367,9 @@ class Layout(_Model):
     qsa: QSAConfig | None = Field(default=None, description="QSA state on the full-attention layers.")
     ple: PLEConfig | None = Field(default=None, description="Per-layer-embedding state.")
     swa: SWAConfig | None = Field(default=None, description="Sliding-window attention layers.")
+    index_keys: IndexKeysConfig | None = Field(default=None, description="Raw per-token index keys.")
+    positions: PositionsConfig | None = Field(
+        default=None, description="Request-wide per-token positions (needs indexKeys).")
     empty_layers: LayerSet | None = Field(
         default=None,
         description="Layers that hold no per-request state (NemotronH's MLP-only layers); never linear attention.",
@@ -372,6 +405,11 @@ class Layout(_Model):
         if self.linear_attention is None and len(full) + len(swa) + len(empty) != n:
             missing = sorted(set(range(n)) - set(full) - swa - empty)
             raise ValueError(f"layers {missing} have no attention (set linearAttention or list them)")
+        if self.positions is not None and self.index_keys is None:
+            raise ValueError("positions needs indexKeys (they are held where the index keys are)")
+        bad_ix = sorted(set(self.index_key_layer_ids) - set(full))
+        if bad_ix:
+            raise ValueError(f"indexKeys.layers {bad_ix} are not full-attention layers")
         if self.qsa is not None and self.page_size % self.qsa.compress_ratio:
             raise ValueError(
                 f"pageSize {self.page_size} must be a multiple of qsa.compressRatio {self.qsa.compress_ratio}"
@@ -400,6 +438,14 @@ class Layout(_Model):
         return self.empty_layers.resolve(self.num_layers) if self.empty_layers else ()
 
     @property
+    def index_key_layer_ids(self) -> tuple[int, ...]:
+        if self.index_keys is None:
+            return ()
+        if self.index_keys.layers is None:
+            return self.full_attention_layer_ids
+        return self.index_keys.layers.resolve(self.num_layers)
+
+    @property
     def ple_layer_ids(self) -> tuple[int, ...]:
         return self.ple.short_conv_layers.resolve(self.num_layers) if self.ple else ()
 
@@ -417,6 +463,10 @@ class Layout(_Model):
             out.add(StateType.PLE_NGRAM)
             if self.ple_layer_ids:
                 out.add(StateType.PLE_SHORT_CONV)
+        if self.index_key_layer_ids:
+            out.add(StateType.INDEX_K)
+            if self.positions is not None:
+                out.add(StateType.POSITIONS)
         return frozenset(out)
 
     @property
@@ -614,6 +664,7 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
     full, swa = set(layout.full_attention_layer_ids), set(layout.swa_layer_ids)
     linear, ple = set(layout.linear_layer_ids), set(layout.ple_layer_ids)
     la, qsa = layout.linear_attention, layout.qsa
+    index_layers = set(layout.index_key_layer_ids)
     out: list[BufferSpec] = []
     if la is not None and linear:
         checks = [("numValueHeads", la.num_value_heads)]
@@ -660,16 +711,29 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
                 (vh, la.key_head_dim, la.value_head_dim), la.temporal_dtype, Sharding.DIM,
                 dim=vh, outer_count=1, unit_bytes=la.key_head_dim * la.value_head_dim * la.temporal_dtype.itemsize,
             ))
+        if layer in index_layers:
+            ik = layout.index_keys
+            assert ik is not None
+            out.append(_replicated(StateType.INDEX_K, EntryField.INDEX_K, layer, IndexKind.PAGE,
+                                   (layout.page_size, ik.heads, ik.head_dim), ik.dtype))
         if layer in ple:
             assert layout.ple is not None
             out.append(_replicated(StateType.PLE_SHORT_CONV, EntryField.SHORT_CONV, layer, IndexKind.SLOT,
                                    (layout.ple.short_conv_columns, layout.ple.short_conv_width),
                                    layout.ple.dtype))
+            if layout.ple.ngram_per_layer:
+                out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, layer, IndexKind.SLOT,
+                                       (layout.ple.ngram_context,), layout.ple.ngram_dtype))
     if qsa is not None and full.intersection(layers):
         rope_shape = (qsa.compress_ratio,) if qsa.rope_positions == 1 else (qsa.compress_ratio, qsa.rope_positions)
         out.append(_replicated(StateType.QSA_PENDING, EntryField.ROPE, QSA_ROPE_LAYER_ID, IndexKind.ROW,
                                rope_shape, qsa.rope_dtype))
-    if layout.ple is not None and (ple.intersection(layers) or (not ple and pp_rank == 0)):
+    if layout.positions is not None and index_layers.intersection(layers):
+        pos = layout.positions
+        out.append(_replicated(StateType.POSITIONS, EntryField.POSITIONS, INDEX_POSITIONS_LAYER_ID, IndexKind.PAGE,
+                               (layout.page_size, pos.coordinates), pos.dtype))
+    if layout.ple is not None and not layout.ple.ngram_per_layer and (
+            ple.intersection(layers) or (not ple and pp_rank == 0)):
         out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, PLE_NGRAM_LAYER_ID, IndexKind.SLOT,
                                (layout.ple.ngram_context,), layout.ple.ngram_dtype))
     return tuple(out)

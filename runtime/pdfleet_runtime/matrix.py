@@ -42,6 +42,7 @@ from pdfleet_runtime.roles import Role
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_RELEASES, RuntimeRelease, release_of
 
 __all__ = [
+    "INDEX_STATES",
     "LATEST_MATRIX_VERSION",
     "MATRICES",
     "PLE_STATES",
@@ -66,6 +67,7 @@ __all__ = [
 
 QSA_STATES = frozenset({"qsa_pending", "qsa_compressed"})
 PLE_STATES = frozenset({"ple_short_conv", "ple_ngram"})
+INDEX_STATES = frozenset({"index_k", "positions"})  # raw per-token index keys and positions: replicated pages
 _GIB = 1 << 30
 
 
@@ -627,12 +629,16 @@ def _check_backend(c: _Ctx) -> Iterator[Violation]:
                           f"{b} cannot move QSA state with PP {p[1]}/{d[1]} ({lay.name})", *pp_paths)
     if p[0] != d[0]:
         hetero = f"TP {p[0]} -> {d[0]}"
-        if states - QSA_STATES - PLE_STATES:
+        if states - QSA_STATES - PLE_STATES - INDEX_STATES:
             yield from no(Feature.SHARDED_HETERO_TP, f"{b} cannot slice sharded state across {hetero}",
                           *tp_paths)
         if states & PLE_STATES:
             yield from no(Feature.REPLICATED_HETERO_TP,
                           f"{b} cannot move replicated PLE state across {hetero} ({lay.name})", *tp_paths)
+        if states & INDEX_STATES:
+            yield from no(Feature.REPLICATED_HETERO_TP,
+                          f"{b} cannot elect writers for replicated index keys across {hetero} ({lay.name})",
+                          *tp_paths)
         if any(h < max(p[0], d[0]) for h in lay.conv_group_heads):
             yield from no(Feature.REPLICATED_HETERO_TP,
                           f"{b} cannot elect writers for replicated conv channel groups across {hetero} "

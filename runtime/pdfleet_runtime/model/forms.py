@@ -31,11 +31,13 @@ from pdfleet_runtime.layouts import (
     AttentionKind,
     ConvGroup,
     DType,
+    IndexKeysConfig,
     LayerSet,
     Layout,
     LinearAttentionConfig,
     MLAConfig,
     PLEConfig,
+    PositionsConfig,
     QSAConfig,
     ShapeError,
     SWAConfig,
@@ -324,19 +326,20 @@ def _vllm(b: _Builder) -> None:
 def _layout(b: _Builder) -> Layout | None:
     """The Layout of the form, or None (``b.missing`` then says why)."""
     f, engine = b.f, b.engine
-    if engine is Engine.TRANSFORMERS:
-        if f.indexer is not None:
-            b.missing.append("raw per-token index keys and request-wide index positions [3, S] int64 "
-                             "(transformers' DynamicIndexedLayer)")
-        if f.ple is not None:
-            b.missing.append("PLE conv and n-gram ids per PLE layer (transformers' conv_states[1] and [2])")
     if b.missing or not b.out:
         return None
+    tf = engine is Engine.TRANSFORMERS
     full = list(f.layers_of(FULL, INDEXED))
     common: dict[str, object] = {"num_layers": len(f.layer_kinds), "dtype": f.dtype, "page_size": b.page}
+    index_keys = positions = None
+    if tf and f.indexer is not None:  # raw per-token index keys (DynamicIndexedLayer.indexer_keys)
+        index_keys = IndexKeysConfig(head_dim=f.indexer.head_dim, heads=f.indexer.kv_heads, dtype=f.dtype)
+        if f.layers_of(INDEXED):  # Qwen4-Exp: indexer_position_ids [3, S] int64, request-wide
+            positions = PositionsConfig(coordinates=3, dtype=DType.INT64)
     if f.mla is not None:
         return Layout(**common, full_attention_layers=LayerSet(interval=1), attention_kind=AttentionKind.MLA,
-                      kv_heads=1, mla=MLAConfig(kv_lora_rank=f.mla[0], qk_rope_head_dim=f.mla[1]))
+                      kv_heads=1, mla=MLAConfig(kv_lora_rank=f.mla[0], qk_rope_head_dim=f.mla[1]),
+                      index_keys=index_keys)
     swa = None
     if f.sliding_window and engine is not Engine.SGLANG:
         window = f.sliding_window - 1 if engine is Engine.TRANSFORMERS else f.sliding_window
@@ -359,18 +362,20 @@ def _layout(b: _Builder) -> Layout | None:
             conv_dtype=DType.BFLOAT16 if engine is Engine.SGLANG else f.dtype,
             temporal_dtype={Engine.SGLANG: la.ssm_dtype, Engine.VLLM: f.dtype}.get(engine, DType.FLOAT32))
     qsa = ple = None
-    if f.indexer is not None and f.layers_of(INDEXED):
+    if not tf and f.indexer is not None and f.layers_of(INDEXED):
         qsa = QSAConfig(compress_ratio=f.indexer.compress_ratio, index_heads=f.indexer.kv_heads,
                         index_head_dim=f.indexer.head_dim, dtype=DType.BFLOAT16, rope_positions=3,
                         rope_dtype=DType.INT64)
     if f.ple is not None:
         ple = PLEConfig(short_conv_layers=LayerSet(ids=list(f.ple.layers)), short_conv_width=f.ple.channels,
                         short_conv_kernel=f.ple.kernel, short_conv_dilation=f.ple.ngram_size,
-                        ngram_context=f.ple.ngram_size - 1, ngram_dtype=DType.INT64, dtype=DType.BFLOAT16)
+                        ngram_context=f.ple.ngram_size - 1, ngram_dtype=DType.INT64, ngram_per_layer=tf,
+                        dtype=f.dtype if tf else DType.BFLOAT16)
     every = LayerSet(interval=1) if full == list(range(len(f.layer_kinds))) else LayerSet(ids=full)
     empty = LayerSet(ids=list(f.layers_of(NONE))) if f.layers_of(NONE) else None
     return Layout(**common, full_attention_layers=every, kv_heads=f.kv_heads, head_dim=f.head_dim,
-                  linear_attention=linear, qsa=qsa, ple=ple, swa=swa, empty_layers=empty)
+                  linear_attention=linear, qsa=qsa, ple=ple, swa=swa, empty_layers=empty, index_keys=index_keys,
+                  positions=positions)
 
 
 def engine_form(facts: ModelFacts, engine: Engine | str, *, tp: int = 1, page_size: int = 16) -> EngineForm:

@@ -84,12 +84,31 @@ def test_layout_text_json_and_the_forms_the_schema_lacks(tmp_path: Path, capsys:
     assert main(["layout", "--config", str(cfg), "--engine", "sglang==0.5.23"]) == 0
     text = capsys.readouterr().out
     assert "QSATokenToKVPool.qsa_rope_position_buffer" in text and "bytes per request slot" in text
-    assert main(["layout", "--config", str(cfg), "--engine", "transformers", "-o", "yaml"]) == 2
-    assert "raw per-token index keys" in capsys.readouterr().err
+    assert main(["layout", "--config", str(cfg), "--engine", "transformers", "-o", "yaml"]) == 0
+    inline = yaml.safe_load(capsys.readouterr().out)["layout"]["inline"]
+    assert inline["indexKeys"] == {"headDim": 128} and inline["ple"]["ngramPerLayer"] is True
+    assert main(["layout", "--config", str(cfg), "--engine", "vllm==0.33.0", "-o", "yaml"]) == 2
+    assert "QSA indexer caches" in capsys.readouterr().err
     assert main(["layout", "--config", str(cfg), "--engine", "transformers", "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["layout"] is None and {b["name"] for b in out["buffers"]} >= {
+    assert out["layout"] is not None and {b["name"] for b in out["buffers"]} >= {
         "DynamicIndexedLayer.indexer_keys", "DynamicIndexedLayer.indexer_position_ids",
         "LinearAttentionLayer.conv_states[1]", "LinearAttentionLayer.conv_states[2]"}
     assert main(["layout", "--config", str(cfg), "--engine", "sglang==0.5.23", "--tp", "3"]) == 2
     assert "tp=3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fam", ["qwen4_exp_text", "deepseek_v32", "nemotron_h", "qwen3_next", "mistral"])
+def test_transformers_layout_holds_the_cache_per_token_and_per_slot(fam: str) -> None:
+    """pdfleet's layout of transformers' form holds what the cache holds: every per-token byte (KV, index keys,
+    positions) and every per-request byte, less the conv state's oldest column (never read: K-1 move)."""
+    from tests.model.configs import CONFIGS
+
+    facts = model_facts(CONFIGS[fam])
+    for tp in (1, 2):
+        form = engine_form(facts, Engine.TRANSFORMERS, tp=tp, page_size=16)
+        assert form.layout is not None, form.missing
+        per_kind = item_bytes_by_kind(form.layout, tp, 1, 0)
+        assert per_kind.get(IndexKind.PAGE, 0) + per_kind.get(IndexKind.SWA_PAGE, 0) == 16 * form.bytes_per_token
+        conv_column = sum(b.item_bytes // b.shape[1] for b in form.buffers if b.name.endswith("conv_states[0]"))
+        assert per_kind.get(IndexKind.SLOT, 0) + per_kind.get(IndexKind.ROW, 0) == form.bytes_per_slot - conv_column

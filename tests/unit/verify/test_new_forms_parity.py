@@ -15,10 +15,12 @@ from pdfleet_runtime import layouts, planner
 from pdfleet_runtime.layouts import (
     ConvGroup,
     DType,
+    IndexKeysConfig,
     LayerSet,
     Layout,
     LinearAttentionConfig,
     PLEConfig,
+    PositionsConfig,
     QSAConfig,
 )
 from pdfleet_runtime.planner import PlanError
@@ -44,6 +46,15 @@ QWEN4_SGLANG = Layout(
     qsa=QSAConfig(compress_ratio=4, index_heads=1, index_head_dim=16, rope_positions=3, rope_dtype=DType.INT64),
     ple=PLEConfig(short_conv_layers=LayerSet(ids=[0, 1]), short_conv_width=32, short_conv_kernel=4,
                   short_conv_dilation=3, ngram_context=2, ngram_dtype=DType.INT64))
+# Qwen4-Exp as transformers keeps it, small: raw per-token index keys, request-wide positions [3] int64 per
+# token, PLE with n-grams on every PLE layer.
+QWEN4_TRANSFORMERS = Layout(
+    num_layers=4, full_attention_layers=LayerSet(ids=[1, 3]), kv_heads=2, head_dim=16, page_size=16,
+    linear_attention=LinearAttentionConfig(num_key_heads=4, num_value_heads=8, key_head_dim=8, value_head_dim=8,
+                                           conv_kernel=4),
+    index_keys=IndexKeysConfig(head_dim=16), positions=PositionsConfig(),
+    ple=PLEConfig(short_conv_layers=LayerSet(ids=[0, 2]), short_conv_width=32, short_conv_kernel=4,
+                  short_conv_dilation=3, ngram_context=2, ngram_dtype=DType.INT64, ngram_per_layer=True))
 PAIRS = [(S(1), S(2)), (S(2), S(1)), (S(2), S(4)), (S(4), S(1)), (S(2), S(2))]
 
 
@@ -53,7 +64,8 @@ def _run(lay: Layout, p: ParallelShape, d: ParallelShape):
 
 
 @pytest.mark.parametrize(("p", "d"), PAIRS, ids=[f"tp{p.tp}-tp{d.tp}" for p, d in PAIRS])
-@pytest.mark.parametrize("lay", [MAMBA2, QWEN4_SGLANG], ids=["mamba2", "qwen4-sglang"])
+@pytest.mark.parametrize("lay", [MAMBA2, QWEN4_SGLANG, QWEN4_TRANSFORMERS],
+                         ids=["mamba2", "qwen4-sglang", "qwen4-transformers"])
 def test_new_forms_are_byte_exact(lay: Layout, p: ParallelShape, d: ParallelShape) -> None:
     result = _run(lay, p, d)
     assert result.ok, result
@@ -120,3 +132,26 @@ def test_mutation_dropped_position_buffer(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(pools, "rank_buffers", drop_rope)
     with pytest.raises(PlanError, match="qsa_pending/rope"):
         _run(QWEN4_SGLANG, S(1), S(2))
+
+
+def test_pipeline_stages_hold_positions_where_they_hold_index_keys() -> None:
+    """Positions are request-wide: each stage holding an index-key layer holds them; one stage sends them."""
+    stage0 = {b.state_type for b in layouts.rank_buffers(QWEN4_TRANSFORMERS, 1, 2, 0, 0)}
+    assert layouts.StateType.POSITIONS in stage0 and layouts.StateType.INDEX_K in stage0
+    for p, d in ((S(1, 2), S(1)), (S(1, 2), S(1, 2)), (S(2, 2), S(1))):
+        assert _run(QWEN4_TRANSFORMERS, p, d).ok
+
+
+def test_mutation_dropped_positions_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode registers no request-wide positions (transformers' indexer_position_ids): the case fails."""
+    real = layouts.rank_buffers
+
+    def drop(lay, tp, pp, tp_rank, pp_rank):  # type: ignore[no-untyped-def]
+        out = real(lay, tp, pp, tp_rank, pp_rank)
+        return tuple(b for b in out if b.field is not layouts.EntryField.POSITIONS) if tp == 2 else out
+
+    import pdfleet_runtime.pools as pools
+
+    monkeypatch.setattr(pools, "rank_buffers", drop)
+    with pytest.raises(PlanError, match="positions/positions"):
+        _run(QWEN4_TRANSFORMERS, S(1), S(2))
