@@ -49,7 +49,7 @@ __all__ = [
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
 """A config.json larger than this is refused unread (a model directory is input, and bounded)."""
-FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3")
+FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3", "qwen4_exp_text")
 """``model_type``s whose layout (and whose cache <-> pool mapping, ``rank.cache_pools``) exist."""
 DEFAULT_PAGE_SIZE = 16
 """Tokens per KV page when neither a preset nor the caller names one."""
@@ -154,6 +154,13 @@ def _full_attention_ids(config: Mapping[str, Any], layers: int) -> tuple[int, ..
 def layout_from_config(config: Mapping[str, Any], *, page_size: int = DEFAULT_PAGE_SIZE) -> Layout:
     """The layout of the state the model of ``config`` (a parsed config.json) keeps per request."""
     fam = family(config)
+    if fam == "qwen4_exp_text":  # transformers' form: raw index keys, positions, PLE with n-grams per layer
+        from pdfleet_runtime.model.families import model_facts
+        from pdfleet_runtime.model.forms import Engine, engine_form
+
+        form = engine_form(model_facts(config), Engine.TRANSFORMERS, page_size=page_size)
+        assert form.layout is not None, form.missing
+        return form.layout
     layers = _int(config, "num_hidden_layers", hi=4096)
     dtype = config_dtype(config)
     common: dict[str, Any] = {"num_layers": layers, "dtype": dtype, "page_size": page_size}

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pdfleet_runtime.ids import INDEX_POSITIONS_LAYER_ID
 from pdfleet_runtime.layouts import (
     AttentionKind,
     BufferSpec,
@@ -76,6 +77,10 @@ class ModelState:
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, torch.Tensor] = field(default_factory=dict)
+    extra: dict[tuple[StateType, int], torch.Tensor] = field(default_factory=dict)
+    """Qwen4-Exp's other states by (state type, layer id): index keys ``[length, heads, dim]``, positions
+    ``[length, 3]`` (layer ``ids.INDEX_POSITIONS_LAYER_ID``), PLE conv ``[(K-1) x dilation, channels]``, n-gram
+    ids ``[ngram_size - 1]``."""
 
     def equal(self, other: ModelState) -> bool:
         """Bit-for-bit the same state (tests, and the harness's cross-check)."""
@@ -83,7 +88,7 @@ class ModelState:
             return a.keys() == b.keys() and all(_eq(a[k], b[k]) for k in a)
 
         return (self.length == other.length and same(self.kv, other.kv) and same(self.conv, other.conv)
-                and same(self.recurrent, other.recurrent))
+                and same(self.recurrent, other.recurrent) and same(self.extra, other.extra))  # type: ignore[arg-type]
 
 
 def _eq(a: object, b: object) -> bool:
@@ -120,6 +125,16 @@ def state_from_cache(cache: object, layout: Layout, length: int, *, conv_lag: in
         window = conv[0, :, 1 - conv_lag : k - conv_lag]  # the newest K-1 columns (unless lagged)
         out.conv[i] = window.transpose(0, 1).contiguous()  # [K-1, channels]
         out.recurrent[i] = rec[0].clone()
+    for i in layout.index_key_layer_ids:  # [1, S, dim] -> [S, heads, dim]
+        keys = layers[i].indexer_keys
+        out.extra[(StateType.INDEX_K, i)] = keys[0].reshape(length, -1, keys.shape[-1]).clone()
+        pos = getattr(layers[i], "indexer_position_ids", None)
+        if layout.positions is not None and pos is not None and (StateType.POSITIONS, INDEX_POSITIONS_LAYER_ID) \
+                not in out.extra:  # [3, 1, S] -> [S, 3]: request-wide, on the first indexed layer
+            out.extra[(StateType.POSITIONS, INDEX_POSITIONS_LAYER_ID)] = pos[:, 0].transpose(0, 1).contiguous()
+    for i in layout.ple_layer_ids:  # PLE conv [1, C, cols] -> [cols, C]; n-grams [1, n]
+        out.extra[(StateType.PLE_SHORT_CONV, i)] = layers[i].conv_states[1][0].transpose(0, 1).contiguous()
+        out.extra[(StateType.PLE_NGRAM, i)] = layers[i].conv_states[2][0].clone()
     return out
 
 
@@ -141,6 +156,17 @@ def cache_from_state(state: ModelState, config: object, layout: Layout) -> objec
         full = torch.cat([conv.new_zeros(1, conv.shape[1]), conv], 0).transpose(0, 1)  # the unread oldest column
         cache.layers[i].update_conv_state(full[None].contiguous(), conv_kernel_size=la.conv_kernel)
         cache.layers[i].update_recurrent_state(state.recurrent[i][None].clone())
+    for (st, i), t in sorted(state.extra.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
+        if st is StateType.INDEX_K:
+            cache.layers[i].update_indexer(t.reshape(1, t.shape[0], -1).clone())
+        elif st is StateType.POSITIONS:
+            first = layout.index_key_layer_ids[0]
+            cache.layers[first].indexer_position_ids = t.transpose(0, 1)[:, None].contiguous()
+        elif st is StateType.PLE_SHORT_CONV:
+            cache.layers[i].update_conv_state(t.transpose(0, 1)[None].contiguous(), state_idx=1,
+                                              conv_kernel_size=t.shape[0])
+        elif st is StateType.PLE_NGRAM:
+            cache.layers[i].update_conv_state(t[None].clone(), state_idx=2, conv_kernel_size=t.shape[0])
     return cache
 
 
@@ -175,6 +201,8 @@ def _logical(state: ModelState, spec: BufferSpec, layout: Layout) -> torch.Tenso
         return state.conv[layer]
     if spec.field is EntryField.TEMPORAL:
         return state.recurrent[layer]
+    if (spec.state_type, layer) in state.extra:
+        return state.extra[(spec.state_type, layer)]
     raise ShareError(f"{spec.describe()}: the reference engine keeps no such state")
 
 
@@ -188,11 +216,13 @@ def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: 
         heads = torch.zeros(hpr, pages * ps, d, dtype=full.dtype, device=full.device)
         heads[:, :s] = full[first : first + hpr]
         return heads.view(hpr, pages, ps, d).transpose(0, 1)
-    if spec.state_type is StateType.KV:  # MLA latent, replicated: [S, D] -> [pages, ps, D]
-        s, d = full.shape
-        out = torch.zeros(pages * ps, d, dtype=full.dtype, device=full.device)
+    if spec.state_type is StateType.KV or spec.state_type in _PAGED_EXTRA:  # replicated per-token state:
+        s = full.shape[0]  # [S, *rest] -> [pages, ps, *rest] (MLA latent, index keys, positions)
+        out = torch.zeros(pages * ps, *full.shape[1:], dtype=full.dtype, device=full.device)
         out[:s] = full
-        return out.view(pages, ps, d)
+        return out.view(pages, ps, *full.shape[1:])
+    if spec.state_type in _SLOT_EXTRA:  # replicated per-request state: [1, *item]
+        return full[None]
     if spec.field is EntryField.CONV:  # [K-1, C] -> [1, K-1, C/tp], q | k | v each sliced
         parts = [full[:, a : a + w] for a, w in _group_slices(spec, tp, rank)]
         return torch.cat(parts, 1)[None]
@@ -200,6 +230,10 @@ def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: 
         n = spec.item_shape[0]
         return full[rank * n : (rank + 1) * n][None]
     raise ShareError(f"{spec.describe()}: no sharding rule")
+
+
+_PAGED_EXTRA = frozenset({StateType.INDEX_K, StateType.POSITIONS})
+_SLOT_EXTRA = frozenset({StateType.PLE_SHORT_CONV, StateType.PLE_NGRAM})
 
 
 def write_share(pools: RankPools, state: ModelState, idx: RequestIndices) -> int:
@@ -301,9 +335,13 @@ def gather_state(layout: Layout, shape: ParallelShape, shares: Iterable[RankShar
                 heads = part.transpose(0, 1).reshape(hpr, -1, d)[:, :length]
                 first = _first_head(t, tp, spec.total_heads)
                 slot.put((spec.total_heads, length, d), heads, (slice(first, first + hpr),), heads, (t, p), first)
-            elif spec.state_type is StateType.KV:
-                lat = part.reshape(-1, spec.item_shape[-1])[:length]
+            elif spec.state_type is StateType.KV or spec.state_type in _PAGED_EXTRA:
+                lat = part.reshape(-1, *spec.item_shape[1:])[:length]
+                if spec.state_type is StateType.KV:
+                    lat = lat.reshape(length, -1)
                 slot.put(tuple(lat.shape), lat, (slice(None),), lat, (t, p), 0)
+            elif spec.state_type in _SLOT_EXTRA:
+                slot.put(tuple(part[0].shape), part[0], (slice(None),), part[0], (t, p), 0)
             elif spec.field is EntryField.CONV:
                 conv = part[0]
                 width = sum(spec.shard_groups or (spec.dim * tp,))
@@ -330,6 +368,8 @@ def gather_state(layout: Layout, shape: ParallelShape, shares: Iterable[RankShar
             out.kv[layer] = (full, v) if fld is EntryField.K else (k, full)  # type: ignore[assignment]
         elif fld is EntryField.CONV:
             out.conv[layer] = full
-        else:
+        elif fld is EntryField.TEMPORAL:
             out.recurrent[layer] = full
+        else:
+            out.extra[(st, layer)] = full
     return out
