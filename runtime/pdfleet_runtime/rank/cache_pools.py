@@ -43,6 +43,7 @@ from pdfleet_runtime.layouts import (
     Layout,
     Sharding,
     StateType,
+    group_range,
     rank_buffers,
 )
 from pdfleet_runtime.model.state import RankShare
@@ -180,10 +181,11 @@ def _first_head(rank: int, tp: int, heads: int) -> int:
 def _group_slices(spec: BufferSpec, tp: int, rank: int) -> list[tuple[int, int]]:
     """(start, width) in the global channel dim of each shard group's slice held by ``rank``."""
     groups = spec.shard_groups or (spec.dim * tp,)
+    heads = spec.group_heads or tuple(tp for _ in groups)  # undeclared groups (q|k|v): sharded by TP
     out, start = [], 0
-    for g in groups:
-        w = g // tp
-        out.append((start + rank * w, w))
+    for g, h in zip(groups, heads, strict=True):
+        first, w = group_range(g, h, tp, rank)  # declared groups with fewer heads than TP: replicated
+        out.append((start + first, w))
         start += g
     return out
 
