@@ -14,7 +14,7 @@ from typing import Any
 
 FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3")
 QWEN4 = "qwen4_exp_text"  # transformers' Qwen4-Exp form (tests/verify/test_model_parity_qwen4.py)
-NEW_FAMILIES = (QWEN4, "deepseek_v32", "nemotron_h")  # their forms came with issue 43
+NEW_FAMILIES = (QWEN4, "deepseek_v32", "nemotron_h", "mistral")  # their forms came with issue 43
 INIT_RANGE = 0.3
 _COMMON: dict[str, Any] = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                            "num_attention_heads": 4, "initializer_range": INIT_RANGE, "dtype": "float32",
@@ -39,6 +39,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
                      "qk_nope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
                      "moe_intermediate_size": 32, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
                      "topk_group": 1, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8},
+    "mistral": {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8},
     "nemotron_h": {"num_key_value_heads": 2, "head_dim": 16, "hybrid_override_pattern": "M-M*", "mamba_num_heads": 4,
                    "mamba_head_dim": 8, "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "chunk_size": 256,
                    "mamba_ssm_cache_dtype": "float32", "use_mamba_kernels": False,
@@ -55,6 +56,7 @@ def config_class(family: str) -> Any:
         DeepseekV3Config,
         DeepseekV32Config,
         LlamaConfig,
+        MistralConfig,
         NemotronHConfig,
         Qwen3NextConfig,
         Qwen4ExpTextConfig,
@@ -63,7 +65,7 @@ def config_class(family: str) -> Any:
 
     return {"llama": LlamaConfig, "qwen3_next": Qwen3NextConfig, "qwen3_5_text": Qwen3_5TextConfig,
             "deepseek_v3": DeepseekV3Config, "qwen4_exp_text": Qwen4ExpTextConfig,
-            "deepseek_v32": DeepseekV32Config, "nemotron_h": NemotronHConfig}[family]
+            "deepseek_v32": DeepseekV32Config, "nemotron_h": NemotronHConfig, "mistral": MistralConfig}[family]
 
 
 def make_model(family: str, directory: Path, *, seed: int = 0, weights: bool = True, **overrides: Any) -> Path:

@@ -49,7 +49,8 @@ __all__ = [
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
 """A config.json larger than this is refused unread (a model directory is input, and bounded)."""
-FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3", "qwen4_exp_text", "deepseek_v32", "nemotron_h")
+FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3", "qwen4_exp_text", "deepseek_v32", "nemotron_h",
+            "mistral")
 """``model_type``s whose layout (and whose cache <-> pool mapping, ``rank.cache_pools``) exist."""
 DEFAULT_PAGE_SIZE = 16
 """Tokens per KV page when neither a preset nor the caller names one."""
@@ -151,7 +152,7 @@ def _full_attention_ids(config: Mapping[str, Any], layers: int) -> tuple[int, ..
     return tuple(i for i in range(layers) if (i + 1) % every == 0)
 
 
-_FROM_FORMS = ("qwen4_exp_text", "deepseek_v32", "nemotron_h")
+_FROM_FORMS = ("qwen4_exp_text", "deepseek_v32", "nemotron_h", "mistral")
 
 
 def layout_from_config(config: Mapping[str, Any], *, page_size: int = DEFAULT_PAGE_SIZE) -> Layout:

@@ -111,11 +111,14 @@ def state_from_cache(cache: object, layout: Layout, length: int, *, conv_lag: in
     if len(layers) != layout.num_layers:
         raise ShareError(f"the cache has {len(layers)} layers, the layout {layout.num_layers}")
     out = ModelState(length)
-    for i in layout.full_attention_layer_ids:
+    window = layout.swa.window if layout.swa is not None else None
+    swa = set(layout.swa_layer_ids)
+    for i in (*layout.full_attention_layer_ids, *layout.swa_layer_ids):
         keys, values = layers[i].keys, layers[i].values
-        if keys is None or keys.shape[-2] != length:
+        want = min(length, window) if i in swa and window is not None else length  # a window keeps its last tokens
+        if keys is None or keys.shape[-2] != want:
             raise ShareError(f"layer {i}: the cache holds {None if keys is None else keys.shape[-2]} tokens, "
-                             f"expected {length}")
+                             f"expected {want}")
         if layout.attention_kind is AttentionKind.MLA:
             out.kv[i] = (keys[0, 0].clone(), values[0, 0].clone())
         else:
@@ -151,6 +154,8 @@ def cache_from_state(state: ModelState, config: object, layout: Layout) -> objec
             cache.layers[i].update(a[None, None], b[None, None])
         else:
             cache.layers[i].update(a[None], b[None])
+        if i in layout.swa_layer_ids:  # the window holds the last tokens; the position is the request's length
+            cache.layers[i].cumulative_length = state.length
     for i, conv in sorted(state.conv.items()):
         la = layout.linear_attention
         assert la is not None
@@ -193,7 +198,7 @@ def _group_slices(spec: BufferSpec, tp: int, rank: int) -> list[tuple[int, int]]
 def _logical(state: ModelState, spec: BufferSpec, layout: Layout) -> torch.Tensor:
     """The unsharded tensor one buffer holds a slice of (KV: padded per page later)."""
     layer = int(spec.layer_id)
-    if spec.state_type is StateType.KV:
+    if spec.state_type in (StateType.KV, StateType.SWA):
         if spec.field is EntryField.LATENT:
             lat, rope = state.kv[layer]
             return torch.cat([lat, rope], -1)
@@ -208,15 +213,23 @@ def _logical(state: ModelState, spec: BufferSpec, layout: Layout) -> torch.Tenso
     raise ShareError(f"{spec.describe()}: the reference engine keeps no such state")
 
 
-def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: int, pages: int) -> torch.Tensor:
+def _swa_offset(layout: Layout, length: int, kept: int) -> int:
+    """Row of a window's first kept token within the request's first SWA page (pages follow positions)."""
+    assert layout.swa is not None
+    return (length - kept) - (max(0, length - layout.swa.window) // layout.page_size) * layout.page_size
+
+
+def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: int, pages: int,
+           length: int = 0) -> torch.Tensor:
     """This rank's items of one buffer: ``[items, *item_shape]``."""
     ps = layout.page_size
     if spec.sharding is Sharding.HEADS:  # full [H, S, D] -> [pages, hpr, ps, D]
         h, s, d = full.shape
         hpr = spec.item_shape[0]
         first = _first_head(rank, tp, h)
+        at = _swa_offset(layout, length, s) if spec.state_type is StateType.SWA else 0
         heads = torch.zeros(hpr, pages * ps, d, dtype=full.dtype, device=full.device)
-        heads[:, :s] = full[first : first + hpr]
+        heads[:, at : at + s] = full[first : first + hpr]
         return heads.view(hpr, pages, ps, d).transpose(0, 1)
     if spec.state_type is StateType.KV or spec.state_type in _PAGED_EXTRA:  # replicated per-token state:
         s = full.shape[0]  # [S, *rest] -> [pages, ps, *rest] (MLA latent, index keys, positions)
@@ -253,7 +266,7 @@ def write_share(pools: RankPools, state: ModelState, idx: RequestIndices) -> int
         if full.dtype != torch_dtype(spec.dtype):
             raise ShareError(f"{spec.describe()}: the model keeps {full.dtype}, the pool holds {spec.dtype.value}; "
                              "the layout's dtype must be the model's (config.json dtype)")
-        data = _shard(full, spec, pools.layout, tp, pools.tp_rank, int(items.size))
+        data = _shard(full, spec, pools.layout, tp, pools.tp_rank, int(items.size), state.length)
         if tuple(data.shape) != (items.size, *spec.item_shape):
             raise ShareError(f"{spec.describe()}: share {tuple(data.shape)} does not fit items "
                              f"{(int(items.size), *spec.item_shape)}")
@@ -334,9 +347,14 @@ def gather_state(layout: Layout, shape: ParallelShape, shares: Iterable[RankShar
             slot = slots.setdefault(key, _Slots(spec.describe()))
             if spec.sharding is Sharding.HEADS:
                 hpr, d = spec.item_shape[0], spec.item_shape[2]
-                heads = part.transpose(0, 1).reshape(hpr, -1, d)[:, :length]
+                kept, at = length, 0
+                if spec.state_type is StateType.SWA:
+                    assert layout.swa is not None
+                    kept = min(length, layout.swa.window)
+                    at = _swa_offset(layout, length, kept)
+                heads = part.transpose(0, 1).reshape(hpr, -1, d)[:, at : at + kept]
                 first = _first_head(t, tp, spec.total_heads)
-                slot.put((spec.total_heads, length, d), heads, (slice(first, first + hpr),), heads, (t, p), first)
+                slot.put((spec.total_heads, kept, d), heads, (slice(first, first + hpr),), heads, (t, p), first)
             elif spec.state_type is StateType.KV or spec.state_type in _PAGED_EXTRA:
                 lat = part.reshape(-1, *spec.item_shape[1:])[:length]
                 if spec.state_type is StateType.KV:
@@ -365,7 +383,7 @@ def gather_state(layout: Layout, shape: ParallelShape, shares: Iterable[RankShar
             assert layout.mla is not None
             r = layout.mla.kv_lora_rank
             out.kv[layer] = (full[:, :r].contiguous(), full[:, r:].contiguous())
-        elif st is StateType.KV:
+        elif st in (StateType.KV, StateType.SWA):
             k, v = out.kv.get(layer, (None, None))
             out.kv[layer] = (full, v) if fld is EntryField.K else (k, full)  # type: ignore[assignment]
         elif fld is EntryField.CONV:
