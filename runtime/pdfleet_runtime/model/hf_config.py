@@ -4,7 +4,9 @@ The reference engine (docs/reference-engine.md) computes a model from a local di
 the ones that model's cache fills. So the layout comes from the config, for the families whose cache
 mapping is built (``FAMILIES``): ``llama`` (MHA/GQA KV), ``qwen3_next`` and ``qwen3_5_text`` (KV on the
 full-attention layers, Gated DeltaNet conv and recurrent state on the others), ``deepseek_v3`` (MLA latent
-plus rope key). Any size: only the fields that shape the state are read, each bounded.
+plus rope key); and, through transformers' form in ``model.forms``, ``qwen4_exp_text`` (index keys, positions,
+PLE), ``deepseek_v32`` (MLA plus index keys), ``nemotron_h`` (Mamba2 x|B|C) and ``mistral`` (sliding window).
+Any size: only the fields that shape the state are read, each bounded.
 
 A preset named beside a config must describe the same state (``layout_for_model``): every field the config
 decides (layers, layer kinds, heads and widths, MLA ranks, conv kernel, element types) is compared, and the
