@@ -58,7 +58,7 @@ async def _serve(cert_dir: Path) -> None:
     import kopf
 
     from pdfleet_operator.admission import VALIDATE_WEBHOOK_ID, AdmissionServer, Verdicts, review
-    from pdfleet_operator.devcluster.certs import CertificateAuthority
+    from pdfleet_operator.certs import CertificateAuthority
 
     ca = CertificateAuthority(cert_dir, name="bench-ca")
     pair = ca.issue("webhook", common_name="127.0.0.1")

@@ -242,7 +242,7 @@ def _stop(pods: list[Any], logs: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from pdfleet_runtime.server.local import LocalPod
+    from pdfleet_runtime.testing.local import LocalPod
 
     work = Path(tempfile.mkdtemp(prefix="gpu-serve-"))
     staged_cfg: dict[str, Any] = {"thresholdBytes": 0, "minChunks": args.min_chunks}
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _hetero(args: argparse.Namespace, work: Path, staged_cfg: dict[str, Any], logs: dict[str, str]) -> dict[str, Any]:
     """Prefill tp 2 -> decode tp 1, staged: prefill rank 0 on the prefill GPU, rank 1 on the decode's."""
-    from pdfleet_runtime.server.local import LocalPod
+    from pdfleet_runtime.testing.local import LocalPod
 
     gpus = (args.prefill_gpu, args.decode_gpu)
     pre = LocalPod(work, "pre-tp2", _config("prefill", args, staged_cfg, 2, 1, gpus), SECRET,

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import yaml
 
+from pdfleet_devcluster import ClusterOptions, LocalCluster
+from pdfleet_devcluster.local_operator import LocalOperator
+from pdfleet_devcluster.standin import RuntimeStandIn
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
-from pdfleet_operator.devcluster.local_operator import LocalOperator
-from pdfleet_operator.devcluster.standin import RuntimeStandIn
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan
 
 TARGET = 1.5

@@ -154,7 +154,7 @@ def _measure_one(layout_preset: str | None, timeout_s: float) -> dict[str, Any]:
     from pdfleet_operator.api.constants import Role
     from pdfleet_operator.api.models import PDDeploymentSpec
     from pdfleet_operator.resources.runtime_config import runtime_config
-    from pdfleet_runtime.server.local import LocalPod
+    from pdfleet_runtime.testing.local import LocalPod
 
     m = manifest("bench", 1, "v1", 2, 0, 60)
     if layout_preset:

@@ -45,9 +45,9 @@ from pathlib import Path
 
 from rollout_watch import PodWatch
 
-from pdfleet_operator.devcluster import ClusterOptions, LocalCluster
-from pdfleet_operator.devcluster.local_operator import LocalOperator
-from pdfleet_operator.devcluster.standin import RuntimeStandIn
+from pdfleet_devcluster import ClusterOptions, LocalCluster
+from pdfleet_devcluster.local_operator import LocalOperator
+from pdfleet_devcluster.standin import RuntimeStandIn
 from pdfleet_operator.resources.router import (
     HEALTH_FAILURES,
     HEALTH_INTERVAL_S,
@@ -55,7 +55,7 @@ from pdfleet_operator.resources.router import (
     ROUTER_DROP_BOUND_S,
 )
 from pdfleet_runtime.config import READINESS_GATE
-from pdfleet_runtime.server.drain import ROUTER_GRACE_S
+from pdfleet_runtime.pod.drain import ROUTER_GRACE_S
 
 SURGE, UNAVAILABLE, DRAIN_TIMEOUT_S = 2, 0, 60
 V1, V2 = "example.invalid/rt:1", "example.invalid/rt:2"

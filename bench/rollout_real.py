@@ -7,7 +7,7 @@ keeps admitting for the router's drop bound (``routerDropSeconds``), as rendered
 
 Client traffic goes through a real sglang-router (0.3.2): the PDDeployment's own router pod, run by
 the harness from the operator's rendered command, reached through its Service: chat completions
-from an ``openai`` client (``tests/e2e/chat.ChatTraffic``, no client retries), every answer verified.
+from an ``openai`` client (``pdfleet_runtime.testing.chat.ChatTraffic``, no client retries), every answer verified.
 The Deployment's arm uses that same router pod: its decode discovery selects
 ``pdfleet.io/deployment=roll pdfleet.io/role=decode``, which the Deployment's template carries (the
 PDDeployment's own decode fleet is at zero by then), so both arms go through one router with the same
@@ -37,11 +37,12 @@ from pod_memory import MemorySampler
 from rollout_router import PodScraper, RouterWatch, admin_key, drain_stamps, router_retries, workers
 from rollout_watch import PodWatch
 
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.api.models import RouterSpec
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S, upstream_port
+from pdfleet_operator.resources.plugins.sglang_router import upstream_port
+from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import READINESS_GATE
-from tests.e2e.chat import ChatTraffic
+from pdfleet_runtime.testing.chat import ChatTraffic
 
 __all__ = ["BENCH_LAYOUT", "LOCAL_ARGS", "ROUTER", "RUNTIME_ARGS", "concurrency", "manifest", "run_real"]
 

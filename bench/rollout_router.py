@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tests.e2e.traffic import scrape
+from pdfleet_runtime.testing.scrape import scrape
 
 __all__ = ["PodScraper", "RouterWatch", "admin_key", "drain_stamps", "router_retries"]
 

@@ -51,8 +51,8 @@ import requests
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.local import LocalPod
-from pdfleet_runtime.server.worker_client import chat_body, verify_chat_answer
+from pdfleet_runtime.testing.local import LocalPod
+from pdfleet_runtime.testing.worker_client import chat_body, verify_chat_answer
 
 LAYOUT = "llama-dense"
 MODEL = "bench"

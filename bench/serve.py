@@ -30,7 +30,7 @@ from typing import Any
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.local import LocalPod
+from pdfleet_runtime.testing.local import LocalPod
 
 LAYOUT = "qwen3.8-flash-next"
 SECRET = b"bench-serve-secret-0123456789abcdef"

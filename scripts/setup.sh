@@ -41,4 +41,4 @@ export PATH="$layer/bin:$deps/bin:$PATH"
 
 # 3. The control plane, built from Go modules into the versioned cache (under its lock too).
 "$layer/bin/pdfleet" dev build >/dev/null
-say "ready: $("$layer/bin/pdfleet" --version); shared venv $deps, layer $layer, toolchain $("$layer/bin/python" -c 'from pdfleet_operator.devcluster.toolchain import toolchain_dir; print(toolchain_dir())')"
+say "ready: $("$layer/bin/pdfleet" --version); shared venv $deps, layer $layer, toolchain $("$layer/bin/python" -c 'from pdfleet_devcluster.toolchain import toolchain_dir; print(toolchain_dir())')"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import ClusterOptions, LocalCluster, ensure_toolchain, sandbox
-from pdfleet_operator.devcluster.local_operator import LocalOperator
+from pdfleet_devcluster import ClusterOptions, LocalCluster, ensure_toolchain, sandbox
+from pdfleet_devcluster.local_operator import LocalOperator
 from tests.helpers import wait_until
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
-from pdfleet_runtime.engine_rules import EngineInput, EngineRoleInput
+from pdfleet_runtime.engine_rules import EngineInput, EngineRoleInput, rules_of
 from pdfleet_runtime.layouts import AttentionKind, LayoutError, resolve_layout
 
 __all__ = ["RoleEngine", "engine_input", "role_engine"]
@@ -64,8 +64,9 @@ def _role_input(spec: PDDeploymentSpec, role: Role) -> EngineRoleInput:
 
 
 def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
-    """The engine rules' view of a spec; None for the built-in pdfleet runtime."""
-    if spec.engine is None or spec.engine.kind is EngineKind.PDFLEET:
+    """The engine rules' view of a spec; None where no engine container is checked (the built-in runtime)."""
+    rules = None if spec.engine is None else rules_of(spec.engine.kind.value)
+    if spec.engine is None or rules is None or not rules.checked:
         return None
     try:
         layout = resolve_layout(spec.model.layout)

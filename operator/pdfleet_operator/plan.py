@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RouterKind
+from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.groups import groups_of, units
 from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.engine import group_service
@@ -39,18 +39,17 @@ from pdfleet_operator.resources.names import (
     secret_name,
     worker_secret_name,
 )
+from pdfleet_operator.resources.plugins.registry import engine_plugin, router_plugin
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import group_network_policy, network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import compat_key, role_revision
 from pdfleet_operator.resources.revisions import controller_revision
-from pdfleet_operator.resources.router import router_children, router_kind, router_secret, worker_port
+from pdfleet_operator.resources.router import router_children, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use, worker_secret
 from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
-from pdfleet_runtime.config import GROUP_PORT
-from pdfleet_runtime.engine_rules.sglang import DIST_INIT_PORT
 
 # ObservedPod, Owner and Snapshot live in ``observed`` (the planners' inputs); re-exported for callers of plan.
 __all__ = [
@@ -148,9 +147,8 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
 def _group_children(name: str, namespace: str, spec: PDDeploymentSpec, role: Role) -> list[dict]:
     """A grouped role's headless group Service (members reach their leader before any is Ready) and the
     NetworkPolicy opening the group port between its pods."""
-    sglang = spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM)  # same port 5000
-    port = ("dist-init", DIST_INIT_PORT) if sglang else ("group", GROUP_PORT)
-    svc = group_service(name, namespace, role, role_selector(name, role), port)
+    port = engine_plugin(spec).group_port  # the engine kind's rendezvous port
+    svc = group_service(name, namespace, role, role_selector(name, role), (port.name, port.port))
     svc["metadata"]["labels"] = owner_labels(name)
     return [svc, group_network_policy(name, namespace, role)]
 
@@ -326,9 +324,12 @@ def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 
         body = _owned(worker_secret(owner.name, owner.namespace), owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", worker_secret_name(owner.name), body=body,
                               reason="the worker key (routers to the worker API)"))
-    # vllm-router has no admin API: no key to hold
-    if spec.router is not None and router_kind(spec) is RouterKind.SGLANG and not snapshot.router_secret_exists:
-        body = _owned(router_secret(owner.name, owner.namespace), owner)
+    # the router kind's admin API key, when it has an admin API
+    admin = None
+    if spec.router is not None and not snapshot.router_secret_exists:
+        admin = router_plugin(spec).admin_secret(owner.name, owner.namespace)
+    if admin is not None:
+        body = _owned(admin, owner)
         actions.append(Action(ActionKind.CREATE, "v1", "Secret", router_secret_name(owner.name), body=body,
                               reason="the router's control-plane API key"))
     return actions + pod_actions

@@ -316,8 +316,9 @@ def _with_engine(verdict: Verdict, spec: PDDeploymentSpec) -> Verdict:
     verdict = Verdict(verdict.violations + tuple(scaling_errors), verdict.warnings + tuple(scaling_warnings),
                       verdict.matrix_versions)
     inp = engine_input(spec)
-    if inp is None:  # the built-in runtime speaks sglang-router's protocol
-        wrong = router_violation("pdfleet", spec.router.kind.value if spec.router and spec.router.kind else None)
+    if inp is None:  # no engine container to check: the built-in runtime, whose router is its plug-in's
+        kind = spec.engine.kind.value if spec.engine is not None else "pdfleet"
+        wrong = router_violation(kind, spec.router.kind.value if spec.router and spec.router.kind else None)
         return verdict if wrong is None else Verdict((*verdict.violations, wrong), verdict.warnings,
                                                      verdict.matrix_versions)
     errors, warnings = evaluate_engine(inp)

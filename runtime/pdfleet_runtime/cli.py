@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdfleet_runtime import __version__
-from pdfleet_runtime.model.state import ModelFault
+from pdfleet_runtime.model.faults import ModelFault
 from pdfleet_runtime.source import describe
 
 EXIT_OK, EXIT_MISMATCH, EXIT_REJECTED = 0, 1, 2
@@ -188,7 +188,7 @@ def _agent(args: argparse.Namespace) -> int:
     from pdfleet_runtime.agent.main import agent
     from pdfleet_runtime.agent.options import AgentOptions
     from pdfleet_runtime.config import ConfigError, load_config
-    from pdfleet_runtime.server.options import OptionsError
+    from pdfleet_runtime.pod.options import OptionsError
 
     try:
         cfg = load_config(args.config)
@@ -208,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Which code this pod runs (the checkout and its commit), first in its log.
     print(f"pdfleet-runtime {describe(__version__)}", file=sys.stderr, flush=True)
     from pdfleet_runtime.config import ConfigError, load_config
-    from pdfleet_runtime.server import FaultOptions, OptionsError, ServeOptions, serve
+    from pdfleet_runtime.pod import FaultOptions, OptionsError, ServeOptions, serve
 
     try:
         cfg = load_config(args.config)
@@ -265,7 +265,7 @@ def _drain(args: argparse.Namespace) -> int:
     import os
 
     from pdfleet_runtime.config import ConfigError, load_config
-    from pdfleet_runtime.server.admin import call_drain
+    from pdfleet_runtime.pod.admin import call_drain
 
     try:
         cfg = load_config(args.config)
@@ -288,7 +288,7 @@ def _synthetic(args: argparse.Namespace) -> int:
     import concurrent.futures
 
     if args.prefill_url:
-        from pdfleet_runtime.server.worker_client import check_openai
+        from pdfleet_runtime.testing.worker_client import check_openai
 
         if not args.bootstrap or ":" not in args.bootstrap:
             print("pdfleet-runtime synthetic: --prefill-url needs --bootstrap host:port", file=sys.stderr)
@@ -397,7 +397,7 @@ def _model_parity(args: argparse.Namespace) -> int:
     from pdfleet_runtime.records import ParallelShape
 
     # Imported here: the harness imports torch and transformers, and ``serve``'s pod process must not.
-    from pdfleet_runtime.verify import model_parity
+    from pdfleet_runtime.verify import model_run
     from pdfleet_runtime.verify.model_results import ModelParityConfig
 
     try:
@@ -418,8 +418,8 @@ def _model_parity(args: argparse.Namespace) -> int:
             ParallelShape.parse(args.decode), args.backend, args.device,
             args.protocol or ("tcp" if args.device == "cpu" else "nvlink"), args.seed, args.preset, args.page_size,
             args.init_seed, args.init_range, ModelFault(args.fault) if args.fault else None, nodes)  # type: ignore[arg-type]
-        result = model_parity.run(cfg, requests=2 if args.requests is None else args.requests,
-                                  tokens=64 if args.tokens is None else args.tokens)
+        result = model_run.run(cfg, requests=2 if args.requests is None else args.requests,
+                               tokens=64 if args.tokens is None else args.tokens)
     except (LayoutError, ValueError) as e:
         print(f"pdfleet-runtime parity: {e}", file=sys.stderr)
         return EXIT_REJECTED

@@ -1,6 +1,6 @@
 """Why a pod is not ready: the transfer-path gate's reasons, one vocabulary for the runtime and the operator.
 
-The runtime (``server.readiness``) names every verdict with a ``Problem``, written as the reason of the
+The runtime (``pod.readiness``) names every verdict with a ``Problem``, written as the reason of the
 pod's ``pdfleet.io/transfer-path`` condition (CamelCase, as Kubernetes wants it). The operator reads the
 reason back (``gate_problem``) and fails a rollout on the reasons in ``GATE_FAILURES``: the pod's path is
 broken. Every other reason (Starting, WaitingForCanary, NoPeerFound, ...) means "not yet" and only counts

@@ -4,7 +4,7 @@
 
 Shapes (``qwen3.8-flash-next``): prefill tp 1 -> decode tp 1 (GPU0 -> GPU1), tp 2 -> tp 2 (every leg
 crosses GPUs) and tp 2 -> tp 1 (prefill ranks on GPU0 and GPU1, decode on GPU1: one leg within a
-GPU, one across); every rank is a serving rank process (``server.ranks``), placed by
+GPU, one across); every rank is a serving rank process (``rank.process``), placed by
 ``verify.cases.gpu_of``. A shape the capability matrix rejects is reported with its reason and
 run with ``FALLBACK`` instead. Each decode rank compares its whole arena (background plus every
 request's seeded state at its items) byte for byte. Prints one JSON

@@ -48,7 +48,7 @@ def _config(role: str, layout: str, tp: int, peer_tp: int, args: argparse.Namesp
 
 
 def case(layout: str, ptp: int, dtp: int, args: argparse.Namespace) -> dict[str, Any]:
-    from pdfleet_runtime.server.local import LocalPod
+    from pdfleet_runtime.testing.local import LocalPod
 
     work = Path(tempfile.mkdtemp(prefix="serve-parity-"))
     pre = LocalPod(work, "pre", _config("prefill", layout, ptp, dtp, args), SECRET)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pdfleet_operator.devcluster.local_operator import LocalOperator
+from pdfleet_devcluster.local_operator import LocalOperator
 
 OperatorProcess = LocalOperator  # the name the cluster tests use

@@ -25,10 +25,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.local_operator import WEBHOOK_CONFIGURATION
 from pdfleet_operator.admission import VALIDATE_WEBHOOK_ID, response_problems
 from pdfleet_operator.api.rules import CEL_RULES
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.local_operator import WEBHOOK_CONFIGURATION
 from pdfleet_operator.validation import validate_text
 from pdfleet_runtime.layouts import PRESETS
 from tests.cluster.conftest import OperatorProcess

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.certs import CertificateAuthority
+from pdfleet_devcluster import LocalCluster
+from pdfleet_operator.certs import CertificateAuthority
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -29,7 +29,7 @@ def _get(cluster: LocalCluster, ns: str, *what: str) -> dict:
 
 
 def test_server_version_is_the_built_release(cluster: LocalCluster) -> None:
-    from pdfleet_operator.devcluster.toolchain import PINS
+    from pdfleet_devcluster.toolchain import PINS
 
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == PINS.kubernetes

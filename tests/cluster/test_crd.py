@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.api.crd import CRD_FILE, CRD_NAME
 from pdfleet_operator.api.rules import CEL_RULES
-from pdfleet_operator.devcluster import LocalCluster
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.cluster

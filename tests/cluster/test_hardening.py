@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.devcluster import LocalCluster
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import wait_until

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pdfleet_devcluster import LocalCluster, toolchain
+from pdfleet_devcluster.cluster import free_port
+from pdfleet_devcluster.local_operator import interrupt
 from pdfleet_operator.api.crd import CRD_NAME
-from pdfleet_operator.devcluster import LocalCluster, toolchain
-from pdfleet_operator.devcluster.cluster import free_port
-from pdfleet_operator.devcluster.local_operator import interrupt
 from pdfleet_runtime.config import READINESS_GATE
 from tests.helpers import wait_until
 
@@ -210,6 +210,8 @@ def test_the_charts_webhook_denies_an_invalid_example(release: Release) -> None:
         ("list", "secrets", "apps", False),  # only its own secret, by name
         ("create", "controllerrevisions.apps", "apps", True),
         ("create", "pods", "apps", True),
+        ("own-pods", "pddeployments.pdfleet.io", "apps", True),  # the pod-labels policy asks for it
+        ("own-pods", "pddeployments.pdfleet.io", "default", False),
         ("patch", "pods/status", "apps", True),
         ("get", "secrets", "kube-system", False),
         ("list", "secrets", "kube-system", False),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from tests.unit.test_die_with_parent import alive
 
 pytestmark = pytest.mark.cluster
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 PARENT = """
 import sys, time
 from pathlib import Path
-from pdfleet_operator.devcluster import local_operator as lo
-from pdfleet_operator.devcluster.cluster import LocalCluster
+from pdfleet_devcluster import local_operator as lo
+from pdfleet_devcluster.cluster import LocalCluster
 lo.WEBHOOK_CONFIGURATION = sys.argv[3]
 op = lo.LocalOperator(LocalCluster(Path(sys.argv[1])), Path(sys.argv[2]))
 op.start("--webhook-configuration", sys.argv[3], "--namespace", sys.argv[4])
@@ -65,7 +65,7 @@ def test_the_operator_dies_with_the_process_that_started_it(cluster: LocalCluste
 
 NESTED = """
 import time
-from pdfleet_operator.devcluster.kubelet import wait
+from pdfleet_devcluster.kubelet import wait
 
 def test_holds_a_pod(cluster, namespace, tmp_path):
     k = cluster.kubelet(namespace, tmp_path / "pods")
@@ -84,7 +84,7 @@ def test_holds_a_pod(cluster, namespace, tmp_path):
 
 
 def test_a_test_run_sent_sigterm_stops_its_clusters_and_pods(tmp_path: Path) -> None:
-    from pdfleet_operator.devcluster import procs
+    from pdfleet_devcluster import procs
 
     (tmp_path / "nested").mkdir()
     (tmp_path / "nested" / "test_nested.py").write_text(NESTED)

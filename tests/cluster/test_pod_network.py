@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster, podsandbox, sandbox
-from pdfleet_operator.devcluster.kubelet import Kubelet, wait
-from pdfleet_operator.devcluster.toolchain import PINS
+from pdfleet_devcluster import LocalCluster, podsandbox, sandbox
+from pdfleet_devcluster.kubelet import Kubelet, wait
+from pdfleet_devcluster.toolchain import PINS
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from tests.helpers import IDENTITY
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from pdfleet_runtime.config import READINESS_GATE, drained_message
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import delete_namespace_and_pods, wait_until

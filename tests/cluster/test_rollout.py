@@ -16,8 +16,8 @@ import pytest
 from kubernetes import watch
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.standin import DRAIN_ANNOTATION, RuntimeStandIn
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.standin import DRAIN_ANNOTATION, RuntimeStandIn
 from pdfleet_runtime.config import READINESS_GATE
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import wait_until

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.standin import RuntimeStandIn
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.standin import RuntimeStandIn
 from tests.cluster.conftest import OperatorProcess
 from tests.cluster.test_rollout import Watcher
 from tests.helpers import wait_until

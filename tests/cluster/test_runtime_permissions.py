@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from pdfleet_runtime.config import DRAINED_CONDITION, READINESS_GATE
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import delete_namespace_and_pods, wait_until

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.kubelet import Kubelet, wait
-from pdfleet_operator.devcluster.standin import SGLangStandIn
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.kubelet import Kubelet, wait
+from pdfleet_devcluster.standin import SGLangStandIn
 from pdfleet_operator.resources.names import router_name
 from pdfleet_runtime.config import READINESS_GATE
 from tests.cluster.conftest import OperatorProcess

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.render import render_object
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import wait_until

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.commands.dev import chat_curl
-from pdfleet_operator.devcluster import LocalCluster
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import delete_namespace_and_pods, wait_until
 

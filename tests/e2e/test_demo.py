@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import procs
+from pdfleet_devcluster import procs
 
 pytestmark = pytest.mark.cluster
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.faults import paused
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.faults import paused
 from tests.cluster.conftest import OperatorProcess
 from tests.e2e.traffic import Fleet, manifest, running_fleet
 

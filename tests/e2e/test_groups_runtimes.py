@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from tests.cluster.conftest import OperatorProcess
 from tests.e2e.traffic import manifest, running_fleet
 

@@ -7,7 +7,8 @@ sequence as the audit ran it, and fails on the tree before the issue (run once a
 - an unclaimed-room flood from a pod inside the namespace, without the worker key, gets 401s and costs the
   router's clients nothing;
 - two slow senders leave a normal large review answered by the webhook in under 1 s;
-- random ``model`` values add no router series.
+- random ``model`` values add no router series;
+- a tenant allowed to create pods cannot create or relabel one carrying the deployment's label.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from typing import Any
 import openai
 import pytest
 
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.podsandbox import PodSandbox
 from pdfleet_operator.admission.handlers import VALIDATE_WEBHOOK_ID
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.podsandbox import PodSandbox
+from pdfleet_runtime.testing.chat import ChatTraffic, chat_body, verify_chat_answer
+from pdfleet_runtime.testing.scrape import scrape
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.chat import ChatTraffic, chat_body, verify_chat_answer
-from tests.e2e.traffic import CONCURRENCY, NAME, ROUTER_METRICS_PORT, Fleet, running_fleet, scrape
+from tests.e2e.traffic import CONCURRENCY, NAME, ROUTER_METRICS_PORT, Fleet, running_fleet
 from tests.unit.admission.builders import Review, example
 
 pytestmark = pytest.mark.cluster
@@ -291,10 +293,46 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
 """
 
 
+def test_a_tenant_who_may_create_pods_cannot_put_the_deployment_label_on_one(fleet: Fleet) -> None:
+    """Low, fixed: the pod-labels policy (``resources.pod_label_policy``) lets only holders of the ``own-pods`` verb
+    on the PDDeployment (the operator, cluster admins) create a pod carrying its label or relabel one into it; a
+    ServiceAccount allowed to create and patch pods in the namespace is denied both, and its unlabelled pod runs."""
+    k = fleet.cluster.kubectl
+    tenant = f"system:serviceaccount:{fleet.ns}:tenant"
+    k("-n", fleet.ns, "create", "serviceaccount", "tenant")
+    k("-n", fleet.ns, "create", "role", "tenant-pods", "--verb=create,get,list,patch,update,delete", "--resource=pods")
+    k("-n", fleet.ns, "create", "rolebinding", "tenant-pods", "--role=tenant-pods", f"--serviceaccount={fleet.ns}:tenant")
+
+    def pod(name: str, labels: dict[str, str]) -> str:
+        return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                           "spec": {"containers": [{"name": "main", "image": "host", "command": ["sleep", "600"]}]}})
+
+    labelled = k("-n", fleet.ns, "--as", tenant, "create", "-f", "-", check=False,
+                 input=pod("tenant-rogue", {"pdfleet.io/deployment": NAME, "pdfleet.io/role": "decode"}))
+    print(f"tenant's labelled pod: rc {labelled.returncode}: {labelled.stderr.strip()[:240]}", flush=True)
+    assert labelled.returncode != 0 and "only the pdfleet operator may create a pod labelled" in labelled.stderr
+    try:
+        plain = k("-n", fleet.ns, "--as", tenant, "create", "-f", "-", check=False, input=pod("tenant-plain", {}))
+        assert plain.returncode == 0, plain.stderr  # the policy asks only of pods that carry the label
+        relabel = k("-n", fleet.ns, "--as", tenant, "label", "pod", "tenant-plain", f"pdfleet.io/deployment={NAME}",
+                    check=False)
+        assert relabel.returncode != 0 and "only the pdfleet operator" in relabel.stderr, relabel.stderr
+        # Nor may it take the label off one of the operator's pods (the routers would keep it; the policy is
+        # about the deployment's pods either way).
+        victim = pods(fleet, "decode")[0].name
+        unlabel = k("-n", fleet.ns, "--as", tenant, "label", "pod", victim, "pdfleet.io/role-", check=False)
+        assert unlabel.returncode != 0 and "only the pdfleet operator" in unlabel.stderr, unlabel.stderr
+        # An update that leaves the labels alone is not asked (annotations, as a tenant's tooling might add).
+        note = k("-n", fleet.ns, "--as", tenant, "annotate", "pod", "tenant-plain", "note=ok", check=False)
+        assert note.returncode == 0, note.stderr
+    finally:
+        k("-n", fleet.ns, "delete", "pod", "tenant-plain", "--wait=false", check=False)
+
+
 def test_what_a_pod_that_only_carries_the_labels_can_and_cannot_see(fleet: Fleet) -> None:
-    """Low: the router adds any pod carrying the role labels as a worker (docs/security.md said a pod without the
-    Secret cannot receive state: true for state, not for prompts). Measured here, as docs/security.md now says:
-    such a pod receives prompts and the router's worker key; it gets no transfer state and no Secret."""
+    """What a labelled pod made by a holder of ``own-pods`` (a cluster admin here; a tenant is refused: above) but
+    not by the operator can see, as docs/security.md says: the routers add it, so it receives prompts and the
+    router's worker key; it gets no transfer state and no Secret."""
     rogue = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rogue-decode", "labels": {
         "pdfleet.io/deployment": NAME, "pdfleet.io/role": "decode", "app.kubernetes.io/managed-by": "pdfleet-operator"}},
         "spec": {"automountServiceAccountToken": True, "containers": [{

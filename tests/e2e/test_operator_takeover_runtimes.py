@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.local_operator import LocalOperator
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.local_operator import LocalOperator
 from tests.e2e.test_faults_runtimes import _roll_and_check
 from tests.e2e.traffic import running_fleet
 from tests.helpers import wait_until

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
+from pdfleet_runtime.testing.scrape import scrape
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.traffic import manifest, running_fleet, scrape
+from tests.e2e.traffic import manifest, running_fleet
 from tests.helpers import IDENTITY
 
 pytestmark = pytest.mark.cluster

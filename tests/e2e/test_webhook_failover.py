@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.balancer import Balancer
+from pdfleet_devcluster.cluster import free_port
 from pdfleet_operator.admission.handlers import VALIDATE_WEBHOOK_ID
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.balancer import Balancer
-from pdfleet_operator.devcluster.certs import CertificateAuthority
-from pdfleet_operator.devcluster.cluster import free_port
+from pdfleet_operator.certs import CertificateAuthority
 from pdfleet_runtime.lifetime import die_with_parent
 from tests.helpers import wait_until
 

@@ -14,7 +14,6 @@ import json
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,15 +22,14 @@ from typing import Any
 
 from kubernetes import watch
 from kubernetes.client import CoreV1Api
-from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_operator.devcluster import LocalCluster
-from pdfleet_operator.devcluster.kubelet import Kubelet, wait
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.kubelet import Kubelet, wait
 from pdfleet_runtime.config import READINESS_GATE
-from tests.e2e.chat import Answer, ChatTraffic
+from pdfleet_runtime.testing.chat import Answer, ChatTraffic
+from pdfleet_runtime.testing.scrape import scrape
 
-__all__ = ["NAME", "WRITE_DELAY_S", "Counts", "Fleet", "PodTimeline", "Result", "Traffic", "manifest", "running_fleet",
-           "scrape"]
+__all__ = ["NAME", "WRITE_DELAY_S", "Counts", "Fleet", "PodTimeline", "Result", "Traffic", "manifest", "running_fleet"]
 
 NAME = "live"
 WRITE_DELAY_S = 0.4
@@ -328,18 +326,6 @@ class Traffic:
 
     def failures(self) -> list[Result]:
         return [r for r in self.results if not r.ok]
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Every sample of a Prometheus endpoint as ``name{label="value",...}`` (labels sorted) -> value."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = out.get(f"{s.name}{{{labels}}}", 0.0) + s.value
-    return out
 
 
 @dataclass(frozen=True)

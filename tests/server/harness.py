@@ -8,7 +8,7 @@ from typing import Any
 from pdfleet_runtime.config import GroupConfig, RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.local import LocalPod, free_offset, http, metric
+from pdfleet_runtime.testing.local import LocalPod, free_offset, http, metric
 
 __all__ = ["Pod", "config", "free_offset", "http", "metric"]
 

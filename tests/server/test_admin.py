@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_runtime.server.local import REPO
+from pdfleet_runtime.testing.local import REPO
 from tests.server.harness import Pod, config, http
 
 pytestmark = pytest.mark.slow

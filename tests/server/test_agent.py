@@ -31,7 +31,7 @@ from pdfleet_runtime.agent.model_config import config_for_layout
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import resolve_layout
 from pdfleet_runtime.lifetime import die_with_parent
-from pdfleet_runtime.server.local import REPO, free_offset, http
+from pdfleet_runtime.testing.local import REPO, free_offset, http
 from tests.server.harness import LAYOUT, Pod, config
 
 pytestmark = pytest.mark.slow

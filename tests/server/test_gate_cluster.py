@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pdfleet_operator.devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster
 from pdfleet_runtime.config import READINESS_GATE
-from pdfleet_runtime.server.gate import KubeGate
+from pdfleet_runtime.pod.gate import KubeGate
 
 pytestmark = pytest.mark.cluster
 

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from pdfleet_runtime.config import GROUP_PORT, GroupConfig, RuntimeConfig
+from pdfleet_runtime.pod.group import config_digest
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.group import GroupJoin, frame
-from pdfleet_runtime.server.group import config_digest
 from tests.server.harness import SECRET, Pod, config, metric
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ from typing import Any
 import openai
 import pytest
 
-from pdfleet_runtime.server.local import REPO
-from pdfleet_runtime.server.worker_client import chat_body, verify_chat_answer
+from pdfleet_runtime.testing.local import REPO
+from pdfleet_runtime.testing.worker_client import chat_body, verify_chat_answer
 from tests.server.harness import Pod, config, free_offset, http, metric
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_runtime.server.local import REPO, free_offset
+from pdfleet_runtime.testing.local import REPO, free_offset
 from tests.server.harness import SECRET, config
 
 pytestmark = pytest.mark.slow

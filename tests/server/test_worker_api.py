@@ -27,8 +27,8 @@ from typing import Any
 import openai
 import pytest
 
-from pdfleet_runtime.server.openai_api import request_state_bytes
-from pdfleet_runtime.server.worker_api import Endpoint, completion, parse_request
+from pdfleet_runtime.pod.openai_api import request_state_bytes
+from pdfleet_runtime.pod.worker_api import Endpoint, completion, parse_request
 from tests.server.harness import Pod, config, free_offset, http, metric
 
 pytestmark = pytest.mark.slow

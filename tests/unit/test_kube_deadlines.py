@@ -24,7 +24,7 @@ import yaml
 from pdfleet_operator import handlers
 from pdfleet_operator.reconcile import Reconciler
 from pdfleet_runtime.config import READINESS_GATE
-from pdfleet_runtime.server.gate import KubeGate
+from pdfleet_runtime.pod.gate import KubeGate
 
 # The calls must give up well before this; the unfixed code was still blocked after 30 s.
 BOUND_S = 30.0

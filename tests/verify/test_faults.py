@@ -18,13 +18,13 @@ import urllib.request
 import pytest
 
 from pdfleet_runtime.layouts import PRESETS, pool_counts
+from pdfleet_runtime.pod.launcher import RankCallError
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH
 from pdfleet_runtime.protocol.decode import DecodeSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
+from pdfleet_runtime.rank.pipe import FaultOptions
 from pdfleet_runtime.records import ParallelShape as S
 from pdfleet_runtime.seeded import request_lengths
-from pdfleet_runtime.server.launcher import RankCallError
-from pdfleet_runtime.server.options import FaultOptions
 from pdfleet_runtime.verify.cases import CaseSpec, GroupSpec
 from pdfleet_runtime.verify.group import CasePods, run_case
 

@@ -291,7 +291,7 @@ def server_kwargs(settings: AdmissionSettings) -> dict[str, Any]:
         ca = settings.cert_dir / "ca.crt"
         return {"certfile": str(cert), "pkeyfile": str(key), "cafile": str(ca) if ca.is_file() else None, **common}
     if settings.mode is WebhookMode.DEV:
-        from pdfleet_operator.devcluster.certs import CertificateAuthority
+        from pdfleet_operator.certs import CertificateAuthority
 
         directory = settings.cert_dir or Path(tempfile.mkdtemp(prefix="pdfleet-webhook-"))
         host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"

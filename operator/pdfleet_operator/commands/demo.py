@@ -32,9 +32,9 @@ from pathlib import Path
 
 import yaml
 
+from pdfleet_devcluster import ClusterError, ClusterOptions, LocalCluster, ToolchainError
+from pdfleet_devcluster.local_operator import LocalOperator
 from pdfleet_operator.commands.dev import chat_curl
-from pdfleet_operator.devcluster import ClusterError, ClusterOptions, LocalCluster, ToolchainError
-from pdfleet_operator.devcluster.local_operator import LocalOperator
 from pdfleet_runtime.config import READINESS_GATE
 
 NAMESPACE = "demo"

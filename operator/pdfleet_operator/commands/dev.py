@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from pdfleet_operator.devcluster import (
+from pdfleet_devcluster import (
     ClusterError,
     ClusterOptions,
     LocalCluster,
@@ -153,7 +153,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _kubelet(args: argparse.Namespace) -> int:
-    from pdfleet_operator.devcluster import sandbox
+    from pdfleet_devcluster import sandbox
 
     cluster = _cluster(args)
     index = sandbox.current_index()

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from pdfleet_runtime.engine_rules.parallel import PARALLEL_CELLS
+from pdfleet_runtime.engine_rules.registry import PARALLEL_CELLS
 from pdfleet_runtime.links import ENGINE_SETTINGS, Backend, LinkProtocol
 from pdfleet_runtime.matrix import (
     FEATURE_TITLES,

@@ -1,47 +1,42 @@
-"""The SGLang pod: the ``engine`` container beside the pdfleet agent, rendered from the spec.
+"""The engine pod: an engine in the ``engine`` container beside the pdfleet agent, rendered from the spec.
 
-``runtime_pod`` builds the pod of the built-in runtime; for ``spec.engine.kind: sglang`` it hands the
-pod to ``with_sglang``, which moves GPUs, the RDMA resource and its capability to a container named
-``engine`` running ``python3 -m sglang.launch_server`` with full flag names (``--tp``/``--dp`` work
-only as argparse abbreviations), and turns the runtime container into the agent beside it. The flag
-and environment tables live in ``pdfleet_runtime.engine_rules.sglang`` (docs/sglang.md prints them).
+``runtime_pod`` builds the pod of the built-in runtime; for an engine kind with its own container
+(``EnginePlugin.container``) it hands the pod to ``with_engine``, which moves GPUs, the RDMA
+resource and its capability to a container named ``engine`` running the kind's command, and turns the
+runtime container into the agent beside it. What differs by kind (command, transfer environment, the
+prefill's bootstrap port and annotation, host IPC) comes from the plug-in (``resources.plugins``); the
+pod around it, its probes on the kind's worker contract, and the agent are the same for every kind.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-from dataclasses import dataclass
 from typing import Any
 
 from pdfleet_operator.api.constants import LABEL_REVISION, Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, PoolSpec, RoleSpec
-from pdfleet_operator.engine import engine_input, role_engine
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.engine import role_engine
 from pdfleet_operator.resources.names import LABEL_INDEX, LABEL_MEMBER, group_pod_name, group_service_name
+from pdfleet_operator.resources.plugins.contract import EnginePlugin, GroupMember
+from pdfleet_operator.resources.plugins.registry import engine_plugin
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
-from pdfleet_operator.resources.vllm import ANNOTATION_VLLM_BOOTSTRAP_PORT, vllm_command, vllm_env
 from pdfleet_runtime.config import ADMIN_PORT
-from pdfleet_runtime.engine_rules import table_env
-from pdfleet_runtime.engine_rules import vllm as vllm_rules
-from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, DIST_INIT_PORT, ENGINE_PORT, PROTOCOLS
-from pdfleet_runtime.engine_rules.vllm_render import bootstrap_port as vllm_bootstrap_port
 from pdfleet_runtime.links import LinkProtocol
 
 __all__ = [
-    "ANNOTATION_BOOTSTRAP_PORT",
     "ENGINE_CONTAINER",
     "HF_TOKEN_KEY",
+    "MODEL_VOLUME",
     "GroupMember",
     "agent_command",
     "engine_container",
     "group_member",
     "group_service",
     "launch_command",
-    "with_sglang",
+    "with_engine",
 ]
 
 ENGINE_CONTAINER = "engine"
-ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"  # SGLang's router reads it (hard-coded there)
 HF_TOKEN_KEY = "token"  # the key of model.source.huggingFace.tokenSecret holding the Hub token
 CACHE_MOUNT = "/cache"  # HOME of the engine (non-root): Hub downloads, Triton and kernel caches
 MODEL_VOLUME = "model"
@@ -51,43 +46,9 @@ SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8
 TOKEN_VOLUME, TOKEN_MOUNT = "kube-api-access", "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_EXPIRATION_S = 3607  # what the ServiceAccount admission plugin projects (the kubelet rotates it)
 # The engine's preStop hook waits for the agent's drain (the same loopback call as the agent's own hook):
-# a container without a hook gets SIGTERM at once, while the agent still drains (python3: SGLang's image).
+# a container without a hook gets SIGTERM at once, while the agent still drains (python3: every engine image has it).
 ENGINE_PRESTOP = ["python3", "-c", "import urllib.request as u; u.urlopen(u.Request("
                   f"'http://127.0.0.1:{ADMIN_PORT}/drain?wait=true', data=b'', method='POST'), timeout=86400)"]  # NCCL and the tokenizer/detokenizer processes share /dev/shm
-_DEFAULT_KV_TOKENS = PoolSpec().kv_tokens_per_replica
-
-
-def _ib_device(spec: PDDeploymentSpec) -> str | None:
-    t = spec.transfer
-    settings = PROTOCOLS.get((t.backend, t.protocol))
-    if settings is None or not settings.ib_device:
-        return None
-    if t.rdma_device_map:
-        return json.dumps({k: ",".join(v) for k, v in sorted(t.rdma_device_map.items(), key=lambda kv: int(kv[0]))},
-                          separators=(",", ":"))
-    return ",".join(t.rdma_devices) if t.rdma_devices else None
-
-
-def _model_path(spec: PDDeploymentSpec) -> str:
-    src = spec.model.source
-    if src is not None and src.path is not None:
-        return src.path
-    if src is None or src.hugging_face is None:  # admission denies it (engine-model-source)
-        raise ValueError("spec.model.source is required for an SGLang engine")
-    return src.hugging_face.id
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMember:
-    """One pod of a multi-node replica group as its engine sees it: its node rank and the group's
-    first pod (``--dist-init-addr``)."""
-
-    node_rank: int
-    leader: str  # host:port
-
-    @property
-    def argv(self) -> list[str]:
-        return ["--node-rank", str(self.node_rank), "--dist-init-addr", self.leader]
 
 
 def group_member(deployment: str, namespace: str, role: Role, revision: str, index: int,
@@ -96,14 +57,13 @@ def group_member(deployment: str, namespace: str, role: Role, revision: str, ind
     Service, which publishes not-ready addresses (the engines rendezvous before any is Ready)."""
     leader = group_pod_name(deployment, role, revision, index, 0)
     service = group_service_name(deployment, role)
-    return GroupMember(member, f"{leader}.{service}.{namespace}.svc:{DIST_INIT_PORT}")
+    return GroupMember(node_rank=member, leader_host=f"{leader}.{service}.{namespace}.svc")
 
 
 def group_service(deployment: str, namespace: str, role: Role, selector: dict[str, str],
-                  port: tuple[str, int] = ("dist-init", DIST_INIT_PORT)) -> dict:
+                  port: tuple[str, int]) -> dict:
     """The headless Service of a role's replica groups: no cluster IP, not-ready addresses published (the
-    members rendezvous before any is Ready), the rendezvous port named (SGLang's ``--dist-init-addr``, or
-    the built-in runtime's group port)."""
+    members rendezvous before any is Ready), the rendezvous port named (the engine kind's ``group_port``)."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": group_service_name(deployment, role), "namespace": namespace},
@@ -112,58 +72,14 @@ def group_service(deployment: str, namespace: str, role: Role, selector: dict[st
     }
 
 
-def _parallel_flags(rs: RoleSpec, member: GroupMember | None) -> list[str]:
-    """Attention DP and EP inside TP (``--attn-dp-size``: the deprecated ``--enable-dp-attention`` is
-    never rendered), and a replica group's rendezvous when it spans nodes."""
-    p = rs.parallelism
-    out: list[str] = []
-    if p.data > 1:
-        out += ["--attn-dp-size", str(p.data)]
-    if p.expert > 1:
-        out += ["--ep-size", str(p.expert)]
-    if p.nodes_per_replica > 1:
-        if member is None:
-            raise ValueError("a replica spanning nodes needs its group member (node rank and first pod)")
-        out += ["--nnodes", str(p.nodes_per_replica), *member.argv]
-    return out
-
-
-def _is_vllm(spec: PDDeploymentSpec) -> bool:
-    return spec.engine is not None and spec.engine.kind is EngineKind.VLLM
-
-
-def _bootstrap_port(spec: PDDeploymentSpec) -> int:
-    """The prefill's port routers and decodes reach besides HTTP: SGLang's bootstrap, vLLM's NIXL side channel
-    or Mooncake bootstrap."""
-    return vllm_bootstrap_port(spec.transfer.backend) if _is_vllm(spec) else BOOTSTRAP_PORT
-
-
 def launch_command(name: str, spec: PDDeploymentSpec, role: Role, member: GroupMember | None = None) -> list[str]:
-    """The engine's command line: owned flags from the spec, then spec.engine.args and the role's.
-    ``member``: this pod's place in its replica group (needed when nodesPerReplica > 1)."""
-    if _is_vllm(spec):  # resources/vllm.py; the group's first pod by name, without SGLang's port
-        return vllm_command(name, spec, role,
-                            None if member is None else (member.node_rank, member.leader.rsplit(":", 1)[0]))
-    rs = spec.prefill if role is Role.PREFILL else spec.decode
-    settings = PROTOCOLS[(spec.transfer.backend, spec.transfer.protocol)]
-    cmd = [
-        "python3", "-m", "sglang.launch_server",
-        "--model-path", _model_path(spec),
-        "--served-model-name", spec.model.served_name or name,
-        "--tp-size", str(rs.parallelism.tensor),
-        "--pp-size", str(rs.parallelism.pipeline),
-        *_parallel_flags(rs, member),
-        "--disaggregation-mode", role.value,
-        "--disaggregation-transfer-backend", settings.backend_flag,
-        "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT),
-    ]
-    ib = _ib_device(spec)
-    if ib is not None:
-        cmd += ["--disaggregation-ib-device", ib]
-    cmd += ["--host", "0.0.0.0", "--port", str(ENGINE_PORT), "--enable-metrics"]
-    if rs.pool.kv_tokens_per_replica != _DEFAULT_KV_TOKENS:  # the default leaves SGLang's own sizing
-        cmd += ["--max-total-tokens", str(rs.pool.kv_tokens_per_replica)]
-    return cmd + list(role_engine(spec, role).args)
+    """The engine's command line (the kind's ``EngineContainer.command``): owned flags from the spec, then
+    spec.engine.args and the role's. ``member``: this pod's place in its replica group (needed when
+    nodesPerReplica > 1)."""
+    container = engine_plugin(spec).container
+    if container is None:
+        raise ValueError("the built-in runtime has no engine container")
+    return container.command(name, spec, role, member)
 
 
 def _group_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
@@ -181,9 +97,9 @@ def _group_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     return env
 
 
-def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
-    inp = engine_input(spec)
-    assert inp is not None
+def _engine_env(spec: PDDeploymentSpec, role: Role, plugin: EnginePlugin) -> list[dict]:
+    assert plugin.container is not None
+
     def field_ref(path: str) -> dict:  # apiVersion as the apiserver defaults it: render prints what is stored
         return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
@@ -198,19 +114,26 @@ def _engine_env(spec: PDDeploymentSpec, role: Role) -> list[dict]:
     if hf is not None and hf.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
     env += _group_env(spec, role)
-    # the protocol table and the staging buffer (vLLM: the transfer's), then the user's env (shared, then the role's)
-    env += vllm_env(spec) if _is_vllm(spec) else [{"name": n, "value": v} for n, v, _ in table_env(inp)]
+    # the kind's transfer environment (its protocol table), then the user's env (shared, then the role's)
+    env += plugin.container.transfer_env(spec, role)
     return env + [dict(e) for e in role_engine(spec, role).env]
 
 
 def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: dict, security: dict,
-                     member: GroupMember | None = None) -> dict:
-    def probe() -> dict:
-        return {"httpGet": {"path": "/health", "port": ENGINE_PORT}}
+                     member: GroupMember | None = None, plugin: EnginePlugin | None = None) -> dict:
+    """The ``engine`` container: the kind's command and environment, its worker port and the prefill's
+    bootstrap port, probes on its worker contract's health path."""
+    plugin = plugin if plugin is not None else engine_plugin(spec)
+    container = plugin.container
+    assert container is not None
+    worker = plugin.worker
 
-    ports = [{"name": "engine-http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    def probe() -> dict:
+        return {"httpGet": {"path": worker.health_path, "port": worker.port}}
+
+    ports = [{"name": "engine-http", "containerPort": worker.port, "protocol": "TCP"}]
     if role is Role.PREFILL:
-        ports.append({"name": "bootstrap", "containerPort": _bootstrap_port(spec), "protocol": "TCP"})
+        ports.append({"name": "bootstrap", "containerPort": container.bootstrap_port(spec), "protocol": "TCP"})
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "engine-cache", "mountPath": CACHE_MOUNT}]
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
@@ -219,9 +142,9 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
         "name": ENGINE_CONTAINER,
         "image": role_engine(spec, role).image,
         "imagePullPolicy": "IfNotPresent",
-        "command": launch_command(name, spec, role, member),
+        "command": container.command(name, spec, role, member),
         "ports": ports,
-        "env": _engine_env(spec, role),
+        "env": _engine_env(spec, role, plugin),
         "resources": resources,
         "volumeMounts": mounts,
         "startupProbe": {**probe(), "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES},
@@ -252,10 +175,14 @@ def agent_command(spec: PDDeploymentSpec, role: Role, config_args: list[str]) ->
     return cmd
 
 
-def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine_resources: dict) -> dict:
-    """The runtime pod turned into an SGLang (or vLLM: the same pod around `vllm serve`) pod: the engine owns the GPUs and RDMA; the runtime
-    container becomes the agent (``pdfleet-runtime agent``, docs/agent.md) with the role's own image,
-    env and resources, no capability, the pod's only API token and the model volume read-only. ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
+def with_engine(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine_resources: dict,
+                plugin: EnginePlugin) -> dict:
+    """The runtime pod turned into an engine pod (``plugin.container``): the engine owns the GPUs and RDMA;
+    the runtime container becomes the agent (``pdfleet-runtime agent``, docs/agent.md) with the role's own
+    image, env and resources, no capability, the pod's only API token and the model volume read-only.
+    ``engine_resources``: the GPUs and the RDMA share, as limits and requests."""
+    container = plugin.container
+    assert container is not None
     rs = spec.prefill if role is Role.PREFILL else spec.decode
     pod_spec = pod["spec"]
     (agent,) = pod_spec["containers"]
@@ -276,17 +203,15 @@ def with_sglang(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     if src is not None and src.path is not None and src.volume is not None:
         pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
         agent["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
-    table = vllm_rules.PROTOCOLS if _is_vllm(spec) else PROTOCOLS
-    settings = table[(spec.transfer.backend, spec.transfer.protocol)]
-    if settings.host_ipc or spec.transfer.protocol is LinkProtocol.NVLINK:
+    if container.host_ipc(spec):
         pod_spec["hostIPC"] = True
     member = None
     meta = pod["metadata"]
     if rs.parallelism.nodes_per_replica > 1:  # this pod's node rank in its group and the group's first pod
         member = group_member(name, meta["namespace"], role, meta["labels"][LABEL_REVISION],
                               int(meta["labels"][LABEL_INDEX]), int(meta["labels"][LABEL_MEMBER]))
-    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security, member), agent]
+    pod_spec["containers"] = [engine_container(name, spec, role, engine_resources, engine_security, member, plugin),
+                              agent]
     if role is Role.PREFILL and (member is None or member.node_rank == 0):  # the leader's bootstrap serves the group
-        annotation = ANNOTATION_VLLM_BOOTSTRAP_PORT if _is_vllm(spec) else ANNOTATION_BOOTSTRAP_PORT
-        pod["metadata"]["annotations"][annotation] = str(_bootstrap_port(spec))
+        pod["metadata"]["annotations"][container.bootstrap_annotation] = str(container.bootstrap_port(spec))
     return pod

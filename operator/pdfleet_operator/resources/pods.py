@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 
 from pdfleet_operator.api.constants import GROUP, Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, RoleSpec
-from pdfleet_operator.resources.engine import MODEL_VOLUME, with_sglang
+from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
+from pdfleet_operator.resources.engine import MODEL_VOLUME, with_engine
 from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
     LABEL_GROUP,
@@ -26,6 +26,8 @@ from pdfleet_operator.resources.names import (
     service_name,
     worker_secret_name,
 )
+from pdfleet_operator.resources.plugins.contract import EnginePlugin
+from pdfleet_operator.resources.plugins.registry import engine_plugin
 from pdfleet_operator.resources.revision import compat_key
 from pdfleet_operator.resources.runtime_config import (
     CONFIG_FILE,
@@ -39,7 +41,6 @@ from pdfleet_runtime.config import (
     ENGINE_PORT,
     GROUP_LEADER_ENV,
     GROUP_MEMBER_ENV,
-    GROUP_PORT,
     HTTP_PORT,
     READINESS_GATE,
 )
@@ -91,11 +92,11 @@ def _group_env(leader: str, member: int) -> list[dict]:
     return [{"name": GROUP_MEMBER_ENV, "value": str(member)}, {"name": GROUP_LEADER_ENV, "value": leader}]
 
 
-def _with_group(pod_spec: dict, container: dict, spec: PDDeploymentSpec, name: str, role: Role, leader: str,
+def _with_group(pod_spec: dict, container: dict, plugin: EnginePlugin, name: str, role: Role, leader: str,
                 member: int) -> None:
     """A member of a multi-node group: DNS under the group's Service, the contract's env, one member per
-    node (required anti-affinity against its own group), the role's group key, and for the built-in
-    runtime the group port."""
+    node (required anti-affinity against its own group), the role's group key, and where the runtime
+    container is the engine its group port (an engine container's ranks meet over the engine's own)."""
     pod_spec["subdomain"] = group_service_name(name, role)
     container["env"][:0] = _group_env(leader, member)
     term = {"labelSelector": {"matchLabels": {LABEL_GROUP: leader}}, "topologyKey": HOSTNAME_TOPOLOGY}
@@ -106,8 +107,9 @@ def _with_group(pod_spec: dict, container: dict, spec: PDDeploymentSpec, name: s
     container["volumeMounts"].append({"name": "group-auth", "mountPath": GROUP_SECRET_MOUNT, "readOnly": True})
     pod_spec["volumes"].append(
         {"name": "group-auth", "secret": {"secretName": group_secret_name(name, role), "defaultMode": 0o400}})
-    if spec.engine is None or spec.engine.kind is EngineKind.PDFLEET:  # SGLang's and vLLM's ranks meet over NCCL
-        container["ports"].append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
+    if plugin.container is None:
+        port = plugin.group_port
+        container["ports"].append({"name": port.name, "containerPort": port.port, "protocol": "TCP"})
 
 
 def _env(rs: RoleSpec, role: Role) -> list[dict]:
@@ -145,6 +147,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     """Replica ``index``'s pod; with nodesPerReplica N > 1, member ``member`` (0 = the leader) of its group
     of N pods, each with its share of the replica's ranks (``RuntimeConfig.local_world``)."""
     rs = role_spec(spec, role)
+    plugin = engine_plugin(spec)
     nodes = rs.parallelism.nodes_per_replica
     ranks = rs.parallelism.tensor * rs.parallelism.pipeline // nodes
     pod = group_pod_name(name, role, revision, index, member)
@@ -152,7 +155,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
     ports += [{"name": f"engine-{r}", "containerPort": ENGINE_PORT + r, "protocol": "TCP"} for r in range(ranks)]
-    container = {
+    container: dict = {
         "name": "runtime",
         "image": rs.image,
         "imagePullPolicy": "IfNotPresent",
@@ -203,9 +206,10 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         ],
     }
     src = spec.model.source
-    builtin = spec.engine is None or spec.engine.kind is EngineKind.PDFLEET
+    builtin = plugin.container is None  # the runtime container is the engine
     if builtin and src is not None and src.path is not None and src.volume is not None:  # the reference engine's model
-        pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
+        volumes: list[dict] = pod_spec["volumes"]
+        volumes.append({"name": MODEL_VOLUME, **src.volume})
         container["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
     if spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True  # CUDA IPC between pods on one node needs a shared IPC namespace
@@ -219,7 +223,7 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     if nodes > 1:
         leader = group_pod_name(name, role, revision, index, 0)
         labels[LABEL_GROUP] = leader
-        _with_group(pod_spec, container, spec, name, role, leader, member)
+        _with_group(pod_spec, container, plugin, name, role, leader, member)
     obj = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -232,6 +236,6 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         },
         "spec": pod_spec,
     }
-    if spec.engine is not None and spec.engine.kind in (EngineKind.SGLANG, EngineKind.VLLM):
-        return with_sglang(obj, name, spec, role, {k: _extended(spec, rs) for k in ("limits", "requests")})
+    if plugin.container is not None:
+        return with_engine(obj, name, spec, role, {k: _extended(spec, rs) for k in ("limits", "requests")}, plugin)
     return obj

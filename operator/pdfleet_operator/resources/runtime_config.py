@@ -7,7 +7,7 @@ The operator writes the same model the runtime reads, so the file cannot drift f
 from __future__ import annotations
 
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
-from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
+from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.resources.names import (
     SECRET_FILE,
     WORKER_SECRET_MOUNT,
@@ -16,6 +16,7 @@ from pdfleet_operator.resources.names import (
     owner_labels,
     service_name,
 )
+from pdfleet_operator.resources.plugins.registry import engine_plugin
 from pdfleet_operator.resources.router import HEALTH_FAILURES, ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import GROUP_PORT, GroupConfig, ModelSourceConfig, RuntimeConfig
 from pdfleet_runtime.records import ParallelShape
@@ -51,7 +52,7 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
         # With routers, a drain answers /health 503 this long before it refuses work (docs/router.md).
         router_drop_seconds=ROUTER_DROP_BOUND_S if spec.router is not None else 0.0,
-        # ... or until every router has failed that many checks, answered 503 by the pod (server/router_checks.py).
+        # ... or until every router has failed that many checks, answered 503 by the pod (pod/router_checks.py).
         router_health_failures=HEALTH_FAILURES if spec.router is not None else 0,
         served_model_name=spec.model.served_name,  # unset: the runtime answers as the deployment's name
         group=_group(name, mine.parallelism.nodes_per_replica, role),
@@ -61,9 +62,10 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
 
 def _model(spec: PDDeploymentSpec) -> ModelSourceConfig | None:
     """The built-in runtime computes the model at spec.model.source.path (mounted by ``pods.runtime_pod``); no
-    source: seeded state. A Hub source is SGLang's only (admission: builtin-model-path)."""
+    source: seeded state; an engine beside the agent reads its own source. A Hub source is an engine's only
+    (admission: builtin-model-path)."""
     src = spec.model.source
-    if src is None or src.path is None or (spec.engine is not None and spec.engine.kind is not EngineKind.PDFLEET):
+    if src is None or src.path is None or engine_plugin(spec).container is not None:
         return None
     return ModelSourceConfig(path=src.path)
 

@@ -4,10 +4,10 @@ Reading order: ``Agent.run``; the loops ``_check_loop`` (engine /health, /server
 ``_canary_loop`` (decode: ``canary.run_canary`` through each prefill pod), ``_gate_loop`` (the verdict
 to /readyz, the ``pdfleet_ready`` gauge and the pod's readiness-gate condition) and ``_pod_loop`` (the
 operator's drain requests, the ``pdfleet.io/drained`` report); then the drain. HTTP (``httpPort``):
-``/healthz``, ``/readyz``, ``/metrics``; admin (``adminPort``, 127.0.0.1 only, ``server.admin``): the
+``/healthz``, ``/readyz``, ``/metrics``; admin (``adminPort``, 127.0.0.1 only, ``pod.admin``): the
 preStop hook's ``POST /drain?wait=true`` and ``DELETE /drain``. docs/agent.md describes each step.
 
-The drain (``server.drain.Drain``, its phases and budget ``drainTimeoutSeconds``): go not-ready, wait
+The drain (``pod.drain.Drain``, its phases and budget ``drainTimeoutSeconds``): go not-ready, wait
 ``router_drop_s`` (routers stop sending the pod work), then wait until the engine's metrics report no
 running and no queued request and, prefill, no transfer in flight. SGLang's routers keep a worker
 until its pod is deleted (docs/router.md), so the preStop hook (the deletion) runs the wait again.
@@ -34,11 +34,11 @@ from pdfleet_runtime.agent.options import AgentOptions
 from pdfleet_runtime.agent.readiness import AgentReadiness
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, drained_message
 from pdfleet_runtime.layouts import LayoutError, resolve_layout
+from pdfleet_runtime.pod.admin import start_admin
+from pdfleet_runtime.pod.drain import Drain, DrainPhase
+from pdfleet_runtime.pod.gate import GateWriter, NoGate
+from pdfleet_runtime.pod.metrics import CONTENT_TYPE, LATENCY_BUCKETS
 from pdfleet_runtime.protocol.discovery import DnsResolver, ResolveError
-from pdfleet_runtime.server.admin import start_admin
-from pdfleet_runtime.server.drain import Drain, DrainPhase
-from pdfleet_runtime.server.gate import GateWriter, NoGate
-from pdfleet_runtime.server.metrics import CONTENT_TYPE, LATENCY_BUCKETS
 
 __all__ = ["Agent"]
 

@@ -8,7 +8,7 @@ it passes. Its answer is re-checked: both sides 200, the decode's answer in SGLa
 shape (``text``, ``output_ids``, ``meta_info`` with ``completion_tokens`` >= 1 and a
 ``finish_reason``); and when the engine is the built-in runtime standing in for SGLang (its answer
 carries ``pdfleet``), the completion is derived again from the request, as the built-in runtime's
-own clients check it (``server.worker_api``): the bytes it verified decide the tokens.
+own clients check it (``pod.worker_api``): the bytes it verified decide the tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from pdfleet_runtime.server.worker_api import Endpoint, completion, parse_request
+from pdfleet_runtime.pod.worker_api import Endpoint, completion, parse_request
 
 __all__ = ["CANARY_PROMPT", "CanaryOutcome", "PrefillTarget", "canary_body", "check_answers", "run_canary"]
 

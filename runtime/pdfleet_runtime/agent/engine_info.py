@@ -9,7 +9,7 @@
   (labels ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ...; a ``priority`` label holds
   per-priority breakdowns, the total under ``priority=""``). The drain reads ``sglang:num_running_reqs``,
   ``sglang:num_queue_reqs`` and, on prefill pods, ``sglang:num_prefill_inflight_queue_reqs`` (requests
-  whose KV is being sent); the built-in runtime exports the same names (``server.metrics``).
+  whose KV is being sent); the built-in runtime exports the same names (``pod.metrics``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.server.metrics import SGLANG_INFLIGHT, SGLANG_QUEUED, SGLANG_RUNNING
+from pdfleet_runtime.pod.metrics import SGLANG_INFLIGHT, SGLANG_QUEUED, SGLANG_RUNNING
 
 __all__ = ["EngineLoad", "engine_load", "server_info_problems"]
 

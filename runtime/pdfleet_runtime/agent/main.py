@@ -7,7 +7,7 @@ import logging
 
 from pdfleet_runtime.agent.app import Agent
 from pdfleet_runtime.agent.options import AgentOptions
-from pdfleet_runtime.server.gate import make_gate
+from pdfleet_runtime.pod.gate import make_gate
 
 __all__ = ["agent"]
 

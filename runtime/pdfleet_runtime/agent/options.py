@@ -15,7 +15,7 @@ from pathlib import Path
 from pdfleet_runtime.agent.canary import PrefillTarget
 from pdfleet_runtime.config import GROUP_MEMBER_ENV, RuntimeConfig
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT
-from pdfleet_runtime.server.options import OptionsError
+from pdfleet_runtime.pod.options import OptionsError
 
 __all__ = ["AgentOptions", "parse_prefill_targets"]
 

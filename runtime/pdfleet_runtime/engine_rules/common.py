@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from pdfleet_runtime.matrix import Rule, Severity
+from pdfleet_runtime.engine_rules.argv import flag_set
+from pdfleet_runtime.matrix import Rule, Severity, Violation
 
-__all__ = ["ENGINE_RULES"]
+__all__ = ["ENGINE_RULES", "general_rule_rows", "owned_flag_rows", "violation"]
 
 
 def _r(id: str, title: str, reason: str, fix: str, severity: Severity = Severity.ERROR) -> tuple[str, Rule]:
@@ -35,3 +36,22 @@ ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
        "put the weights on a volume (model.source.path with volume)", Severity.WARNING),
 ]))
+
+
+def violation(rule: Rule, message: str, paths: tuple[str, ...], tag: str) -> Violation:
+    """A violation of one of these rules (or any ``Rule``), tagged with the engine (``kind==version``)."""
+    return Violation(rule.id, message, paths, rule.reason, rule.fix, rule.severity, tag)
+
+
+def general_rule_rows() -> list[dict[str, str]]:
+    """The rules above as ``pdfleet matrix --engine`` rows (each engine's own rows follow them)."""
+    return [{"id": r.id, "title": r.title, "when": "admission", "reason": r.reason, "fix": r.fix,
+             "source": "pdfleet", "severity": str(r.severity)} for r in ENGINE_RULES.values()]
+
+
+def owned_flag_rows(kind: str, version: str, owned: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(the option strings of each owned dest, its owner) for ``pdfleet matrix --engine``."""
+    fs = flag_set(kind, version)
+    assert fs is not None
+    return [(", ".join(f.option for f in fs.flags.values() if f.dest == dest) or dest, owner.format(role="spec.<role>"))
+            for dest, owner in owned.items()]

@@ -1,6 +1,6 @@
 """Evaluate a vLLM PDDeployment's engine: version, flags (unknown, owned), protocol, and vllm==VERSION's rules.
 
-Called by ``engine_rules.evaluate_engine`` for ``spec.engine.kind: vllm``. Both roles are read first (each
+Called through the vLLM plug-in (``vllm_plugin.VLLM.evaluate``). Both roles are read first (each
 role's args as vLLM's parser reads them), then every rule runs on each role with the other role beside it
 (the pair rules compare the two), so every violation of every role is reported. Pure.
 """
@@ -9,27 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engine_rules import vllm
 from pdfleet_runtime.engine_rules.argv import flag_set
-from pdfleet_runtime.engine_rules.inputs import role_env
+from pdfleet_runtime.engine_rules.common import ENGINE_RULES
+from pdfleet_runtime.engine_rules.common import violation as _v
+from pdfleet_runtime.engine_rules.inputs import EngineInput, role_env
 from pdfleet_runtime.engine_rules.vllm_argv import VllmArgs, read_vllm_args
-from pdfleet_runtime.matrix import Rule, Severity, Violation
+from pdfleet_runtime.engine_rules.vllm_render import transfer_env
+from pdfleet_runtime.matrix import Severity, Violation
 from pdfleet_runtime.roles import Role
 
-if TYPE_CHECKING:
-    from pdfleet_runtime.engine_rules.inputs import EngineInput
-
-__all__ = ["evaluate_vllm", "known_vllm_versions", "vllm_rule_rows"]
+__all__ = ["evaluate_vllm", "known_vllm_versions", "vllm_rule_rows", "vllm_table_env"]
 
 
 def known_vllm_versions() -> tuple[str, ...]:
     return tuple(v for v in vllm.RULES if flag_set("vllm", v) is not None)
 
 
-def _v(rule: Rule, message: str, paths: tuple[str, ...], tag: str) -> Violation:
-    return Violation(rule.id, message, paths, rule.reason, rule.fix, rule.severity, tag)
+def vllm_table_env(inp: EngineInput) -> list[tuple[str, str, str]]:
+    """(name, value, field path) the spec renders: the transfer's fixed environment (the pod-IP variables,
+    from the downward API, are not values the rules can read)."""
+    return [(k, v, "spec.transfer") for k, v in transfer_env(inp.backend, inp.protocol, None)]
 
 
 def _rule_violation(rule: vllm.VllmRule, message: str, paths: tuple[str, ...], version: str) -> Violation:
@@ -43,7 +44,7 @@ def _rule_violation(rule: vllm.VllmRule, message: str, paths: tuple[str, ...], v
 
 def _view(inp: EngineInput, role: str, args: VllmArgs) -> vllm.RoleView:
     r = getattr(inp, role)
-    effective = role_env(inp, Role(role))
+    effective = role_env(vllm_table_env(inp), inp, Role(role))
     return vllm.RoleView(
         role, f"spec.{role}", args, r.arg_paths,
         MappingProxyType({n: v for n, v, _ in effective}), MappingProxyType({n: p for n, _, p in effective}),
@@ -52,8 +53,6 @@ def _view(inp: EngineInput, role: str, args: VllmArgs) -> vllm.RoleView:
 
 
 def _flags(inp: EngineInput, role: str, args: VllmArgs, tag: str) -> Iterator[Violation]:
-    from pdfleet_runtime.engine_rules.common import ENGINE_RULES
-
     r = getattr(inp, role)
     for p in args.parsed.problems:
         yield _v(ENGINE_RULES["engine-flag-unknown"], f"{role}: {p.message}", (r.arg_paths[args.origin[p.index]],),
@@ -69,8 +68,6 @@ def _flags(inp: EngineInput, role: str, args: VllmArgs, tag: str) -> Iterator[Vi
 
 
 def evaluate_vllm(inp: EngineInput) -> list[Violation]:
-    from pdfleet_runtime.engine_rules.common import ENGINE_RULES
-
     out: list[Violation] = []
     if (inp.backend, inp.protocol) not in vllm.PROTOCOLS:
         out.append(_v(ENGINE_RULES["engine-protocol-unsupported"],

@@ -1,5 +1,5 @@
 """What a vLLM pod's engine gets from ``spec.transfer`` and its role: the kv-transfer-config and the transfer
-environment. Pure (the operator's ``resources/vllm.py`` builds the command and container from these).
+environment. Pure (the operator's ``resources/plugins/vllm.py`` builds the command and container from these).
 
 - ``kv_transfer_config``: ``{"kv_connector": NixlConnector|MooncakeConnector, "kv_role": kv_producer on
   prefill, kv_consumer on decode}``, with Mooncake's ``kv_connector_extra_config`` (``mooncake_protocol``,

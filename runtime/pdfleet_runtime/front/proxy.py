@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from pdfleet_runtime.pod.worker_api import ApiError, load_json
 from pdfleet_runtime.protocol.http_guard import GuardedServer, HttpLimits
-from pdfleet_runtime.server.worker_api import ApiError, load_json
 
 __all__ = ["FRONT_LIMITS", "ROUTES", "Front", "FrontSettings", "serve_front"]
 

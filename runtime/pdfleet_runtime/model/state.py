@@ -9,30 +9,15 @@ model full width (docs/reference-engine.md says why it gathers). ``ModelFault``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from pydantic import Base64Bytes
+
+from pdfleet_runtime.model.faults import ModelFault
 
 __all__ = ["MAX_PROMPT_TOKENS", "ModelFault", "RankShare"]
 
 MAX_PROMPT_TOKENS = 1 << 16
 """Longest prompt a reference-engine request may carry (ids travel in the TransferRequest)."""
-
-
-class ModelFault(StrEnum):
-    """Negative controls: each must make token parity fail (tests/verify/test_model_faults.py)."""
-
-    KV_ONLY = "kv-only"
-    """The prefill sends the KV but no linear-attention state (conv and recurrent stay zero)."""
-    GDN_SLOT_ZEROED = "gdn-slot-zeroed"
-    """The recurrent state of one GDN layer (the first linear layer) is zeroed in the prefill's slot."""
-    CONV_SHIFTED = "conv-shifted"
-    """The conv window is one token off: the oldest K-1 columns instead of the newest."""
-    CONV_UNGROUPED = "conv-ungrouped"
-    """Both sides register the conv state without its q|k|v shard groups, so the planner slices the channel
-    dim as one block: invisible at equal TP, wrong bytes whenever the TP sizes differ."""
-    FIRST_TOKEN_LOST = "first-token-lost"
-    """The prefill does not carry the first generated token with the request."""
 
 
 @dataclass(frozen=True)

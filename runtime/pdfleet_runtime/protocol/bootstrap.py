@@ -140,7 +140,7 @@ class BootstrapState:
         """Bumped on every change (long polls wait for it)."""
         self.admit: Callable[[TransferRequest], TransferRequest] | None = None
         """The pod's say on a request before it is accepted: the request to accept (a held room's state
-        replaces the claim's fill), or ``ProtocolError`` to refuse it (``server/rooms.py``)."""
+        replaces the claim's fill), or ``ProtocolError`` to refuse it (``pod/rooms.py``)."""
 
     # ------------------------------------------------------------------ dispatch
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pdfleet_runtime.engines.base import PeerInfo
 from pdfleet_runtime.records import RankRegistration, RequestIndices
@@ -200,10 +200,6 @@ class DecodeRank:
         if self._link is not None:
             await self._link.client.close()
             self._link = None
-
-    @property
-    def link_endpoint(self) -> Endpoint | None:
-        return None if self._link is None else self._link.endpoint
 
     # ------------------------------------------------------------------ handshake
 
@@ -459,7 +455,7 @@ class DecodeRank:
                               deadline: float, receivers: list[asyncio.Future[float]]) -> None:
         """``_collect`` while the lanes' receivers run: a receiver's failure fails the request at once."""
         collect = asyncio.ensure_future(self._collect(link, request_id, reports, deadline))
-        pending: set[asyncio.Future[object]] = {collect, *receivers}  # type: ignore[arg-type]
+        pending: set[asyncio.Future[Any]] = {collect, *receivers}
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)

@@ -2,7 +2,7 @@
 
 A member (``PDFLEET_GROUP_MEMBER`` m > 0) opens one TCP connection to its leader's group port and
 keeps it for its life; the leader drives the member's rank processes over it (the rank pipe's typed
-operations, ``server.group``) and the member relays its ranks' results and reports back. Each frame
+operations, ``pod.group``) and the member relays its ranks' results and reports back. Each frame
 is one envelope of ``auth`` (sender, incarnation, nonce, timestamp, recipient), sealed and opened by
 a ``Codec`` holding the group key (``group.secretPath``: a Secret of this role only), so a pod of the
 other role, which holds the deployment key, can neither join nor speak for a rank; replays, stale
@@ -96,7 +96,7 @@ class GroupWelcome(_Msg):
 
 
 class GroupCall(_Msg):
-    """Leader -> member: one rank operation (``op`` names a ``server.pipe`` op, ``args`` its fields)."""
+    """Leader -> member: one rank operation (``op`` names a ``rank.pipe`` op, ``args`` its fields)."""
 
     type: Literal["group_call"] = "group_call"
     call_id: int = Field(ge=1, lt=2**62)
@@ -108,7 +108,7 @@ class GroupCall(_Msg):
 
 
 class GroupReply(_Msg):
-    """Member -> leader: a call's typed result (``kind`` names a ``server.pipe`` result)."""
+    """Member -> leader: a call's typed result (``kind`` names a ``rank.pipe`` result)."""
 
     type: Literal["group_reply"] = "group_reply"
     call_id: int = Field(ge=1, lt=2**62)

@@ -51,7 +51,7 @@ class FailureReason(StrEnum):
     """The kind of a failure; the free-text reason says the rest.
 
     One vocabulary from the prefill rank (a ``StatusReport`` on the wire) through the decode rank, the
-    rank pipe and the pod server to readiness, which decides on the kind alone (``server.readiness``).
+    rank pipe and the pod server to readiness, which decides on the kind alone (``pod.readiness``).
     The first nine are a request's kinds in the state machine; the rest name what a pod adds around it.
     """
 

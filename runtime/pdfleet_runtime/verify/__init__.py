@@ -1,8 +1,8 @@
 """The verification harness: proves that decode ends up holding exactly the state serving would have.
 
 It imports serving's modules and nothing of serving imports it (import-linter keeps it so). Its
-multi-process runs drive the serving rank processes themselves (``server.ranks`` through
-``server.launcher``), so parity proves the process that serves. This package's ``__init__``
+multi-process runs drive the serving rank processes themselves (``rank.process`` through
+``pod.launcher``), so parity proves the process that serves. This package's ``__init__``
 re-exports nothing (the parity command imports only what it runs).
 
 Reading order:

@@ -3,7 +3,7 @@
 The harness's hands on the pools (torch): ``fill_background`` before a run, ``write_requests`` into
 the prefill pools (or into numpy copies of decode arenas: what they must hold afterwards), and
 ``compare`` (every byte of an arena, so writes outside a request's pages, slots and rows show).
-``fill_background`` and ``compare`` are the serving rank's own (``server.arena``, what ``ArenaCheckOp``
+``fill_background`` and ``compare`` are the serving rank's own (``rank.arena``, what ``ArenaCheckOp``
 runs in a rank process). ``LocalCopyExecutor`` moves planned blocks between arenas of one process.
 """
 
@@ -17,10 +17,10 @@ import torch
 from pdfleet_runtime.engines.local import RegionCopier
 from pdfleet_runtime.planner import Blocks
 from pdfleet_runtime.pools import RankPools
+from pdfleet_runtime.rank.arena import compare, fill_background, item_rows
+from pdfleet_runtime.rank.pipe import Mismatch
 from pdfleet_runtime.records import RegionRecord, RequestIndices
 from pdfleet_runtime.seeded import logical_items, shard_logical
-from pdfleet_runtime.server.arena import compare, fill_background, item_rows
-from pdfleet_runtime.server.pipe import Mismatch
 
 __all__ = ["LocalCopyExecutor", "Mismatch", "compare", "fill_background", "write_requests"]
 

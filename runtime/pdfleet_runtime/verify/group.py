@@ -1,4 +1,4 @@
-"""Multi-process parity through the serving rank processes: ``server.ranks``, started by ``server.launcher``.
+"""Multi-process parity through the serving rank processes: ``rank.process``, started by ``pod.launcher``.
 
 A *group* is one (backend, prefill shape, decode shape) and its cases (layouts). Each case runs as
 ``serve`` runs it: a prefill pod (its bootstrap server in this process, as the pod process holds
@@ -30,16 +30,15 @@ from typing import TypeVar
 from pdfleet_runtime.config import Role, RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef, resolve_layout
 from pdfleet_runtime.planner import source_ranks
+from pdfleet_runtime.pod.launcher import RankLauncher
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapLimits, BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.states import RequestState
-from pdfleet_runtime.seeded import request_lengths, request_seed
-from pdfleet_runtime.server.launcher import RankLauncher
-from pdfleet_runtime.server.options import FaultOptions
-from pdfleet_runtime.server.pipe import (
+from pdfleet_runtime.rank.pipe import (
     ArenaCheck,
     ArenaCheckOp,
+    FaultOptions,
     LegReport,
     RankSpec,
     RankStats,
@@ -50,6 +49,7 @@ from pdfleet_runtime.server.pipe import (
     TransferOp,
     TransferResult,
 )
+from pdfleet_runtime.seeded import request_lengths, request_seed
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION
 
 from .cases import CaseSpec, GroupSpec, gpu_of

@@ -1,6 +1,6 @@
 """Token parity through the serving rank processes and a real engine (``parity --model --backend mooncake|nixl``).
 
-A prefill pod and a decode pod of ``server.ranks`` processes, each built from a runtime config that names the
+A prefill pod and a decode pod of ``rank.process`` processes, each built from a runtime config that names the
 model (``RuntimeConfig.model``: the ranks load it, refusing a layout that disagrees with config.json), as
 ``group.CasePods`` runs byte parity. Per case:
 
@@ -13,8 +13,8 @@ model (``RuntimeConfig.model``: the ranks load it, refusing a layout that disagr
 4. the tokens and logits are compared with transformers' own ``generate`` in this process.
 
 Faults (``ModelFault``) reach both pods' ranks as ``FaultOptions.model``. With ``group_nodes`` (``--nodes 1,N``) the
-decode replica spans N pods: this process leads it (``server.group.GroupRanks`` around its own rank processes,
-as the leader pod's process holds it) and each other pod is a ``server.member.MemberServer``, as ``serve`` runs a
+decode replica spans N pods: this process leads it (``pod.group.GroupRanks`` around its own rank processes,
+as the leader pod's process holds it) and each other pod is a ``pod.member.MemberServer``, as ``serve`` runs a
 member, joined over the signed group channel; shares and ``GenerateOp`` cross it like every other rank call.
 """
 
@@ -39,17 +39,24 @@ from pdfleet_runtime.config import (
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.model.hf_config import config_dtype, family
+from pdfleet_runtime.pod.group import GroupRanks
+from pdfleet_runtime.pod.launcher import RankLauncher
+from pdfleet_runtime.pod.member import MemberServer
+from pdfleet_runtime.pod.options import ServeOptions
 from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
 from pdfleet_runtime.rank.model_runner import Generation, ModelRunner
+from pdfleet_runtime.rank.pipe import (
+    FaultOptions,
+    Generated,
+    GenerateOp,
+    RankSpec,
+    TransferOp,
+    TransferResult,
+)
 from pdfleet_runtime.seeded import request_seed
-from pdfleet_runtime.server.group import GroupRanks
-from pdfleet_runtime.server.launcher import RankLauncher
-from pdfleet_runtime.server.local import free_offset
-from pdfleet_runtime.server.member import MemberServer
-from pdfleet_runtime.server.options import FaultOptions, ServeOptions
-from pdfleet_runtime.server.pipe import Generated, GenerateOp, RankSpec, TransferOp, TransferResult
+from pdfleet_runtime.testing.local import free_offset
 
 from .cases import CaseSpec, GroupSpec
 from .group import CALL_MARGIN_S, CasePods, _of
@@ -193,7 +200,8 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
                      (CaseSpec("model", len(cfg.prompts), sum(len(p) for p in cfg.prompts), cfg.seed),),
                      secret=secrets.token_hex(32).encode(),  # printable: members read it from a file
                      device="cpu" if cfg.device == "cpu" else "cuda", protocol=LinkProtocol(cfg.protocol))
-    aggregate = [runner.generate(p, cfg.max_new_tokens) for p in cfg.prompts]
+    aggregate = [(runner.generate(p, cfg.max_new_tokens), runner.forward_reference(p, cfg.max_new_tokens))
+                 for p in cfg.prompts]
     bound = cfg.bound(dtype)
 
     async def main(workdir: Path) -> list[ModelCase]:
@@ -201,8 +209,8 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
         async with ModelPods(spec, spec.cases[0], cfg, runner, workdir) as pods:
             result.seconds["start"] = time.perf_counter() - t0
             return list(await asyncio.gather(*(
-                _case(pods, case_name(i, p), p, agg, cfg.max_new_tokens, bound, spec.request_timeout_s)
-                for i, (p, agg) in enumerate(zip(cfg.prompts, aggregate, strict=True)))))
+                _case(pods, case_name(i, p), p, agg, ref, cfg.max_new_tokens, bound, spec.request_timeout_s)
+                for i, (p, (agg, ref)) in enumerate(zip(cfg.prompts, aggregate, strict=True)))))
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pdfleet-parity-") as workdir:
@@ -212,8 +220,8 @@ def run_model_parity_engine(cfg: ModelParityConfig, runner: ModelRunner) -> Mode
     return result
 
 
-async def _case(pods: ModelPods, name: str, prompt: tuple[int, ...], agg: Generation, steps: int, bound: float,
-                timeout_s: float) -> ModelCase:
+async def _case(pods: ModelPods, name: str, prompt: tuple[int, ...], agg: Generation, ref: Generation, steps: int,
+                bound: float, timeout_s: float) -> ModelCase:
     try:
         tokens, logits, results, moved = await pods.generate(name, prompt, steps - 1, timeout_s)
     except CaseFailed as e:
@@ -222,5 +230,5 @@ async def _case(pods: ModelPods, name: str, prompt: tuple[int, ...], agg: Genera
     for rep in (x for r in results for x in r.reports):
         for k, v in rep.bytes_by_state.items():
             by_state[k.value] = by_state.get(k.value, 0) + v
-    return compare_case(name, prompt, tokens, logits, agg, bound, bytes_moved=sum(by_state.values()),
+    return compare_case(name, prompt, tokens, logits, agg, ref, bound, bytes_moved=sum(by_state.values()),
                         bytes_by_state=by_state, seconds={"transfer": moved})

@@ -13,12 +13,12 @@ Parity: equal token ids, and the decode's logits within the dtype's bound of agg
 
 ``run_model_parity`` does it all in this process (every rank's pools here, the blocks copied by
 ``LocalCopyExecutor``); ``run_model_parity_engine`` runs the serving rank processes through a real engine
-(``model_group``). A fault (``ModelFault``) makes the PD side wrong on purpose; parity must then fail.
+(``model_group``); ``model_run.run`` picks one for the command. A fault (``ModelFault``) makes the PD side
+wrong on purpose; parity must then fail.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -38,7 +38,7 @@ from .model_results import ModelCase, ModelParityConfig, ModelParityResult
 from .precheck import precheck
 from .results import ParityConfig
 
-__all__ = ["case_name", "compare_case", "load_runner", "prompts_from_seed", "run", "run_model_parity"]
+__all__ = ["case_name", "compare_case", "load_runner", "prompts_from_seed", "run_model_parity"]
 
 
 def load_runner(cfg: ModelParityConfig) -> ModelRunner:
@@ -67,11 +67,15 @@ def parity_config(cfg: ModelParityConfig, runner: ModelRunner) -> ParityConfig:
 
 
 def compare_case(name: str, prompt: tuple[int, ...], pd: tuple[int, ...], pd_logits: np.ndarray,
-                 agg: Generation, bound: float, **extra: object) -> ModelCase:
-    """PD's tokens and decode logits against aggregate's (the decode's steps are aggregate's steps 1..N-1)."""
-    steps = min(len(pd_logits), max(0, len(agg.logits) - 1))
-    diff = float(np.abs(pd_logits[:steps] - agg.logits[1 : 1 + steps]).max()) if steps else 0.0
-    return ModelCase(name, prompt, pd, agg.tokens, diff, bound, **extra)  # type: ignore[arg-type]
+                 agg: Generation, ref: Generation, bound: float, **extra: object) -> ModelCase:
+    """PD's tokens against aggregate's (``generate``) and the forward reference's; PD's decode logits against the
+    reference's (bounded) and ``generate``'s (reported). The decode's steps are the aggregates' steps 1..N-1."""
+    def diff(logits: np.ndarray) -> float:
+        steps = min(len(pd_logits), max(0, len(logits) - 1))
+        return float(np.abs(pd_logits[:steps] - logits[1 : 1 + steps]).max()) if steps else 0.0
+
+    return ModelCase(name, prompt, pd, agg.tokens, diff(ref.logits), bound, reference=ref.tokens,  # type: ignore[arg-type]
+                     generate_logit_diff=diff(agg.logits), **extra)
 
 
 def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) -> ModelParityResult:
@@ -119,6 +123,7 @@ def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) 
     cases: list[ModelCase] = []
     for c, (prompt, idx, first) in enumerate(zip(cfg.prompts, dst, firsts, strict=True)):
         agg = runner.generate(prompt, cfg.max_new_tokens)
+        ref = runner.forward_reference(prompt, cfg.max_new_tokens)
         extra = {"bytes_moved": moves[c].bytes, "bytes_by_state": moves[c].bytes_by_state()}
         name = case_name(c, prompt)
         if first is None:
@@ -134,7 +139,7 @@ def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) 
                                    **extra))  # type: ignore[arg-type]
             continue
         gen = runner.decode(state, first, cfg.max_new_tokens - 1)
-        cases.append(compare_case(name, prompt, (first, *gen.tokens), gen.logits, agg, cfg.bound(dtype), **extra,
+        cases.append(compare_case(name, prompt, (first, *gen.tokens), gen.logits, agg, ref, cfg.bound(dtype), **extra,
                                   seconds={"decode": gen.seconds, "aggregate": agg.seconds}))
     t_end = time.perf_counter()
     result.cases = cases
@@ -142,18 +147,3 @@ def run_model_parity(cfg: ModelParityConfig, runner: ModelRunner | None = None) 
     result.seconds = {"load": t_load - t0, "prefill": t_move - t_prefill, "move": t_decode - t_move,
                       "decode_and_aggregate": t_end - t_decode}
     return result
-
-
-def run(cfg: ModelParityConfig, *, requests: int = 2, tokens: int = 64) -> ModelParityResult:
-    """The parity command's entry: prompts drawn from the seed when none are given (``requests`` prompts of
-    ``tokens`` in all), then in this process (``local``, ``mori``) or through rank processes and a real engine."""
-    runner = load_runner(cfg)
-    if not cfg.prompts:
-        if requests < 1 or tokens < requests:
-            raise ValueError(f"need --tokens >= --requests >= 1, got {tokens} and {requests}")
-        cfg = dataclasses.replace(cfg, prompts=prompts_from_seed(requests, tokens, runner.vocab_size, cfg.seed))
-    if cfg.backend in ("mooncake", "nixl"):
-        from .model_group import run_model_parity_engine
-
-        return run_model_parity_engine(cfg, runner)
-    return run_model_parity(cfg, runner)

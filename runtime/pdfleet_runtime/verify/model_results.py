@@ -53,9 +53,14 @@ class ModelCase:
     """PD's token ids, the prefill's first token first."""
     aggregate: tuple[int, ...]
     max_logit_diff: float
-    """Over the steps the decode computed (the first token's logits stay on the prefill)."""
+    """Over the steps the decode computed (the first token's logits stay on the prefill), against the same forward
+    calls continuing with the model's own cache (``ModelRunner.forward_reference``)."""
     bound: float
     error: str = ""
+    reference: tuple[int, ...] = ()
+    """The forward reference's token ids (must equal ``aggregate``, transformers' ``generate``)."""
+    generate_logit_diff: float = 0.0
+    """The same steps against ``generate``'s logits: reported, not bounded (see ``forward_reference``)."""
     """A failure before tokens could be compared (a transfer failed, no first token carried, shares unusable)."""
     bytes_moved: int = 0
     bytes_by_state: dict[str, int] = field(default_factory=dict)
@@ -70,7 +75,8 @@ class ModelCase:
 
     @property
     def ok(self) -> bool:
-        return not self.error and self.tokens == self.aggregate and self.max_logit_diff <= self.bound
+        return (not self.error and self.tokens == self.aggregate and (not self.reference or self.reference == self.aggregate)
+                and self.max_logit_diff <= self.bound)
 
     def describe(self) -> str:
         if self.error:
@@ -78,6 +84,9 @@ class ModelCase:
         if self.tokens != self.aggregate:
             i = self.first_difference
             return (f"case {self.name}: token {i} differs (PD {list(self.tokens)}, aggregate {list(self.aggregate)})")
+        if self.reference and self.reference != self.aggregate:
+            return (f"case {self.name}: the forward reference {list(self.reference)} differs from generate "
+                    f"{list(self.aggregate)}: the logits reference is unusable")
         if self.max_logit_diff > self.bound:
             return f"case {self.name}: max |logit diff| {self.max_logit_diff:.3g} above {self.bound:g}"
         return f"case {self.name}: token-exact, max |logit diff| {self.max_logit_diff:.3g}"
@@ -85,7 +94,8 @@ class ModelCase:
     def as_json(self) -> dict[str, object]:
         return {"case": self.name, "ok": self.ok, "prompt_ids": list(self.prompt), "tokens": list(self.tokens),
                 "aggregate_ids": list(self.aggregate), "first_difference": self.first_difference,
-                "max_logit_diff": self.max_logit_diff, "error": self.error or None, "bytes_moved": self.bytes_moved,
+                "max_logit_diff": self.max_logit_diff, "reference_ids": list(self.reference),
+                "generate_logit_diff": self.generate_logit_diff, "error": self.error or None, "bytes_moved": self.bytes_moved,
                 "bytes_by_state": self.bytes_by_state, "seconds": {k: round(v, 4) for k, v in self.seconds.items()}}
 
 

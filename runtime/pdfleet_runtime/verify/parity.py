@@ -42,7 +42,7 @@ __all__ = ["BACKENDS", "ENGINE_BACKENDS", "run_parity", "run_parity_engine"]
 BACKENDS = ("local", "mooncake", "nixl", "mori")
 """``--backend`` values. ``local`` checks the Mooncake column (the reference semantics). ``run_parity``
 runs every backend's column with the in-process copy executor; ``run_parity_engine`` (the CLI's
-``mooncake`` and ``nixl``) runs every rank as a serving rank process (``server.ranks``) through the real
+``mooncake`` and ``nixl``) runs every rank as a serving rank process (``rank.process``) through the real
 engine and the protocol."""
 
 ENGINE_BACKENDS = ("mooncake", "nixl")

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from pdfleet_runtime.layouts import Layout
 from pdfleet_runtime.protocol.states import RequestState
+from pdfleet_runtime.rank.pipe import ArenaCheck, Mismatch, RankStats, TransferResult
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.pipe import ArenaCheck, Mismatch, RankStats, TransferResult
 
 __all__ = ["DecodeRun", "ParityConfig", "ParityResult", "PrefillRun", "Rejection", "RunDetails"]
 

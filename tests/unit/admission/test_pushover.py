@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
+from pdfleet_devcluster.cluster import free_port
 from pdfleet_operator.admission import VALIDATE_WEBHOOK_ID, Verdicts, build_server, review
-from pdfleet_operator.devcluster.cluster import free_port
 from pdfleet_operator.settings import AdmissionSettings, WebhookMode
 from tests.unit.admission.builders import Review, example
 from tests.unit.admission.test_server import _post, _serve

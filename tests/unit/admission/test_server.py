@@ -20,6 +20,7 @@ import aiohttp
 import kopf
 import pytest
 
+from pdfleet_devcluster.cluster import free_port
 from pdfleet_operator.__main__ import build_parser, main
 from pdfleet_operator.admission import (
     VALIDATE_WEBHOOK_ID,
@@ -33,7 +34,6 @@ from pdfleet_operator.admission import (
 from pdfleet_operator.admission import handlers as admission_handlers
 from pdfleet_operator.admission.process import AdmissionProcess
 from pdfleet_operator.admission.server import server_kwargs
-from pdfleet_operator.devcluster.cluster import free_port
 from pdfleet_operator.settings import AdmissionSettings, OperatorSettings, RecheckSettings, WebhookMode
 from tests.unit.admission.builders import Review, example
 

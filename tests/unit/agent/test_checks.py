@@ -129,7 +129,7 @@ def test_a_group_members_agent_is_ready_on_its_engines_health_alone() -> None:
 def test_the_member_env_must_fit_the_roles_groups() -> None:
     from pdfleet_runtime.agent.options import AgentOptions
     from pdfleet_runtime.config import GroupConfig
-    from pdfleet_runtime.server.options import OptionsError
+    from pdfleet_runtime.pod.options import OptionsError
     from tests.server.harness import config
 
     cfg = config("decode", tp=2)

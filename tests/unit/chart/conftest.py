@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdfleet_operator.devcluster import toolchain
+from pdfleet_devcluster import toolchain
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "pdfleet"
 RELEASE, NAMESPACE = "rel", "pdfleet-system"

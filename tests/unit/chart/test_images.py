@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet_devcluster import toolchain
 from pdfleet_operator import __version__
-from pdfleet_operator.devcluster import toolchain
 
 pytestmark = [
     pytest.mark.slow,

@@ -4,6 +4,9 @@ a PodDisruptionBudget, and a NetworkPolicy that admits only the webhook (and, if
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
 import yaml
 
 from pdfleet_operator.admission.handlers import VALIDATE_WEBHOOK_ID
@@ -77,16 +80,19 @@ def test_network_policy_admits_only_the_webhook(render: Render) -> None:
     assert not by_kind(render("networkPolicy.enabled=false"), "NetworkPolicy")
 
 
-def test_the_runtime_pod_status_policy_is_the_generated_one(render: Render) -> None:
-    from pdfleet_operator.resources.pod_status_policy import POLICY_NAME, policy, policy_yaml
-
-    assert (CHART / "files" / "runtime-pod-status-policy.yaml").read_text() == policy_yaml(), (
-        "charts/pdfleet/files/runtime-pod-status-policy.yaml is stale: python -m "
-        "pdfleet_operator.resources.pod_status_policy > charts/pdfleet/files/runtime-pod-status-policy.yaml")
+@pytest.mark.parametrize("module, file", [("pod_status_policy", "runtime-pod-status-policy.yaml"),
+                                          ("pod_label_policy", "pod-label-policy.yaml")])
+def test_the_policies_are_the_generated_ones(render: Render, module: str, file: str) -> None:
+    mod = importlib.import_module(f"pdfleet_operator.resources.{module}")
+    assert (CHART / "files" / file).read_text() == mod.policy_yaml(), (
+        f"charts/pdfleet/files/{file} is stale: python -m pdfleet_operator.resources.{module} > "
+        f"charts/pdfleet/files/{file}")
     objs = render("watch.namespaces={a,b}")
-    assert one(objs, "ValidatingAdmissionPolicy") == policy()
-    binding = one(objs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == POLICY_NAME and binding["spec"]["validationActions"] == ["Deny"]
+    (pol,) = [o for o in by_kind(objs, "ValidatingAdmissionPolicy") if o["metadata"]["name"] == mod.POLICY_NAME]
+    assert pol == mod.policy()
+    (binding,) = [o for o in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+                  if o["spec"]["policyName"] == mod.POLICY_NAME]
+    assert binding["spec"]["validationActions"] == ["Deny"]
     selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
     assert selector["values"] == ["a", "b"]
     assert not by_kind(render("runtimePolicy.install=false"), "ValidatingAdmissionPolicy")

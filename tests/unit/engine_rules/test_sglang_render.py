@@ -255,6 +255,6 @@ def test_multi_node_replica_renders_rendezvous_per_pod_gpus_and_nccl() -> None:
     spec = PDDeploymentSpec.model_validate(obj["spec"])
     member = group_member("qwen", "default", Role.PREFILL, "r1", 0, 1)
     assert flag(launch_command("qwen", spec, Role.PREFILL, member), "--node-rank") == "1"
-    svc = group_service("qwen", "default", Role.PREFILL, {"pdfleet.io/deployment": "qwen"})
+    svc = group_service("qwen", "default", Role.PREFILL, {"pdfleet.io/deployment": "qwen"}, ("dist-init", 5000))
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["metadata"]["name"] == "qwen-prefill-group"

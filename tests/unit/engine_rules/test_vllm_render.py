@@ -108,7 +108,7 @@ def test_render_prints_a_vllm_router() -> None:
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     cmd = container["command"]
     assert cmd[:2] == ["vllm-router", "--vllm-pd-disaggregation"]
-    assert cmd[cmd.index("--kv-connector") + 1] == "nixl" and container["env"] == []
+    assert cmd[cmd.index("--kv-connector") + 1] == "nixl" and not container.get("env")
     role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-router"))
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert any(o["kind"] == "Service" and o["metadata"]["name"].endswith("router") for o in objs)

@@ -317,7 +317,7 @@ def test_inline_layout_facts_point_at_inline_fields() -> None:
 
 def test_parallel_cells_name_admission_rules_and_print() -> None:
     from pdfleet_operator.commands.matrix import matrix_text
-    from pdfleet_runtime.engine_rules.parallel import PARALLEL_CELLS
+    from pdfleet_runtime.engine_rules.registry import PARALLEL_CELLS
 
     text = matrix_text(MATRICES[LATEST_MATRIX_VERSION])
     for cell in PARALLEL_CELLS:

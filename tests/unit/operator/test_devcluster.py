@@ -9,9 +9,9 @@ from pathlib import Path
 import yaml
 from cryptography import x509
 
-from pdfleet_operator.devcluster import toolchain
-from pdfleet_operator.devcluster.certs import CertificateAuthority
-from pdfleet_operator.devcluster.cluster import ClusterOptions, gpu_node_manifest
+from pdfleet_devcluster import toolchain
+from pdfleet_devcluster.cluster import ClusterOptions, gpu_node_manifest
+from pdfleet_operator.certs import CertificateAuthority
 
 
 def test_leaf_certificate_chains_to_ca_and_carries_sans(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_cache_root_honours_env(monkeypatch, tmp_path: Path) -> None:
 
 
 def test_kwok_stages_replace_the_gate_blind_defaults() -> None:
-    text = resources.files("pdfleet_operator.devcluster").joinpath("kwok-stages.yaml").read_text()
+    text = resources.files("pdfleet_devcluster").joinpath("kwok-stages.yaml").read_text()
     stages = {d["metadata"]["name"]: d for d in yaml.safe_load_all(text)}
     assert set(stages) == {"node-initialize", "pod-start", "pod-gates-ready", "pod-gates-unready", "pod-delete"}
     # Deletion waits for the hold annotation to go.
@@ -60,7 +60,7 @@ def test_kwok_stages_replace_the_gate_blind_defaults() -> None:
 
 
 def test_local_operator_watches_the_configuration_the_operator_manages() -> None:
-    from pdfleet_operator.devcluster.local_operator import WEBHOOK_CONFIGURATION
+    from pdfleet_devcluster.local_operator import WEBHOOK_CONFIGURATION
     from pdfleet_operator.settings import AdmissionSettings
 
     assert AdmissionSettings().configuration_name == WEBHOOK_CONFIGURATION

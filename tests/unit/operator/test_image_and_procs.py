@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from pdfleet_operator.devcluster import procs
-from pdfleet_operator.devcluster.image import Image, local_image
+from pdfleet_devcluster import procs
+from pdfleet_devcluster.image import Image, local_image
 from pdfleet_runtime.source import checkout, commit, describe
 from tests.helpers import wait_until
 

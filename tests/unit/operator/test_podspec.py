@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
-from pdfleet_operator.devcluster import podspec, sandbox
-from pdfleet_operator.devcluster.podspec import Exec, HttpGet, PodSpecError
-from pdfleet_operator.devcluster.sandbox import Ranges
+from pdfleet_devcluster import podspec, sandbox
+from pdfleet_devcluster.podspec import Exec, HttpGet, PodSpecError
+from pdfleet_devcluster.sandbox import Ranges
 
 POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "a"}},
        "spec": {"nodeName": "n0", "serviceAccountName": "sa", "hostname": "h", "subdomain": "sub"},

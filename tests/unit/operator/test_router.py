@@ -17,16 +17,14 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children, plan
 from pdfleet_operator.resources.names import router_name, router_secret_name, worker_secret_name
-from pdfleet_operator.resources.pods import runtime_pod
-from pdfleet_operator.resources.router import (
+from pdfleet_operator.resources.plugins.sglang_router import (
     CONTROL_PLANE_KEY,
     FRONT_CONTAINER,
-    LABEL_ROUTER,
-    ROUTER_CONTAINER,
     front_command,
-    router_command,
     upstream_port,
 )
+from pdfleet_operator.resources.pods import runtime_pod
+from pdfleet_operator.resources.router import LABEL_ROUTER, ROUTER_CONTAINER, router_command
 from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.config import HTTP_PORT

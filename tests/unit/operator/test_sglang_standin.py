@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from pdfleet_devcluster.standin import STANDIN_ADMIN_PORT, SGLangStandIn
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_operator.devcluster.standin import STANDIN_ADMIN_PORT, SGLangStandIn
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_runtime.agent.model_config import model_config_problems

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pdfleet_runtime.cli import main
-from pdfleet_runtime.server.launcher import RankLauncher
+from pdfleet_runtime.pod.launcher import RankLauncher
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
-"""The group channel (``protocol.group``) and the leader's side of it (``server.group.GroupRanks``), in one process.
+"""The group channel (``protocol.group``) and the leader's side of it (``pod.group.GroupRanks``), in one process.
 
 Real sockets on 127.0.0.1 and the real codec; the leader's ``GroupRanks`` holds a real ``RankLauncher``
 with no local rank (the member's ranks are what is under test), and the member is a ``GroupLink`` driven
-by the test, speaking as ``server.member`` does. Covers: the rank key's mask, the refusals (deployment
+by the test, speaking as ``pod.member`` does. Covers: the rank key's mask, the refusals (deployment
 key, replay, recipient, size, another config, a member joined twice), a call relayed as typed pipe
 operations, and a member that goes away failing the calls it held with ``GROUP_MEMBER_LOST``.
 """
@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from pdfleet_runtime.config import GroupConfig
+from pdfleet_runtime.pod.group import GroupRanks, GroupSettings, config_digest, dump, load
+from pdfleet_runtime.pod.launcher import RankCallError, RankLauncher
 from pdfleet_runtime.protocol.auth import Codec, ProtocolError
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.group import (
@@ -37,10 +39,8 @@ from pdfleet_runtime.protocol.group import (
 from pdfleet_runtime.protocol.keys import Keyring
 from pdfleet_runtime.protocol.messages import Recipient, Refusal, RefusalCode
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
+from pdfleet_runtime.rank.pipe import RankReady, RankStats, StatsOp, TransferResult, Transport
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.group import GroupRanks, GroupSettings, config_digest, dump, load
-from pdfleet_runtime.server.launcher import RankCallError, RankLauncher
-from pdfleet_runtime.server.pipe import RankReady, RankStats, StatsOp, TransferResult, Transport
 from tests.server.harness import config
 
 GROUP_KEY = b"the-role-group-key-0123456789abcdef"
@@ -226,7 +226,7 @@ def test_a_member_joins_during_a_connection_flood(tmp_path: Path) -> None:
     """Issue 39 held (a regression test): a member still joined during a 3,136-connection flood of the group
     port. 1,500 connections that never finish a frame are opened at once and kept: past ``max_joining`` they
     are closed at accept, the rest are dropped at the join deadline, and a member that keeps trying (as
-    ``server.member`` does) is welcomed by then; the flood costs no memory beyond those few connections."""
+    ``pod.member`` does) is welcomed by then; the flood costs no memory beyond those few connections."""
     cfg = _group_config(tmp_path)
 
     async def body() -> None:

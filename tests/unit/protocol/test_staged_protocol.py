@@ -115,7 +115,7 @@ def run(p: S, d: S, body: Callable[[Rig], Awaitable[None]], *, threshold: int = 
 
 
 def _bytes_into(r: Rig, q: int) -> int:
-    from pdfleet_runtime.server.synthetic import request_bytes
+    from pdfleet_runtime.rank.synthetic import request_bytes
 
     return request_bytes(r.dst_pools[0], r.dst_reqs[q])
 

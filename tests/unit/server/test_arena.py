@@ -1,4 +1,4 @@
-"""A rank's seeded arena (``server.arena``, what ``ArenaCheckOp`` runs) and the reservations of ``SeededArenaOp``,
+"""A rank's seeded arena (``rank.arena``, what ``ArenaCheckOp`` runs) and the reservations of ``SeededArenaOp``,
 in one process: every byte outside the requests' items is checked, a failed request's items are "don't care"
 until a later request succeeds into them, and a reserved request takes the items a seeded allocator gave it."""
 
@@ -8,10 +8,10 @@ import numpy as np
 
 from pdfleet_runtime.layouts import PRESETS, IndexKind
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
+from pdfleet_runtime.rank.arena import SeededArena
+from pdfleet_runtime.rank.requests import SyntheticSource
+from pdfleet_runtime.rank.synthetic import corrupt_request, fill_request
 from pdfleet_runtime.records import ParallelShape, RequestIndices
-from pdfleet_runtime.server.arena import SeededArena
-from pdfleet_runtime.server.rank_requests import SyntheticSource
-from pdfleet_runtime.server.synthetic import corrupt_request, fill_request
 
 LAYOUT = PRESETS["llama-dense"]
 CAP = Capacity(3, 96)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 import json
 
-from pdfleet_runtime.server.worker_api import Endpoint, completion, parse_request, render
-from pdfleet_runtime.server.worker_client import chat_body, verify_chat_answer
+from pdfleet_runtime.pod.worker_api import Endpoint, completion, parse_request, render
+from pdfleet_runtime.testing.worker_client import chat_body, verify_chat_answer
 
 ROOM, BYTES = 123456789, 4096
 

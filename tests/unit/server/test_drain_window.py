@@ -9,9 +9,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from pdfleet_runtime.server.app import PodServer
-from pdfleet_runtime.server.drain import Drain, DrainPhase, WindowEnd
-from pdfleet_runtime.server.options import ServeOptions
+from pdfleet_runtime.pod.app import PodServer
+from pdfleet_runtime.pod.drain import Drain, DrainPhase, WindowEnd
+from pdfleet_runtime.pod.options import ServeOptions
 from tests.server.harness import config
 
 

@@ -10,8 +10,8 @@ import asyncio
 from pathlib import Path
 
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION
-from pdfleet_runtime.server.app import PodServer
-from pdfleet_runtime.server.options import ServeOptions
+from pdfleet_runtime.pod.app import PodServer
+from pdfleet_runtime.pod.options import ServeOptions
 from tests.server.harness import config
 
 

@@ -2,7 +2,7 @@
 
 The parts are the real ones: a prefill pod's ``BootstrapServer`` on 127.0.0.1 with one ``PrefillRank``
 whose synthetic state comes from the serving rank's ``SyntheticSource``, a decode rank's
-``DecodeRequests`` (the work ``server/ranks.py`` runs for each ``TransferOp``), the ``local`` engine,
+``DecodeRequests`` (the work ``rank/process.py`` runs for each ``TransferOp``), the ``local`` engine,
 the decode pod's ``RequestRouter`` and ``Readiness``. One stand-in: ``InProcessRanks`` plays the
 ``RankLauncher`` (it calls the decode rank's work directly instead of over a pipe to another process).
 Each case produces one kind where it arises (a prefill rank's report on the wire, the decode rank, the
@@ -21,6 +21,16 @@ import pytest
 
 from pdfleet_runtime.engines import EngineConfig, TransferFailed, create_engine
 from pdfleet_runtime.layouts import PRESETS, Layout
+from pdfleet_runtime.pod.launcher import RankCallError
+from pdfleet_runtime.pod.metrics import ServerMetrics
+from pdfleet_runtime.pod.readiness import Problem, Readiness
+from pdfleet_runtime.pod.routing import (
+    CALLER_FAULT,
+    NOT_THE_PATH,
+    RequestRouter,
+    SyntheticResult,
+    canary_result,
+)
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapLimits, BootstrapServer, BootstrapState
@@ -29,20 +39,9 @@ from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.messages import StatusReport, SyntheticFill
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason as F
+from pdfleet_runtime.rank.pipe import FaultOptions, RankSpec, TransferOp, TransferResult
+from pdfleet_runtime.rank.requests import DecodeRequests, SyntheticSource
 from pdfleet_runtime.records import ParallelShape, RequestIndices
-from pdfleet_runtime.server.launcher import RankCallError
-from pdfleet_runtime.server.metrics import ServerMetrics
-from pdfleet_runtime.server.options import FaultOptions
-from pdfleet_runtime.server.pipe import RankSpec, TransferOp, TransferResult
-from pdfleet_runtime.server.rank_requests import DecodeRequests, SyntheticSource
-from pdfleet_runtime.server.readiness import Problem, Readiness
-from pdfleet_runtime.server.routing import (
-    CALLER_FAULT,
-    NOT_THE_PATH,
-    RequestRouter,
-    SyntheticResult,
-    canary_result,
-)
 from tests.server.harness import config
 
 SECRET = b"failure-kinds-secret-0123456789ab"
@@ -175,7 +174,7 @@ async def canary(pod: Pod, rid: str, setup: Setup) -> tuple[SyntheticResult, Pro
 
 
 def status(res: SyntheticResult) -> int:
-    """The HTTP status ``POST /v1/synthetic`` answers for it (``server/app.py``)."""
+    """The HTTP status ``POST /v1/synthetic`` answers for it (``pod/app.py``)."""
     return 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 409 if res.failure in CALLER_FAULT else 502
 
 

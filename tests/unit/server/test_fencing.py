@@ -21,8 +21,8 @@ from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import Endpoint, StaticResolver
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
+from pdfleet_runtime.rank.synthetic import fill_request, verify_request
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.synthetic import fill_request, verify_request
 
 SECRET = b"fencing-test-secret-0123456789"
 RANK_KEY = b"fencing-test-rank-key-0123456789"

@@ -9,9 +9,9 @@ import contextlib
 
 import pytest
 
-from pdfleet_runtime.server import app
-from pdfleet_runtime.server.app import PodServer
-from pdfleet_runtime.server.options import ServeOptions
+from pdfleet_runtime.pod import app
+from pdfleet_runtime.pod.app import PodServer
+from pdfleet_runtime.pod.options import ServeOptions
 from tests.server.harness import config
 
 

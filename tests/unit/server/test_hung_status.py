@@ -24,8 +24,8 @@ from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import StaticResolver
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
+from pdfleet_runtime.rank.synthetic import fill_request, verify_request
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.synthetic import fill_request, verify_request
 
 SECRET = b"hung-status-test-secret-0123456789"
 RANK_KEY = b"hung-status-test-rank-key-01234567"

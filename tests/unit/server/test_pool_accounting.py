@@ -4,10 +4,10 @@ with no room while nothing runs are not Ready. Real pools and allocator (CPU), a
 from __future__ import annotations
 
 from pdfleet_runtime.layouts import PRESETS
+from pdfleet_runtime.pod.readiness import Problem, Readiness, pools_held
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
+from pdfleet_runtime.rank.requests import SyntheticSource
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.rank_requests import SyntheticSource
-from pdfleet_runtime.server.readiness import Problem, Readiness, pools_held
 
 LAYOUT = PRESETS["llama-dense"]
 
@@ -69,7 +69,7 @@ def test_pools_full_with_nothing_running_is_not_ready() -> None:
     assert pools_held([{"orphaned": 8}], full, need, active=2) == ""  # requests admitted: they hold them
     assert pools_held([{"orphaned": 1}], [{"page": 100, "slot": 3, "row": 3}], need, active=0) == ""  # room left
     r = Readiness("decode", floor_gbps=0.0, clock=lambda: 0.0, ranks_total=1, ranks_up=1)
-    from pdfleet_runtime.server.readiness import CanaryResult
+    from pdfleet_runtime.pod.readiness import CanaryResult
 
     r.record_canary("p:1", CanaryResult(True, bytes=10, write_s=1.0))
     assert r.verdict().ready

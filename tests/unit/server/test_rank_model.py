@@ -18,10 +18,10 @@ from pdfleet_runtime.protocol.prefill import SyntheticError
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.rank.cache_pools import gather_state, read_share
 from pdfleet_runtime.rank.model_runner import ModelRunner
+from pdfleet_runtime.rank.pipe import GenerateOp
+from pdfleet_runtime.rank.reference import ModelSource, generate
+from pdfleet_runtime.rank.requests import SyntheticSource
 from pdfleet_runtime.records import ParallelShape as S
-from pdfleet_runtime.server.pipe import GenerateOp
-from pdfleet_runtime.server.rank_model import ModelSource, generate
-from pdfleet_runtime.server.rank_requests import SyntheticSource
 from tests.verify.tiny_models import make_model
 
 PROMPT = (5, 17, 99, 3, 44, 7)
@@ -73,7 +73,7 @@ def test_a_seeded_rank_refuses_a_prompt_and_bad_ids_fail_the_request(runner: Mod
 def test_a_rank_refuses_a_layout_that_disagrees_with_the_model(tmp_path: Path) -> None:
     from pdfleet_runtime.config import ModelSourceConfig, RuntimeConfig
     from pdfleet_runtime.model.hf_config import ModelConfigError
-    from pdfleet_runtime.server.rank_model import load_rank_model
+    from pdfleet_runtime.rank.reference import load_rank_model
 
     d = make_model("llama", tmp_path / "llama", weights=False)
     cfg = RuntimeConfig(deployment="d", namespace="ns", role="prefill", runtime_version="0.1.0",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pdfleet_runtime.pod.readiness import CanaryResult, Problem, Readiness, busy, classify
 from pdfleet_runtime.protocol.states import FailureReason as F
-from pdfleet_runtime.server.readiness import CanaryResult, Problem, Readiness, busy, classify
 
 
 def decode(**kw: object) -> Readiness:

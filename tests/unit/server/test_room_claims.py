@@ -17,19 +17,19 @@ import pytest
 
 from pdfleet_runtime.engines import EngineConfig, create_engine
 from pdfleet_runtime.layouts import PRESETS
+from pdfleet_runtime.pod.metrics import ServerMetrics
+from pdfleet_runtime.pod.readiness import Readiness
+from pdfleet_runtime.pod.rooms import RoomError, RoomTable, room_request_id
+from pdfleet_runtime.pod.routing import RequestRouter
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec, ProtocolError
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.messages import TransferRequest
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
+from pdfleet_runtime.rank.pipe import RankSpec, TransferOp, TransferResult
+from pdfleet_runtime.rank.requests import DecodeRequests, SyntheticSource
 from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.server.metrics import ServerMetrics
-from pdfleet_runtime.server.pipe import RankSpec, TransferOp, TransferResult
-from pdfleet_runtime.server.rank_requests import DecodeRequests, SyntheticSource
-from pdfleet_runtime.server.readiness import Readiness
-from pdfleet_runtime.server.rooms import RoomError, RoomTable, room_request_id
-from pdfleet_runtime.server.routing import RequestRouter
 from tests.server.harness import config
 
 SECRET = b"room-claims-secret-0123456789abcd"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdfleet_runtime.server.router_checks import MAX_CALLERS, RouterChecks
+from pdfleet_runtime.pod.router_checks import MAX_CALLERS, RouterChecks
 
 A, B, C = "10.64.0.7", "10.64.0.8", "10.64.0.9"
 

@@ -1,12 +1,12 @@
-"""The staged path's Prometheus export (``server.metrics.StagedCollector``): the ranks' ``StagedMetrics``
+"""The staged path's Prometheus export (``pod.metrics.StagedCollector``): the ranks' ``StagedMetrics``
 reports summed, histogram buckets made cumulative, nothing rendered before a rank reported."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdfleet_runtime.pod.metrics import ServerMetrics
 from pdfleet_runtime.protocol.staged import Path, StagedMetrics
-from pdfleet_runtime.server.metrics import ServerMetrics
 
 
 def _samples(m: ServerMetrics) -> dict[str, float]:

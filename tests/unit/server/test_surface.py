@@ -13,20 +13,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdfleet_runtime.config import GroupConfig, RuntimeConfig
 from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
 from pdfleet_runtime.planner import Blocks, compile_destination
+from pdfleet_runtime.pod.app import PodServer
+from pdfleet_runtime.pod.gate import KubeGate, NoGate, make_gate
+from pdfleet_runtime.pod.metrics import ServerMetrics
+from pdfleet_runtime.pod.options import OptionsError, ServeOptions, parse_addresses
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
-from pdfleet_runtime.records import ParallelShape
-from pdfleet_runtime.seeded import request_seed
-from pdfleet_runtime.server.app import PodServer
-from pdfleet_runtime.server.gate import KubeGate, NoGate, make_gate
-from pdfleet_runtime.server.metrics import ServerMetrics
-from pdfleet_runtime.server.options import OptionsError, ServeOptions, parse_addresses
-from pdfleet_runtime.server.synthetic import (
+from pdfleet_runtime.rank.synthetic import (
     corrupt_request,
     fill_request,
     request_bytes,
     verify_request,
 )
+from pdfleet_runtime.records import ParallelShape
+from pdfleet_runtime.seeded import request_seed
 from pdfleet_runtime.verify.arena import LocalCopyExecutor
 
 

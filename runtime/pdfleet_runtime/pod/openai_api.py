@@ -1,0 +1,373 @@
+"""The worker API: the OpenAI endpoints and SGLang's PD worker contract, on both roles of the built-in runtime.
+
+SGLang's router sends one body to a prefill and a decode worker at once (``POST /generate``,
+``/v1/chat/completions``, ``/v1/completions``) with ``bootstrap_host``, ``bootstrap_port`` and
+``bootstrap_room`` added, and returns the decode's answer. Here:
+
+- a prefill pod holds the room (``rooms.RoomTable``: the state's seed and token count, bounded in
+  count, bytes and time) until a decode's ``TransferRequest`` for ``room-<n>`` claims it (the
+  bootstrap's ``admit`` hook); its ranks fill that state and write it; the prefill answers with the
+  bytes it wrote once every leg finished (or 504 when no decode claimed the room in time);
+- a decode pod allocates, pulls the room's state over pdfleet's protocol from the prefill pod at
+  ``bootstrap_host:bootstrap_port`` (its own bootstrap port when null), verifies every byte, and
+  answers with the completion derived from the verified state (``worker_api.completion``).
+
+Registration and load: ``GET /health``, ``/server_info``, ``/model_info``, ``/v1/models``, and the
+gauges SGLang exports (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+``sglang:num_used_tokens``, ``sglang:token_usage``, label ``model_name``) on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from pdfleet_runtime import __version__
+from pdfleet_runtime.config import Role, RuntimeConfig
+from pdfleet_runtime.layouts import (
+    IndexKind,
+    pages_for_tokens,
+    pool_counts,
+    replica_bytes,
+    resolve_layout,
+    swa_pages_for_tokens,
+)
+from pdfleet_runtime.protocol.bootstrap import BootstrapState
+from pdfleet_runtime.protocol.discovery import Endpoint as PeerEndpoint
+from pdfleet_runtime.protocol.states import FailureReason
+from pdfleet_runtime.rank.pipe import RankStats
+
+from .drain import Drain
+from .launcher import RankCallError
+from .metrics import sglang_gauges
+from .options import ServeOptions
+from .rooms import RoomError, RoomTable
+from .routing import SyntheticResult
+from .worker_api import (
+    ApiError,
+    Endpoint,
+    WorkerRequest,
+    completion,
+    error_body,
+    parse_request,
+    prefill_answer,
+    render,
+    sse_chunks,
+)
+
+__all__ = ["WorkerApi", "WorkerPod", "request_items", "request_state_bytes"]
+
+log = logging.getLogger("pdfleet_runtime.server")
+ROOM_WAIT_S = 2.0
+"""The router sends both pods the body at once: a decode whose claim came before the prefill held the room
+(refused, nothing changed) asks again for this long."""
+_UNREACHABLE = frozenset({FailureReason.PEER_UNREACHABLE, FailureReason.PEER_LOST, FailureReason.PEER_RESTARTED,
+                          FailureReason.NO_PEER})
+
+
+def _counts(cfg: RuntimeConfig, tokens: int) -> dict[IndexKind, int]:
+    layout = resolve_layout(cfg.layout)
+    return {IndexKind.PAGE: pages_for_tokens(tokens, layout.page_size),
+            IndexKind.SWA_PAGE: swa_pages_for_tokens(tokens, layout.swa.window, layout.page_size)
+            if layout.swa else 0, IndexKind.SLOT: 1, IndexKind.ROW: 1}
+
+
+def request_items(cfg: RuntimeConfig, tokens: int) -> dict[str, int]:
+    """Items of each index kind one request of ``tokens`` tokens takes on a rank (``RankStats.free``'s keys)."""
+    return {k.value: n for k, n in _counts(cfg, tokens).items() if n}
+
+
+def request_state_bytes(cfg: RuntimeConfig, tokens: int, *, decode_side: bool) -> int:
+    """Bytes a request of ``tokens`` tokens occupies on every rank of the decode pod (what a transfer moves)."""
+    shape = cfg.shape if decode_side else cfg.peer_shape
+    return replica_bytes(resolve_layout(cfg.layout), shape.tp, shape.pp, _counts(cfg, tokens))
+
+
+def _pool_bytes(cfg: RuntimeConfig) -> int:
+    layout = resolve_layout(cfg.layout)
+    counts = pool_counts(layout, cfg.max_concurrent_requests, cfg.kv_tokens)
+    return replica_bytes(layout, cfg.peer_shape.tp, cfg.peer_shape.pp, counts)
+
+
+class WorkerPod(Protocol):
+    """What the worker API asks of its pod server, and nothing more (``app.PodServer`` is one; the worker API
+    never imports the app). The pod server owns the rooms' wiring: a prefill's bootstrap admits claims
+    through ``WorkerApi.rooms``."""
+
+    @property
+    def opts(self) -> ServeOptions: ...
+
+    @property
+    def drain(self) -> Drain: ...
+
+    @property
+    def bootstrap_state(self) -> BootstrapState | None:
+        """A prefill pod's bootstrap state (its pending requests and their reports); None on a decode pod."""
+
+    def ranks_up(self) -> int:
+        """Rank processes of the replica up now (0 before they start)."""
+
+    def ranks_died(self) -> bool:
+        """Whether a rank process of the replica exited while serving."""
+
+    async def rank_stats(self, timeout_s: float) -> list[RankStats]:
+        """Every rank's counters (``RankCallError`` when one does not answer)."""
+
+    def health_checked(self, request: web.Request | None, ok: bool) -> None:
+        """Count an answer to a ``/health`` check (a router's, when its caller holds the worker key)."""
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """A request's body within the port's read deadline (``ApiError`` 408 when it trickles in)."""
+
+    async def known_prefill(self, ep: PeerEndpoint) -> bool:
+        """Whether ``ep`` is a prefill pod this pod's discovery names."""
+
+    async def pull(self, ep: PeerEndpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+                   retry_refused_s: float) -> SyntheticResult:
+        """A room's state from the prefill pod holding it, verified (``routing.RequestRouter.pull``)."""
+
+
+class WorkerApi:
+    """The worker endpoints of one pod server (``PodServer`` owns one and adds its routes)."""
+
+    def __init__(self, pod: WorkerPod, registry: CollectorRegistry) -> None:
+        self.pod = pod
+        cfg = pod.opts.config
+        self.role = cfg.role
+        self.model = cfg.served_model_name or cfg.deployment
+        self.rooms = RoomTable(max_rooms=cfg.max_concurrent_requests * 4, max_bytes=_pool_bytes(cfg),
+                               ttl_s=pod.opts.room_ttl_s)
+        self.running = 0
+        self.queued = 0
+        self.used_tokens = 0
+        r, m = registry, [self.model]
+        sglang_gauges(r, self.model, self.role.value, lambda: self.running, lambda: self.queued,
+                      lambda: state.unfinished if (state := pod.bootstrap_state) is not None else 0)
+        Gauge("sglang:num_used_tokens", "The number of used tokens.", ["model_name"],
+              registry=r).labels(*m).set_function(lambda: self.used_tokens)
+        Gauge("sglang:token_usage", "The token usage.", ["model_name"],
+              registry=r).labels(*m).set_function(lambda: self.used_tokens / max(1, cfg.kv_tokens))
+        self.expired = Counter("pdfleet_rooms_expired", "Rooms (bootstrap_room) no decode claimed in time: their "
+                               "reservation was freed (prefill pods)", registry=r)
+        self._expired_seen = 0
+        self.held = Gauge("pdfleet_rooms_held", "Rooms held for a decode (prefill pods)", registry=r)
+        self.held.set_function(lambda: sum(1 for x in self.rooms.rooms.values() if not x.done))
+        self.room_bytes = Counter("pdfleet_room_transfer_bytes", "Bytes of worker requests (rooms) moved, as this "
+                                  "pod reports them per request", registry=r)
+
+    def add_routes(self, app: web.Application) -> None:
+        for ep in Endpoint:
+            app.router.add_post(ep.value, self._handler(ep))
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/get_server_info", self._server_info)
+        app.router.add_get("/model_info", self._model_info)
+        app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/v1/models", self._models)
+
+    # ------------------------------------------------------------------ info
+
+    async def _health(self, request: web.Request | None) -> web.Response:
+        """200 while serving with every rank up; 503 from the drain's first moment, so every router's health
+        check drops the pod before it refuses new work (``Drain``'s window, which counts these answers per
+        caller: ``RouterChecks``)."""
+        up = not self.pod.ranks_died() and self.pod.ranks_up() == self.pod.opts.config.shape.world
+        serving = self.pod.drain.serving
+        self.pod.health_checked(request, serving and up)
+        if not serving:
+            return web.Response(status=503, text=f"draining ({self.pod.drain.phase.value})")
+        return web.Response(status=200 if up else 503)
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        o, cfg = self.pod.opts, self.pod.opts.config
+        mode = "prefill" if self.role is Role.PREFILL else "decode"
+        engine, _eq, version = (o.stand_in_for or "").partition("==")
+        stand_in = {"stand_in": f"pdfleet-runtime serve {__version__} standing in for {engine} {version} "
+                    "(which needs GPUs)"} if o.stand_in_for else {}
+        return web.json_response({
+            "version": version or __version__, "runtime": "pdfleet", "runtime_version": __version__, **stand_in,
+            "served_model_name": self.model, "model_path": self.model, "disaggregation_mode": mode,
+            "disaggregation_transfer_backend": cfg.backend.value, "disaggregation_bootstrap_port": o.bootstrap_port,
+            "tp_size": cfg.shape.tp, "pp_size": cfg.shape.pp, "dp_size": 1,
+            "max_running_requests": cfg.max_concurrent_requests, "max_total_num_tokens": cfg.kv_tokens,
+            "layout": cfg.layout.model_dump(mode="json", exclude_none=True), "draining": not self.pod.drain.serving,
+            "internal_states": [{"num_running_reqs": self.running, "num_queue_reqs": self.queued}],
+            "pools": await self._pools()})
+
+    async def _pools(self) -> dict[str, Any]:
+        """Items held and free per index kind over every rank (tests check that failed requests free them)."""
+        held, free, why = 0, dict[str, int](), dict[str, int]()
+        if self.pod.ranks_up():
+            with contextlib.suppress(RankCallError):
+                for st in await self.pod.rank_stats(timeout_s=5.0):
+                    held += st.held
+                    for k, v in st.free.items():
+                        free[k] = free.get(k, 0) + v
+                    for k, v in st.held_by.items():
+                        why[k] = why.get(k, 0) + v
+        return {"held": held, "free": free, "heldBy": why}
+
+    async def _model_info(self, _: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model, "tokenizer_path": None, "is_generation": True,
+                                  "served_model_name": self.model, "model_type": "pdfleet-synthetic"})
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                              "owned_by": "pdfleet", "root": self.model}]})
+
+    # ------------------------------------------------------------------ requests
+
+    def _handler(self, ep: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                req = parse_request(ep, await self.pod.read_body(request))
+                self._check(req)
+                if self.role is Role.PREFILL:
+                    return await self._prefill(req, request.remote or "")
+                return await self._decode(request, req)
+            except ApiError as e:
+                headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
+                return web.json_response(error_body(e), status=e.status, headers=headers)
+        return handle
+
+    def _check(self, req: WorkerRequest) -> None:
+        if req.model is not None and req.model != self.model:
+            raise ApiError(404, f"The model `{req.model}` does not exist: this worker serves `{self.model}`",
+                           param="model", code="model_not_found")
+        if req.room is None:
+            raise ApiError(400, "bootstrap_room is required: this is a PD worker (send the request through the "
+                           "router, or add bootstrap_host, bootstrap_port and bootstrap_room to the body)",
+                           param="bootstrap_room", code="missing_bootstrap_room")
+        if not self.pod.drain.admitting:
+            raise ApiError(503, f"the pod is draining ({self.pod.drain.phase.value}): send the request to another "
+                           "worker", code="draining", retry_after=5)
+        if self.pod.ranks_up() < self.pod.opts.config.shape.world:
+            raise ApiError(503, "rank processes are not up", code="not_ready", retry_after=1)
+        if req.prompt_tokens > self.pod.opts.config.kv_tokens:
+            raise ApiError(400, f"the prompt has {req.prompt_tokens} tokens, more than this worker's "
+                           f"{self.pod.opts.config.kv_tokens} (kvTokens): send a shorter prompt", param="prompt",
+                           code="context_length_exceeded")
+
+    async def _prefill(self, req: WorkerRequest, source: str) -> web.Response:
+        cfg = self.pod.opts.config
+        nbytes = request_state_bytes(cfg, req.prompt_tokens, decode_side=False)
+        assert req.room is not None
+        try:
+            room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes, source)
+        except RoomError as e:
+            raise ApiError(e.status, str(e), code=e.code, param="bootstrap_room",
+                           retry_after=1 if e.status == 503 else None) from e
+        self.queued += 1
+        claimed = False
+        try:
+            while True:  # wait for the claim, then for every leg; the table expires unclaimed rooms
+                self._expire()
+                if room.done:
+                    break
+                if room.claimed is not None:
+                    if not claimed:
+                        claimed = True
+                        self.queued -= 1
+                        self.running += 1
+                        self.used_tokens += room.tokens
+                    moved, failure, finished = self._legs(room.request_id)
+                    if finished:
+                        self.rooms.finish(req.room, moved, failure)
+                        break
+                await asyncio.sleep(0.02)
+        finally:
+            if claimed:
+                self.running -= 1
+                self.used_tokens -= room.tokens
+            else:
+                self.queued -= 1
+            self.rooms.drop(req.room)
+        if room.failure == "expired":
+            raise ApiError(504, f"no decode claimed bootstrap_room {req.room} within {self.rooms.ttl_s:g}s: the "
+                           "room expired and its reservation was freed", code="room_expired", param="bootstrap_room")
+        if room.failure:
+            raise ApiError(500, f"the transfer of bootstrap_room {req.room} failed: {room.failure}",
+                           code="transfer_failed")
+        self.room_bytes.inc(room.moved)
+        log.info("room %d: %d tokens, %d bytes written (layout %d)", req.room, room.tokens, room.moved, nbytes)
+        return web.json_response(prefill_answer(req, model=self.model, moved=room.moved, layout_bytes=nbytes))
+
+    def _expire(self) -> None:
+        self.rooms.expire()
+        if self.rooms.expired > self._expired_seen:
+            self.expired.inc(self.rooms.expired - self._expired_seen)
+            self._expired_seen = self.rooms.expired
+
+    def _legs(self, rid: str) -> tuple[int, str, bool]:
+        """(bytes written, first failure, every leg terminal) of a claimed room, from the bootstrap's reports."""
+        state = self.pod.bootstrap_state
+        assert state is not None
+        pending = [p for (_, r, _), p in state.pending.items() if r == rid]
+        want = self.pod.opts.config.peer_shape.world
+        moved = sum(rep.bytes for p in pending for rep in p.reports.values())
+        failure = next((f"{rep.failure.value}: {rep.reason}" for p in pending for rep in p.reports.values()
+                        if rep.failure is not None), "")
+        return moved, failure, len(pending) >= want and all(p.finished is not None for p in pending)
+
+    async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
+        o = self.pod.opts
+        ep = PeerEndpoint(req.host or "127.0.0.1", req.port or o.bootstrap_port)
+        if not await self.pod.known_prefill(ep):
+            # Never dialled: a decode sends signed messages only to prefill pods its own discovery names.
+            raise ApiError(400, f"bootstrap_host:bootstrap_port {ep} is not a prefill pod of this deployment (the "
+                           "prefill Service does not name it): send the request through the router",
+                           param="bootstrap_host", code="unknown_prefill")
+        self.running += 1
+        self.used_tokens += req.prompt_tokens
+        try:
+            res = await self.pod.pull(ep, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
+                                      retry_refused_s=ROOM_WAIT_S)
+        finally:
+            self.running -= 1
+            self.used_tokens -= req.prompt_tokens
+        if not res.ok:
+            raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
+        expected = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
+        self.room_bytes.inc(res.bytes)
+        c = completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
+        pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
+                   "layoutBytes": expected, "verified": True, "prefill": res.prefill,
+                   "decode": o.instance, "seconds": res.seconds,
+                   "ignored": list(req.ignored)}
+        headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
+        if rid := http.headers.get("X-Request-Id"):
+            headers["X-Request-Id"] = rid
+        if not req.stream:
+            return web.json_response(render(req, c, model=self.model, state_bytes=res.bytes, pdfleet=pdfleet),
+                                     headers=headers)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **headers})
+        await resp.prepare(http)
+        for event in sse_chunks(req, c, model=self.model, pdfleet=pdfleet):
+            await resp.write(event.encode())
+        await resp.write_eof()
+        return resp
+
+    def _failure(self, req: WorkerRequest, failure: FailureReason | None, reason: str,
+                 buffers: tuple[str, ...]) -> ApiError:
+        if failure is FailureReason.VERIFY:
+            return ApiError(500, f"the state of bootstrap_room {req.room} arrived different in buffer "
+                            f"{', '.join(buffers)}: {reason}", code="state_mismatch")
+        if failure in _UNREACHABLE:
+            return ApiError(503, f"no prefill reachable for bootstrap_room {req.room}: {reason}",
+                            code="prefill_unreachable", retry_after=1)
+        if failure is FailureReason.CONFLICT:
+            return ApiError(409, f"bootstrap_room {req.room} is in flight on this decode or was used moments ago: "
+                            f"send a new room ({reason})", param="bootstrap_room", code="room_conflict")
+        if failure in (FailureReason.BUSY, FailureReason.DRAINING):
+            return ApiError(503, f"no room for the request: {reason}", code=str(failure), retry_after=1)
+        return ApiError(502, f"the transfer of bootstrap_room {req.room} failed ({failure}): {reason}",
+                        code="transfer_failed")
+
