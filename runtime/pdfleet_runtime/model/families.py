@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdfleet_runtime.layouts import DType
-from pdfleet_runtime.model.hf_config import ModelConfigError, config_dtype
+from pdfleet_runtime.model.config_values import ModelConfigError, config_dtype
 
 __all__ = [
     "FULL",

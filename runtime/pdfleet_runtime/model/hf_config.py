@@ -30,11 +30,13 @@ from pdfleet_runtime.layouts import (
     DType,
     LayerSet,
     Layout,
-    LayoutError,
     LinearAttentionConfig,
     MLAConfig,
     UnknownPresetError,
 )
+from pdfleet_runtime.model.config_values import ModelConfigError, config_dtype
+from pdfleet_runtime.model.families import model_facts
+from pdfleet_runtime.model.forms import Engine, engine_form
 
 __all__ = [
     "CONFIG_FILE",
@@ -56,20 +58,8 @@ FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3", "qwen4_exp_tex
 """``model_type``s whose layout (and whose cache <-> pool mapping, ``rank.cache_pools``) exist."""
 DEFAULT_PAGE_SIZE = 16
 """Tokens per KV page when neither a preset nor the caller names one."""
-_DTYPES = {"float32": DType.FLOAT32, "bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16}
 _MAX_DIM = 1 << 16
 _MAX_HEADS = 4096
-
-
-class ModelConfigError(LayoutError):
-    """A config.json pdfleet cannot derive a layout from, or one that disagrees with a preset.
-
-    ``field`` names the config.json field (or the layout field, for a disagreement: both are in the message).
-    """
-
-    def __init__(self, message: str, field: str) -> None:
-        self.field = field
-        super().__init__(message)
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -108,15 +98,6 @@ def _int(config: Mapping[str, Any], name: str, *, hi: int = _MAX_DIM, default: i
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
         raise ModelConfigError(f"config.json {name} = {v!r}: expected an integer in [1, {hi}]", name)
     return v
-
-
-def config_dtype(config: Mapping[str, Any]) -> DType:
-    """The dtype the model computes (and keeps its cache) in: ``dtype`` (transformers 5) or ``torch_dtype``;
-    float32 when neither is set, as transformers loads it."""
-    raw = config.get("dtype", config.get("torch_dtype")) or "float32"
-    if raw not in _DTYPES:
-        raise ModelConfigError(f"config.json dtype {raw!r} is not one of {', '.join(_DTYPES)}", "dtype")
-    return _DTYPES[raw]
 
 
 def _kv_heads(config: Mapping[str, Any]) -> int:
@@ -161,9 +142,6 @@ def layout_from_config(config: Mapping[str, Any], *, page_size: int = DEFAULT_PA
     """The layout of the state the model of ``config`` (a parsed config.json) keeps per request."""
     fam = family(config)
     if fam in _FROM_FORMS:  # transformers' form (model.forms): index keys, positions, PLE, Mamba2 conv groups
-        from pdfleet_runtime.model.families import model_facts
-        from pdfleet_runtime.model.forms import Engine, engine_form
-
         form = engine_form(model_facts(config), Engine.TRANSFORMERS, page_size=page_size)
         assert form.layout is not None, form.missing
         return form.layout
