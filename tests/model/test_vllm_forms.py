@@ -67,6 +67,7 @@ def _form(fam: str, tp: int) -> EngineForm:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the first case runs vLLM for all of them: a child per case imports vLLM again
 @pytest.mark.parametrize(("fam", "tp"), CASES, ids=[f"{f}-tp{t}" for f, t in CASES])
 def test_vllm_specs_are_what_pdfleet_derives(fam: str, tp: int) -> None:
     got = vllm_specs()[f"{fam}-tp{tp}"]
