@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import NewType
 
 __all__ = [
+    "INDEX_POSITIONS_LAYER_ID",
     "PLE_NGRAM_LAYER_ID",
     "QSA_ROPE_LAYER_ID",
     "SENTINEL_LAYER_IDS",
@@ -34,7 +35,9 @@ QSA_ROPE_LAYER_ID = LayerId(2**32 - 2)
 """The QSA RoPE position ring is shared by all QSA layers of a stage."""
 PLE_NGRAM_LAYER_ID = LayerId(2**32 - 1)
 """The PLE n-gram history is one per request."""
-SENTINEL_LAYER_IDS = frozenset({QSA_ROPE_LAYER_ID, PLE_NGRAM_LAYER_ID})
+INDEX_POSITIONS_LAYER_ID = LayerId(2**32 - 3)
+"""Request-wide per-token index positions (transformers' Qwen4-Exp ``indexer_position_ids``)."""
+SENTINEL_LAYER_IDS = frozenset({QSA_ROPE_LAYER_ID, PLE_NGRAM_LAYER_ID, INDEX_POSITIONS_LAYER_ID})
 
 
 def is_sentinel(layer_id: int) -> bool:

@@ -34,14 +34,16 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from pdfleet_runtime.ids import PLE_NGRAM_LAYER_ID, QSA_ROPE_LAYER_ID, LayerId
+from pdfleet_runtime.ids import INDEX_POSITIONS_LAYER_ID, PLE_NGRAM_LAYER_ID, QSA_ROPE_LAYER_ID, LayerId
 
 __all__ = [
     "PRESETS",
     "AttentionKind",
     "BufferSpec",
+    "ConvGroup",
     "DType",
     "EntryField",
+    "IndexKeysConfig",
     "IndexKind",
     "LayerSet",
     "Layout",
@@ -50,6 +52,7 @@ __all__ = [
     "LinearAttentionConfig",
     "MLAConfig",
     "PLEConfig",
+    "PositionsConfig",
     "QSAConfig",
     "SWAConfig",
     "ShapeError",
@@ -57,6 +60,7 @@ __all__ = [
     "StateType",
     "UnknownPresetError",
     "arena_offsets",
+    "group_range",
     "item_bytes_by_kind",
     "pages_for_tokens",
     "pool_counts",
@@ -82,6 +86,8 @@ class StateType(StrEnum):
     QSA_COMPRESSED = "qsa_compressed"
     PLE_SHORT_CONV = "ple_short_conv"
     PLE_NGRAM = "ple_ngram"
+    INDEX_K = "index_k"
+    POSITIONS = "positions"
 
 
 class AttentionKind(StrEnum):
@@ -130,6 +136,8 @@ class EntryField(StrEnum):
     COMPRESSED = "compressed"
     SHORT_CONV = "short_conv"
     NGRAM = "ngram"
+    INDEX_K = "index_k"
+    POSITIONS = "positions"
 
 
 class IndexKind(StrEnum):
@@ -221,6 +229,25 @@ class MLAConfig(_Model):
     qk_rope_head_dim: int = Field(ge=0, description="Width of the decoupled RoPE key (DeepSeek-V3: 64).")
 
 
+class ConvGroup(_Model):
+    """One channel group of a linear-attention conv state: ``heads`` x ``headDim`` channels.
+
+    Under TP a group is sharded when TP divides its heads, and replicated on ``tp / heads`` ranks (each
+    holding one head) when its heads divide TP: Mamba2's B and C with ``n_groups`` below TP. The planner
+    slices each group on its own and elects one writer among the replicas of a head."""
+
+    heads: int = Field(ge=1, le=4096, description="Heads (groups) of this channel group.")
+    head_dim: int = Field(ge=1, le=1 << 20, description="Channels per head.")
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
+    def per_rank(self, tp: int) -> int:
+        """Channels one rank of ``tp`` holds: its share of the heads, or one whole head when replicated."""
+        return self.width // tp if self.heads % tp == 0 else self.head_dim
+
+
 class LinearAttentionConfig(_Model):
     """Linear attention (Gated DeltaNet style) on every layer that is neither full attention nor SWA."""
 
@@ -235,12 +262,25 @@ class LinearAttentionConfig(_Model):
     temporal_dtype: DType = Field(
         default=DType.FLOAT32, description="Temporal (recurrent) state element type; default float32."
     )
+    conv_groups: list[ConvGroup] | None = Field(
+        default=None, min_length=1, max_length=16,
+        description="The conv state's channel groups in order, when they are not Gated DeltaNet's q|k|v (the "
+        "default: numKeyHeads x keyHeadDim twice, numValueHeads x valueHeadDim). Mamba2: x (heads x head dim), "
+        "then B and C (n_groups x state size each); a group whose heads are fewer than TP is replicated.",
+    )
 
     @property
-    def conv_shard_groups(self) -> tuple[int, int, int]:
-        """Global channel widths of the q, k and v groups of the conv state, each sharded on its own."""
-        qk = self.num_key_heads * self.key_head_dim
-        return (qk, qk, self.num_value_heads * self.value_head_dim)
+    def groups(self) -> tuple[ConvGroup, ...]:
+        """The conv channel groups: declared, or q | k | v."""
+        if self.conv_groups is not None:
+            return tuple(self.conv_groups)
+        qk = ConvGroup(heads=self.num_key_heads, head_dim=self.key_head_dim)
+        return (qk, qk, ConvGroup(heads=self.num_value_heads, head_dim=self.value_head_dim))
+
+    @property
+    def conv_shard_groups(self) -> tuple[int, ...]:
+        """Global channel widths of the conv state's groups (q, k, v by default), each sliced on its own."""
+        return tuple(g.width for g in self.groups)
 
 
 class QSAConfig(_Model):
@@ -250,6 +290,11 @@ class QSAConfig(_Model):
     index_heads: int = Field(ge=1, description="Index-key heads per token (replicated on every rank).")
     index_head_dim: int = Field(ge=1, description="Width of one index-key head.")
     dtype: DType = Field(default=DType.BFLOAT16, description="Index-key element type.")
+    rope_positions: int = Field(
+        default=1, ge=1, le=8,
+        description="Position coordinates kept per pending token in the RoPE ring (SGLang 0.5.23 keeps 3: MRoPE).",
+    )
+    rope_dtype: DType = Field(default=DType.INT32, description="RoPE ring element type (SGLang 0.5.23: int64).")
 
 
 class PLEConfig(_Model):
@@ -258,8 +303,42 @@ class PLEConfig(_Model):
     short_conv_layers: LayerSet = Field(description="Layers with PLE short-conv state.")
     short_conv_width: int = Field(ge=1, description="Channels of the per-layer embedding conv.")
     short_conv_kernel: int = Field(ge=2, description="Conv kernel; the state keeps kernel - 1 columns.")
-    ngram_context: int = Field(ge=1, description="Token ids of history kept per request (int32).")
+    ngram_context: int = Field(ge=1, description="Token ids of history kept per request.")
     dtype: DType = Field(default=DType.BFLOAT16, description="Short-conv state element type.")
+    short_conv_dilation: int = Field(
+        default=1, ge=1, le=64,
+        description="Conv dilation: the state keeps (kernel - 1) x dilation columns (Qwen4-Exp: its ngram_size).",
+    )
+    ngram_dtype: DType = Field(default=DType.INT32, description="N-gram history element type (SGLang 0.5.23: int64).")
+    ngram_per_layer: bool = Field(
+        default=False,
+        description="Keep the n-gram history on every PLE layer (transformers 5.23.0's conv_states[2]) instead of "
+        "once per request.",
+    )
+
+    @property
+    def short_conv_columns(self) -> int:
+        """Columns of the short-conv state: (kernel - 1) x dilation."""
+        return (self.short_conv_kernel - 1) * self.short_conv_dilation
+
+
+class IndexKeysConfig(_Model):
+    """Raw per-token index keys of a sparse-attention indexer (transformers' Qwen4-Exp QSA and DeepSeek-V3.2
+    DSA ``indexer_keys``): paged like KV, replicated on every TP rank (one index head)."""
+
+    head_dim: int = Field(ge=1, le=1 << 16, description="Width of one index key.")
+    heads: int = Field(default=1, ge=1, le=64, description="Index key heads per token (transformers: 1).")
+    dtype: DType = Field(default=DType.BFLOAT16, description="Index key element type.")
+    layers: LayerSet | None = Field(default=None, description="Layers holding index keys; default the full-attention "
+                                    "layers.")
+
+
+class PositionsConfig(_Model):
+    """A request-wide per-token position buffer (transformers' Qwen4-Exp ``indexer_position_ids`` ``[3, S]``),
+    paged like KV, held by every PP stage that holds an index-key layer; one elected stage sends it."""
+
+    coordinates: int = Field(default=3, ge=1, le=8, description="Coordinates per token (MRoPE: 3).")
+    dtype: DType = Field(default=DType.INT64, description="Element type.")
 
 
 class SWAConfig(_Model):
@@ -288,12 +367,26 @@ class Layout(_Model):
     qsa: QSAConfig | None = Field(default=None, description="QSA state on the full-attention layers.")
     ple: PLEConfig | None = Field(default=None, description="Per-layer-embedding state.")
     swa: SWAConfig | None = Field(default=None, description="Sliding-window attention layers.")
+    index_keys: IndexKeysConfig | None = Field(default=None, description="Raw per-token index keys.")
+    positions: PositionsConfig | None = Field(
+        default=None, description="Request-wide per-token positions (needs indexKeys).")
+    empty_layers: LayerSet | None = Field(
+        default=None,
+        description="Layers that hold no per-request state (NemotronH's MLP-only layers); never linear attention.",
+    )
+    weight_bytes: int | None = Field(
+        default=None, ge=0,
+        description="Bytes of the model's weights (pdfleet layout fills it from config.json); the GPU memory rule "
+        "counts weightBytes / (tensor x pipeline) per rank beside the pools. Unset: pools alone.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Layout:
         n = self.num_layers
         full = self.full_attention_layers.resolve(n)
+        empty = set(self.empty_layers.resolve(n)) if self.empty_layers else set()
         for name, ids in (("fullAttentionLayers", full),
+                          ("emptyLayers", tuple(empty)),
                           ("swa.layers", self.swa.layers.resolve(n) if self.swa else ()),
                           ("ple.shortConvLayers", self.ple.short_conv_layers.resolve(n) if self.ple else ())):
             bad = [i for i in ids if i >= n]
@@ -307,9 +400,16 @@ class Layout(_Model):
         swa = set(self.swa.layers.resolve(n)) if self.swa else set()
         if swa & set(full):
             raise ValueError(f"layers {sorted(swa & set(full))} are both full attention and SWA")
-        if self.linear_attention is None and len(full) + len(swa) != n:
-            missing = sorted(set(range(n)) - set(full) - swa)
+        if empty & (swa | set(full)):
+            raise ValueError(f"layers {sorted(empty & (swa | set(full)))} are both empty and attention layers")
+        if self.linear_attention is None and len(full) + len(swa) + len(empty) != n:
+            missing = sorted(set(range(n)) - set(full) - swa - empty)
             raise ValueError(f"layers {missing} have no attention (set linearAttention or list them)")
+        if self.positions is not None and self.index_keys is None:
+            raise ValueError("positions needs indexKeys (they are held where the index keys are)")
+        bad_ix = sorted(set(self.index_key_layer_ids) - set(full))
+        if bad_ix:
+            raise ValueError(f"indexKeys.layers {bad_ix} are not full-attention layers")
         if self.qsa is not None and self.page_size % self.qsa.compress_ratio:
             raise ValueError(
                 f"pageSize {self.page_size} must be a multiple of qsa.compressRatio {self.qsa.compress_ratio}"
@@ -330,8 +430,20 @@ class Layout(_Model):
         """Layers that are neither full attention nor SWA (empty without linear attention)."""
         if self.linear_attention is None:
             return ()
-        taken = set(self.full_attention_layer_ids) | set(self.swa_layer_ids)
+        taken = set(self.full_attention_layer_ids) | set(self.swa_layer_ids) | set(self.empty_layer_ids)
         return tuple(i for i in range(self.num_layers) if i not in taken)
+
+    @property
+    def empty_layer_ids(self) -> tuple[int, ...]:
+        return self.empty_layers.resolve(self.num_layers) if self.empty_layers else ()
+
+    @property
+    def index_key_layer_ids(self) -> tuple[int, ...]:
+        if self.index_keys is None:
+            return ()
+        if self.index_keys.layers is None:
+            return self.full_attention_layer_ids
+        return self.index_keys.layers.resolve(self.num_layers)
 
     @property
     def ple_layer_ids(self) -> tuple[int, ...]:
@@ -351,6 +463,10 @@ class Layout(_Model):
             out.add(StateType.PLE_NGRAM)
             if self.ple_layer_ids:
                 out.add(StateType.PLE_SHORT_CONV)
+        if self.index_key_layer_ids:
+            out.add(StateType.INDEX_K)
+            if self.positions is not None:
+                out.add(StateType.POSITIONS)
         return frozenset(out)
 
     @property
@@ -359,6 +475,8 @@ class Layout(_Model):
         la = self.linear_attention
         if la is None or not self.linear_layer_ids:
             return None
+        if la.conv_groups is not None:  # the groups may be replicated; the temporal state is sliced by value head
+            return la.num_value_heads
         return math.gcd(la.num_key_heads, la.num_value_heads)
 
     @property
@@ -454,7 +572,8 @@ class BufferSpec:
     An item (one page, slot or row) is ``outer_count`` rows of ``dim`` units of ``unit_bytes``
     along the sliceable dim; replicated buffers have ``dim == 0`` and ``outer_count == 1``.
     ``shard_groups`` are the global (unsharded) widths, in units, of groups sharded on their own.
-    ``total_heads`` is the model's KV head count for ``Sharding.HEADS``.
+    ``total_heads`` is the model's KV head count for ``Sharding.HEADS``. ``group_heads`` gives each shard
+    group's heads when groups were declared (replicated when fewer than TP).
     """
 
     state_type: StateType
@@ -469,6 +588,9 @@ class BufferSpec:
     unit_bytes: int
     shard_groups: tuple[int, ...] | None = None
     total_heads: int = 0
+    group_heads: tuple[int, ...] | None = None
+    """Heads of each shard group, when the groups were declared (``conv_groups``): a group whose heads do
+    not divide by TP is replicated, one head per rank (the planner elects one writer)."""
 
     @property
     def item_bytes(self) -> int:
@@ -481,6 +603,19 @@ class BufferSpec:
 
     def describe(self) -> str:
         return f"{self.state_type.value}/{self.field.value} layer {self.layer_id}"
+
+
+def group_range(width: int, heads: int, tp: int, rank: int) -> tuple[int, int]:
+    """``(first channel, channels)`` of a channel group of ``heads`` x ``width / heads`` that rank ``rank`` of
+    ``tp`` holds: its ``1/tp`` share when tp divides the heads, else the one head ``rank // (tp / heads)``
+    (replicated on ``tp / heads`` ranks). ValueError when neither divides the other."""
+    if heads < 1 or width % heads or (heads % tp and tp % heads):
+        raise ValueError(f"a group of {width} channels in {heads} heads cannot be split by tp={tp}")
+    if heads % tp == 0:
+        n = width // tp
+        return rank * n, n
+    n = width // heads
+    return (rank // (tp // heads)) * n, n
 
 
 def _check_shape(tp: int, pp: int, tp_rank: int, pp_rank: int, num_layers: int) -> None:
@@ -529,11 +664,19 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
     full, swa = set(layout.full_attention_layer_ids), set(layout.swa_layer_ids)
     linear, ple = set(layout.linear_layer_ids), set(layout.ple_layer_ids)
     la, qsa = layout.linear_attention, layout.qsa
+    index_layers = set(layout.index_key_layer_ids)
     out: list[BufferSpec] = []
     if la is not None and linear:
-        for name, heads in (("numKeyHeads", la.num_key_heads), ("numValueHeads", la.num_value_heads)):
+        checks = [("numValueHeads", la.num_value_heads)]
+        if la.conv_groups is None:
+            checks.insert(0, ("numKeyHeads", la.num_key_heads))
+        for name, heads in checks:
             if heads % tp:
                 raise ShapeError(f"linearAttention.{name} {heads} is not divisible by tp={tp}", name)
+        for i, g in enumerate(la.conv_groups or ()):
+            if g.heads % tp and tp % g.heads:
+                raise ShapeError(f"linearAttention.convGroups[{i}].heads {g.heads} and tp={tp} must divide one "
+                                 "another", "convGroups")
     for layer in layers:
         if layer in full:
             if layout.attention_kind is AttentionKind.MLA:
@@ -554,12 +697,13 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
         if layer in linear:
             assert la is not None
             groups = la.conv_shard_groups
-            conv_dim = sum(groups) // tp
+            conv_dim = sum(g.per_rank(tp) for g in la.groups)
             out.append(BufferSpec(
                 StateType.MAMBA, EntryField.CONV, LayerId(layer), IndexKind.SLOT,
                 (la.conv_kernel - 1, conv_dim), la.conv_dtype, Sharding.DIM,
                 dim=conv_dim, outer_count=la.conv_kernel - 1, unit_bytes=la.conv_dtype.itemsize,
                 shard_groups=groups,
+                group_heads=tuple(g.heads for g in la.groups) if la.conv_groups is not None else None,
             ))
             vh = la.num_value_heads // tp
             out.append(BufferSpec(
@@ -567,17 +711,31 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
                 (vh, la.key_head_dim, la.value_head_dim), la.temporal_dtype, Sharding.DIM,
                 dim=vh, outer_count=1, unit_bytes=la.key_head_dim * la.value_head_dim * la.temporal_dtype.itemsize,
             ))
+        if layer in index_layers:
+            ik = layout.index_keys
+            assert ik is not None
+            out.append(_replicated(StateType.INDEX_K, EntryField.INDEX_K, layer, IndexKind.PAGE,
+                                   (layout.page_size, ik.heads, ik.head_dim), ik.dtype))
         if layer in ple:
             assert layout.ple is not None
             out.append(_replicated(StateType.PLE_SHORT_CONV, EntryField.SHORT_CONV, layer, IndexKind.SLOT,
-                                   (layout.ple.short_conv_kernel - 1, layout.ple.short_conv_width),
+                                   (layout.ple.short_conv_columns, layout.ple.short_conv_width),
                                    layout.ple.dtype))
+            if layout.ple.ngram_per_layer:
+                out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, layer, IndexKind.SLOT,
+                                       (layout.ple.ngram_context,), layout.ple.ngram_dtype))
     if qsa is not None and full.intersection(layers):
+        rope_shape = (qsa.compress_ratio,) if qsa.rope_positions == 1 else (qsa.compress_ratio, qsa.rope_positions)
         out.append(_replicated(StateType.QSA_PENDING, EntryField.ROPE, QSA_ROPE_LAYER_ID, IndexKind.ROW,
-                               (qsa.compress_ratio,), DType.INT32))
-    if layout.ple is not None and (ple.intersection(layers) or (not ple and pp_rank == 0)):
+                               rope_shape, qsa.rope_dtype))
+    if layout.positions is not None and index_layers.intersection(layers):
+        pos = layout.positions
+        out.append(_replicated(StateType.POSITIONS, EntryField.POSITIONS, INDEX_POSITIONS_LAYER_ID, IndexKind.PAGE,
+                               (layout.page_size, pos.coordinates), pos.dtype))
+    if layout.ple is not None and not layout.ple.ngram_per_layer and (
+            ple.intersection(layers) or (not ple and pp_rank == 0)):
         out.append(_replicated(StateType.PLE_NGRAM, EntryField.NGRAM, PLE_NGRAM_LAYER_ID, IndexKind.SLOT,
-                               (layout.ple.ngram_context,), DType.INT32))
+                               (layout.ple.ngram_context,), layout.ple.ngram_dtype))
     return tuple(out)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from types import MappingProxyType
@@ -37,10 +37,12 @@ from pdfleet_runtime.layouts import (
     resolve_layout,
 )
 from pdfleet_runtime.links import UNSUPPORTED_PROTOCOLS, Backend, LinkProtocol
+from pdfleet_runtime.model.weights import PRESET_WEIGHT_BYTES
 from pdfleet_runtime.roles import Role
 from pdfleet_runtime.versions import CURRENT_RUNTIME_VERSION, RUNTIME_RELEASES, RuntimeRelease, release_of
 
 __all__ = [
+    "INDEX_STATES",
     "LATEST_MATRIX_VERSION",
     "MATRICES",
     "PLE_STATES",
@@ -65,6 +67,7 @@ __all__ = [
 
 QSA_STATES = frozenset({"qsa_pending", "qsa_compressed"})
 PLE_STATES = frozenset({"ple_short_conv", "ple_ngram"})
+INDEX_STATES = frozenset({"index_k", "positions"})  # raw per-token index keys and positions: replicated pages
 _GIB = 1 << 30
 
 
@@ -182,6 +185,8 @@ class LayoutFacts:
     qsa_compress_ratio: int | None = None
     pool_bytes: Callable[[int, int, int, int], int] | None = None
     paths: Mapping[str, str] = field(default_factory=dict)
+    weight_bytes: int | None = None  # the model's weights (a preset's real model, or the layout's weightBytes)
+    conv_group_heads: tuple[int, ...] = ()  # declared conv channel groups' heads (Mamba2 x|B|C), () for q|k|v
 
     def path(self, fact: str) -> str:
         return self.paths.get(fact, "spec.model.layout")
@@ -291,13 +296,18 @@ GENERAL_RULES: Mapping[str, Rule] = MappingProxyType(dict([
     _r("linear-heads-tp", "linear-attention heads must be divisible by TP",
        "linear-attention (Mamba/GDN) state is sharded by head along one axis; a rank must own whole heads",
        "pick a TP that divides every linear-attention head count of the layout"),
+    _r("conv-groups-tp", "TP and each conv channel group's heads must divide one another",
+       "a rank holds its share of a group's heads, or one whole head replicated on TP/heads ranks (Mamba2's B and "
+       "C with n_groups below TP); a head cannot be split across ranks",
+       "pick a TP that divides every linearAttention.convGroups heads count or is a multiple of it"),
     _r("qsa-page-ratio", "page size must be a multiple of the QSA compress ratio",
        "one compressed QSA page covers one full-KV page, so a page must hold a whole number of "
        "compressed entries",
        "set pageSize to a multiple of qsa.compressRatio"),
-    _r("pool-fits-gpu", "pools must fit the GPU memory of one device",
-       "every rank allocates its KV and state pools at start; pools larger than the device fail at "
-       "start or evict the weights",
+    _r("pool-fits-gpu", "weights and pools must fit the GPU memory of one device",
+       "every rank holds its share of the model's weights (weights / (tensor x pipeline); a preset counts the "
+       "real model it stands for, an inline layout its weightBytes) and allocates its KV and state pools at "
+       "start; more than the device holds fails at start",
        "raise parallelism.tensor or pipeline, lower pool.kvTokensPerReplica or "
        "pool.maxConcurrentRequests, or set gpuMemoryGiB to the real device"),
     _r("runtime-version-unknown", "the runtime version is unknown to this matrix",
@@ -536,6 +546,10 @@ def _check_layout_shapes(c: _Ctx) -> Iterator[Violation]:
             yield c.violation("linear-heads-tp",
                               f"{what} does not divide linear-attention head counts {bad}",
                               *paths, lay.path("linear_heads"))
+        odd = sorted({n for n in lay.conv_group_heads if _pos_int(n) and n % tp and tp % n})
+        if odd:
+            yield c.violation("conv-groups-tp", f"{what} and conv channel groups of {odd} heads do not divide one "
+                              "another", *paths, lay.path("linear_heads"))
 
 
 def _check_qsa_page(c: _Ctx) -> Iterator[Violation]:
@@ -565,15 +579,21 @@ def _check_pools(c: _Ctx) -> Iterator[Violation]:
         # its heads sharded over the attention TP (MLA's latent KV, replicated over TP, shrinks by dp)
         dp = c.attn_dp[role]
         try:
-            need = lay.pool_bytes(c.attn_tp(role), tp_pp[1], -(-reqs // dp), -(-toks // dp))
+            pools = lay.pool_bytes(c.attn_tp(role), tp_pp[1], -(-reqs // dp), -(-toks // dp))
         except ValueError:  # LayoutError: a shape the layout cannot split; the shape rules say why
             continue
+        model = lay.weight_bytes or 0
+        weights = -(-model // (tp_pp[0] * tp_pp[1]))
+        need = pools + weights
         have = gib * _GIB * c.matrix.gpu_memory_fraction
         if need > have:
             at = f"tp{tp_pp[0]}xpp{tp_pp[1]}" + (f" with attention DP {dp}" if dp > 1 else "")
+            what = (f"weights {weights / _GIB:.1f} GiB ({model / _GIB:.1f} GiB / {tp_pp[0] * tp_pp[1]}) "
+                    f"and pools {pools / _GIB:.1f} GiB need {need / _GIB:.1f} GiB" if weights
+                    else f"pools need {need / _GIB:.1f} GiB")
             yield c.violation(
                 "pool-fits-gpu",
-                f"{role} pools need {need / _GIB:.1f} GiB per GPU at {at} "
+                f"{role} {what} per GPU at {at} "
                 f"with {toks} KV "
                 f"tokens and {reqs} requests; {have / _GIB:.1f} GiB "
                 f"({c.matrix.gpu_memory_fraction:.0%} of {gib:g} GiB) is available",
@@ -609,12 +629,20 @@ def _check_backend(c: _Ctx) -> Iterator[Violation]:
                           f"{b} cannot move QSA state with PP {p[1]}/{d[1]} ({lay.name})", *pp_paths)
     if p[0] != d[0]:
         hetero = f"TP {p[0]} -> {d[0]}"
-        if states - QSA_STATES - PLE_STATES:
+        if states - QSA_STATES - PLE_STATES - INDEX_STATES:
             yield from no(Feature.SHARDED_HETERO_TP, f"{b} cannot slice sharded state across {hetero}",
                           *tp_paths)
         if states & PLE_STATES:
             yield from no(Feature.REPLICATED_HETERO_TP,
                           f"{b} cannot move replicated PLE state across {hetero} ({lay.name})", *tp_paths)
+        if states & INDEX_STATES:
+            yield from no(Feature.REPLICATED_HETERO_TP,
+                          f"{b} cannot elect writers for replicated index keys across {hetero} ({lay.name})",
+                          *tp_paths)
+        if any(h < max(p[0], d[0]) for h in lay.conv_group_heads):
+            yield from no(Feature.REPLICATED_HETERO_TP,
+                          f"{b} cannot elect writers for replicated conv channel groups across {hetero} "
+                          f"({lay.name})", *tp_paths)
         if states & QSA_STATES:
             feature = Feature.QSA_HETERO_TP_MLA if lay.mla else Feature.QSA_HETERO_TP_MHA
             kind = "MLA" if lay.mla else "non-MLA"
@@ -657,7 +685,7 @@ CHECKS: tuple[tuple[frozenset[str], Check], ...] = (
     (frozenset({"attn-dp-divides-tp", "ep-divides-tp", "nodes-divide-gpus",
                 "builtin-no-attention-dp", "builtin-no-expert-parallel"}), _check_nested),
     (frozenset({"tp-divisible", "pp-match"}), _check_tp_pp),
-    (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "warn-kv-heads-replicated"}),
+    (frozenset({"pp-layers", "kv-heads-tp", "linear-heads-tp", "conv-groups-tp", "warn-kv-heads-replicated"}),
      _check_layout_shapes),
     (frozenset({"qsa-page-ratio"}), _check_qsa_page),
     (frozenset({"pool-fits-gpu"}), _check_pools),
@@ -775,11 +803,15 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
         kv_heads=layout.kv_heads,
         page_size=layout.page_size,
         linear_heads=(
-            (la.num_key_heads, la.num_value_heads) if la is not None and layout.linear_layer_ids else ()
+            () if la is None or not layout.linear_layer_ids
+            else (la.num_value_heads,) if la.conv_groups is not None else (la.num_key_heads, la.num_value_heads)
         ),
+        conv_group_heads=(tuple(g.heads for g in la.conv_groups)
+                          if la is not None and la.conv_groups is not None and layout.linear_layer_ids else ()),
         qsa_compress_ratio=layout.qsa_compress_ratio,
         pool_bytes=_pool_bytes_fn(layout),
         paths=MappingProxyType(paths),
+        weight_bytes=PRESET_WEIGHT_BYTES.get(preset) if preset is not None else layout.weight_bytes,
     )
     if preset is not None and base == "spec.model.layout":
         _PRESET_FACTS[preset] = facts
@@ -787,11 +819,16 @@ def layout_facts(ref: LayoutRef | Layout | str, base: str = "spec.model.layout")
 
 
 def matrix_input(layout: LayoutRef | Layout | str, backend: Backend | str, protocol: LinkProtocol | str,
-                 prefill: RoleInput, decode: RoleInput, engine: str = "pdfleet") -> MatrixInput:
+                 prefill: RoleInput, decode: RoleInput, engine: str = "pdfleet", *,
+                 count_weights: bool = True) -> MatrixInput:
     """The one builder of an evaluation's input (the operator's admission and the parity harness):
-    the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``)."""
+    the layout's facts, None when it does not resolve (the matrix then says ``layout-unresolved``).
+    ``count_weights=False`` leaves the model's weights out of the GPU memory rule (the byte-parity harness
+    fills seeded pools and loads no weights)."""
     try:
         facts: LayoutFacts | None = layout_facts(layout)
     except (LayoutError, ValueError):
         facts = None
+    if facts is not None and not count_weights and facts.weight_bytes is not None:
+        facts = replace(facts, weight_bytes=None)
     return MatrixInput(facts, backend, protocol, prefill, decode, engine)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pdfleet_runtime.ids import is_sentinel
-from pdfleet_runtime.layouts import EntryField, IndexKind, Sharding, StateType
+from pdfleet_runtime.layouts import EntryField, IndexKind, Sharding, StateType, group_range
 from pdfleet_runtime.records import BufferRecord, ParallelShape, RankRegistration, RequestIndices
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "compile_destination",
     "compile_pair",
     "elect_sentinel_stages",
+    "group_range",
     "head_blocks",
     "pair_entries",
     "should_send_head",
@@ -160,6 +161,7 @@ def slice_blocks(
     src_rank: int,
     dst_rank: int,
     shard_groups: Sequence[int] | None = None,
+    group_heads: Sequence[int] | None = None,
 ) -> list[tuple[int, int, int]]:
     """Blocks ``(src offset, dst offset, length)`` in bytes within one slot, for one rank pair.
 
@@ -169,6 +171,10 @@ def slice_blocks(
     slice at ``(src_rank % (src_tp // dst_tp)) * sd``. ``shard_groups`` (global widths in units,
     e.g. the q, k, v conv channels) are each sliced on their own; every block repeats for each
     outer row. Blocks adjacent on both sides are merged, so equal TP gives one whole-item block.
+
+    ``group_heads`` (declared groups, ``layouts.ConvGroup``) gives each group's heads: a group whose heads TP
+    does not divide is replicated, one head per rank (``group_range``); each destination range is written by
+    the lowest paired source holding it (``_replicable_group_blocks``).
 
     Dim 0 on both sides means replicated: equal item lengths are required; an elected source
     gets one whole-item block, a source that is not elected gets ``[]``. Dim 0 on one side only,
@@ -186,6 +192,9 @@ def slice_blocks(
         return [(0, 0, src_item_len)] if should_send_replicated(src_tp, dst_tp, src_rank) else []
     if src_dim < 0 or dst_dim < 0 or outer_count < 1:
         raise ValueError(f"dims and outer_count must be positive: {src_dim}, {dst_dim}, {outer_count}")
+    if group_heads is not None:
+        return _replicable_group_blocks(src_item_len, dst_item_len, src_dim, dst_dim, outer_count, src_tp, dst_tp,
+                                        src_rank, dst_rank, tuple(shard_groups or ()), tuple(group_heads))
     if src_dim * src_tp != dst_dim * dst_tp:
         raise ValueError(f"global dims differ: {src_dim}x{src_tp} != {dst_dim}x{dst_tp}")
     if src_item_len % (outer_count * src_dim) or dst_item_len % (outer_count * dst_dim):
@@ -209,6 +218,39 @@ def slice_blocks(
             blocks.append((o * src_row + s * unit, o * dst_row + d * unit, n * unit))
             s_start += gs
             d_start += gd
+    return _merge_adjacent(blocks)
+
+
+def _replicable_group_blocks(src_item_len: int, dst_item_len: int, src_dim: int, dst_dim: int, outer_count: int,
+                             src_tp: int, dst_tp: int, src_rank: int, dst_rank: int, groups: tuple[int, ...],
+                             heads: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``slice_blocks`` for declared groups: per group, the overlap of what the source holds with what the
+    destination holds; on aggregation a replicated range is written only by the lowest paired source that
+    holds it (writer election, as ``should_send_head`` does for KV heads)."""
+    if len(groups) != len(heads) or not groups:
+        raise ValueError(f"shard groups {groups} and group heads {heads} must pair up")
+    if sum(group_range(g, h, src_tp, 0)[1] for g, h in zip(groups, heads, strict=True)) != src_dim or \
+            sum(group_range(g, h, dst_tp, 0)[1] for g, h in zip(groups, heads, strict=True)) != dst_dim:
+        raise ValueError(f"per-rank dims {src_dim}, {dst_dim} are not the groups' shares {groups} x {heads}")
+    if src_item_len % (outer_count * src_dim) or dst_item_len % (outer_count * dst_dim):
+        raise ValueError(f"item lengths {src_item_len}, {dst_item_len} are not rows of dims {src_dim}, {dst_dim}")
+    unit = src_item_len // (outer_count * src_dim)
+    if unit != dst_item_len // (outer_count * dst_dim):
+        raise ValueError(f"unit sizes differ: {unit} vs {dst_item_len // (outer_count * dst_dim)}")
+    peers = range(src_rank) if src_tp <= dst_tp else range(dst_rank * (src_tp // dst_tp), src_rank)
+    blocks: list[tuple[int, int, int]] = []
+    for o in range(outer_count):
+        s_base = d_base = 0
+        for g, h in zip(groups, heads, strict=True):
+            s0, sn = group_range(g, h, src_tp, src_rank)
+            d0, dn = group_range(g, h, dst_tp, dst_rank)
+            lo, hi = max(s0, d0), min(s0 + sn, d0 + dn)
+            elected = src_tp <= dst_tp or all(group_range(g, h, src_tp, p) != (s0, sn) for p in peers)
+            if lo < hi and elected:
+                blocks.append((o * src_dim * unit + (s_base + lo - s0) * unit,
+                               o * dst_dim * unit + (d_base + lo - d0) * unit, (hi - lo) * unit))
+            s_base += sn
+            d_base += dn
     return _merge_adjacent(blocks)
 
 
@@ -427,12 +469,13 @@ def _blocks_for(src_rec: BufferRecord, dst_rec: BufferRecord, src: RankRegistrat
                 raise ValueError(f"head pages differ: {a.unit_bytes}B x {a.total_heads} vs {b.unit_bytes}B x {b.total_heads}")
             return head_blocks(head_bytes=a.unit_bytes, total_heads=a.total_heads, src_tp=src.shape.tp,
                                dst_tp=dst.shape.tp, src_rank=src.tp_rank, dst_rank=dst.tp_rank)
-        if a.outer_count != b.outer_count or a.shard_groups != b.shard_groups:
-            raise ValueError(f"outer counts or shard groups differ: {a.outer_count}/{a.shard_groups} vs "
-                             f"{b.outer_count}/{b.shard_groups}")
+        if a.outer_count != b.outer_count or a.shard_groups != b.shard_groups or a.group_heads != b.group_heads:
+            raise ValueError(f"outer counts or shard groups differ: {a.outer_count}/{a.shard_groups}/{a.group_heads} "
+                             f"vs {b.outer_count}/{b.shard_groups}/{b.group_heads}")
         return slice_blocks(src_item_len=a.item_bytes, dst_item_len=b.item_bytes, src_dim=a.dim, dst_dim=b.dim,
                             outer_count=a.outer_count, src_tp=src.shape.tp, dst_tp=dst.shape.tp,
-                            src_rank=src.tp_rank, dst_rank=dst.tp_rank, shard_groups=a.shard_groups)
+                            src_rank=src.tp_rank, dst_rank=dst.tp_rank, shard_groups=a.shard_groups,
+                            group_heads=a.group_heads)
     except ValueError as e:
         raise PlanError(f"{a.describe()} from {src.label()} to {dst.label()}: {e}",
                         state_type=a.state_type, layer_id=a.layer_id) from e

@@ -17,7 +17,7 @@ import hashlib
 
 import numpy as np
 
-from pdfleet_runtime.layouts import BufferSpec, EntryField, Sharding, StateType
+from pdfleet_runtime.layouts import BufferSpec, EntryField, Sharding, StateType, group_range
 
 __all__ = ["background", "logical_items", "request_lengths", "request_seed", "shard_logical"]
 
@@ -52,7 +52,8 @@ def logical_items(seed: int, spec: BufferSpec, tp: int, request: int, n_items: i
     """
     rng = _rng(seed, 11, _STATE_CODE[spec.state_type], _FIELD_CODE[spec.field], spec.layer_id, request)
     if spec.sharding is Sharding.DIM:
-        shape: tuple[int, ...] = (n_items, spec.outer_count, spec.dim * tp, spec.unit_bytes)
+        width = sum(spec.shard_groups) if spec.shard_groups else spec.dim * tp
+        shape: tuple[int, ...] = (n_items, spec.outer_count, width, spec.unit_bytes)
     elif spec.sharding is Sharding.HEADS:
         shape = (n_items, spec.total_heads, spec.unit_bytes)
     else:
@@ -71,10 +72,11 @@ def shard_logical(logical: np.ndarray, spec: BufferSpec, tp: int, tp_rank: int) 
         first = (tp_rank // max(1, tp // h)) * per
         return np.ascontiguousarray(logical[:, first : first + per]).reshape(n, -1)
     groups = spec.shard_groups or (logical.shape[2],)
+    heads = spec.group_heads or tuple(tp for _ in groups)  # undeclared groups: sharded by TP
     parts, start = [], 0
-    for g in groups:
-        w = g // tp
-        parts.append(logical[:, :, start + tp_rank * w : start + (tp_rank + 1) * w])
+    for g, h in zip(groups, heads, strict=True):
+        first, width = group_range(g, h, tp, tp_rank)
+        parts.append(logical[:, :, start + first : start + first + width])
         start += g
     return np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(n, -1)
 

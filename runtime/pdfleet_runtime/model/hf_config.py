@@ -4,7 +4,9 @@ The reference engine (docs/reference-engine.md) computes a model from a local di
 the ones that model's cache fills. So the layout comes from the config, for the families whose cache
 mapping is built (``FAMILIES``): ``llama`` (MHA/GQA KV), ``qwen3_next`` and ``qwen3_5_text`` (KV on the
 full-attention layers, Gated DeltaNet conv and recurrent state on the others), ``deepseek_v3`` (MLA latent
-plus rope key). Any size: only the fields that shape the state are read, each bounded.
+plus rope key); and, through transformers' form in ``model.forms``, ``qwen4_exp_text`` (index keys, positions,
+PLE), ``deepseek_v32`` (MLA plus index keys), ``nemotron_h`` (Mamba2 x|B|C) and ``mistral`` (sliding window).
+Any size: only the fields that shape the state are read, each bounded.
 
 A preset named beside a config must describe the same state (``layout_for_model``): every field the config
 decides (layers, layer kinds, heads and widths, MLA ranks, conv kernel, element types) is compared, and the
@@ -28,11 +30,13 @@ from pdfleet_runtime.layouts import (
     DType,
     LayerSet,
     Layout,
-    LayoutError,
     LinearAttentionConfig,
     MLAConfig,
     UnknownPresetError,
 )
+from pdfleet_runtime.model.config_values import ModelConfigError, config_dtype
+from pdfleet_runtime.model.families import model_facts
+from pdfleet_runtime.model.forms import Engine, engine_form
 
 __all__ = [
     "CONFIG_FILE",
@@ -49,24 +53,13 @@ __all__ = [
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 1 << 20
 """A config.json larger than this is refused unread (a model directory is input, and bounded)."""
-FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3")
+FAMILIES = ("llama", "qwen3_next", "qwen3_5_text", "deepseek_v3", "qwen4_exp_text", "deepseek_v32", "nemotron_h",
+            "mistral")
 """``model_type``s whose layout (and whose cache <-> pool mapping, ``rank.cache_pools``) exist."""
 DEFAULT_PAGE_SIZE = 16
 """Tokens per KV page when neither a preset nor the caller names one."""
-_DTYPES = {"float32": DType.FLOAT32, "bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16}
 _MAX_DIM = 1 << 16
 _MAX_HEADS = 4096
-
-
-class ModelConfigError(LayoutError):
-    """A config.json pdfleet cannot derive a layout from, or one that disagrees with a preset.
-
-    ``field`` names the config.json field (or the layout field, for a disagreement: both are in the message).
-    """
-
-    def __init__(self, message: str, field: str) -> None:
-        self.field = field
-        super().__init__(message)
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -107,15 +100,6 @@ def _int(config: Mapping[str, Any], name: str, *, hi: int = _MAX_DIM, default: i
     return v
 
 
-def config_dtype(config: Mapping[str, Any]) -> DType:
-    """The dtype the model computes (and keeps its cache) in: ``dtype`` (transformers 5) or ``torch_dtype``;
-    float32 when neither is set, as transformers loads it."""
-    raw = config.get("dtype", config.get("torch_dtype")) or "float32"
-    if raw not in _DTYPES:
-        raise ModelConfigError(f"config.json dtype {raw!r} is not one of {', '.join(_DTYPES)}", "dtype")
-    return _DTYPES[raw]
-
-
 def _kv_heads(config: Mapping[str, Any]) -> int:
     heads = _int(config, "num_attention_heads", hi=_MAX_HEADS)
     kv = _int(config, "num_key_value_heads", hi=_MAX_HEADS, default=heads)
@@ -151,9 +135,16 @@ def _full_attention_ids(config: Mapping[str, Any], layers: int) -> tuple[int, ..
     return tuple(i for i in range(layers) if (i + 1) % every == 0)
 
 
+_FROM_FORMS = ("qwen4_exp_text", "deepseek_v32", "nemotron_h", "mistral")
+
+
 def layout_from_config(config: Mapping[str, Any], *, page_size: int = DEFAULT_PAGE_SIZE) -> Layout:
     """The layout of the state the model of ``config`` (a parsed config.json) keeps per request."""
     fam = family(config)
+    if fam in _FROM_FORMS:  # transformers' form (model.forms): index keys, positions, PLE, Mamba2 conv groups
+        form = engine_form(model_facts(config), Engine.TRANSFORMERS, page_size=page_size)
+        assert form.layout is not None, form.missing
+        return form.layout
     layers = _int(config, "num_hidden_layers", hi=4096)
     dtype = config_dtype(config)
     common: dict[str, Any] = {"num_layers": layers, "dtype": dtype, "page_size": page_size}

@@ -163,6 +163,7 @@ class BufferModel(_Msg):
     unit_bytes: int = Field(ge=0, lt=_U32)
     shard_groups: tuple[Annotated[int, Field(ge=1, lt=_U32)], ...] | None = Field(None, max_length=16)
     total_heads: int = Field(0, ge=0, lt=_U32)
+    group_heads: tuple[Annotated[int, Field(ge=1, lt=_U32)], ...] | None = Field(None, max_length=16)
     address: Count
     count: int = Field(ge=0, lt=_U32)
 
@@ -172,12 +173,12 @@ class BufferModel(_Msg):
         return cls(state_type=s.state_type, field=s.field, layer_id=int(s.layer_id), index=s.index,
                    item_shape=s.item_shape, dtype=s.dtype, sharding=s.sharding, dim=s.dim, outer_count=s.outer_count,
                    unit_bytes=s.unit_bytes, shard_groups=s.shard_groups, total_heads=s.total_heads,
-                   address=rec.address, count=rec.count)
+                   group_heads=s.group_heads, address=rec.address, count=rec.count)
 
     def record(self) -> BufferRecord:
         spec = BufferSpec(self.state_type, self.field, LayerId(self.layer_id), self.index, self.item_shape, self.dtype,
                           self.sharding, self.dim, self.outer_count, self.unit_bytes, self.shard_groups,
-                          self.total_heads)
+                          self.total_heads, self.group_heads)
         return BufferRecord(spec, self.address, self.count)
 
 

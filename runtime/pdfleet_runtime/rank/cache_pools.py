@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pdfleet_runtime.ids import INDEX_POSITIONS_LAYER_ID
 from pdfleet_runtime.layouts import (
     AttentionKind,
     BufferSpec,
@@ -42,6 +43,7 @@ from pdfleet_runtime.layouts import (
     Layout,
     Sharding,
     StateType,
+    group_range,
     rank_buffers,
 )
 from pdfleet_runtime.model.state import RankShare
@@ -76,6 +78,10 @@ class ModelState:
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, torch.Tensor] = field(default_factory=dict)
+    extra: dict[tuple[StateType, int], torch.Tensor] = field(default_factory=dict)
+    """Qwen4-Exp's other states by (state type, layer id): index keys ``[length, heads, dim]``, positions
+    ``[length, 3]`` (layer ``ids.INDEX_POSITIONS_LAYER_ID``), PLE conv ``[(K-1) x dilation, channels]``, n-gram
+    ids ``[ngram_size - 1]``."""
 
     def equal(self, other: ModelState) -> bool:
         """Bit-for-bit the same state (tests, and the harness's cross-check)."""
@@ -83,7 +89,7 @@ class ModelState:
             return a.keys() == b.keys() and all(_eq(a[k], b[k]) for k in a)
 
         return (self.length == other.length and same(self.kv, other.kv) and same(self.conv, other.conv)
-                and same(self.recurrent, other.recurrent))
+                and same(self.recurrent, other.recurrent) and same(self.extra, other.extra))  # type: ignore[arg-type]
 
 
 def _eq(a: object, b: object) -> bool:
@@ -105,11 +111,14 @@ def state_from_cache(cache: object, layout: Layout, length: int, *, conv_lag: in
     if len(layers) != layout.num_layers:
         raise ShareError(f"the cache has {len(layers)} layers, the layout {layout.num_layers}")
     out = ModelState(length)
-    for i in layout.full_attention_layer_ids:
+    window = layout.swa.window if layout.swa is not None else None
+    swa = set(layout.swa_layer_ids)
+    for i in (*layout.full_attention_layer_ids, *layout.swa_layer_ids):
         keys, values = layers[i].keys, layers[i].values
-        if keys is None or keys.shape[-2] != length:
+        want = min(length, window) if i in swa and window is not None else length  # a window keeps its last tokens
+        if keys is None or keys.shape[-2] != want:
             raise ShareError(f"layer {i}: the cache holds {None if keys is None else keys.shape[-2]} tokens, "
-                             f"expected {length}")
+                             f"expected {want}")
         if layout.attention_kind is AttentionKind.MLA:
             out.kv[i] = (keys[0, 0].clone(), values[0, 0].clone())
         else:
@@ -120,6 +129,16 @@ def state_from_cache(cache: object, layout: Layout, length: int, *, conv_lag: in
         window = conv[0, :, 1 - conv_lag : k - conv_lag]  # the newest K-1 columns (unless lagged)
         out.conv[i] = window.transpose(0, 1).contiguous()  # [K-1, channels]
         out.recurrent[i] = rec[0].clone()
+    for i in layout.index_key_layer_ids:  # [1, S, dim] -> [S, heads, dim]
+        keys = layers[i].indexer_keys
+        out.extra[(StateType.INDEX_K, i)] = keys[0].reshape(length, -1, keys.shape[-1]).clone()
+        pos = getattr(layers[i], "indexer_position_ids", None)
+        if layout.positions is not None and pos is not None and (StateType.POSITIONS, INDEX_POSITIONS_LAYER_ID) \
+                not in out.extra:  # [3, 1, S] -> [S, 3]: request-wide, on the first indexed layer
+            out.extra[(StateType.POSITIONS, INDEX_POSITIONS_LAYER_ID)] = pos[:, 0].transpose(0, 1).contiguous()
+    for i in layout.ple_layer_ids:  # PLE conv [1, C, cols] -> [cols, C]; n-grams [1, n]
+        out.extra[(StateType.PLE_SHORT_CONV, i)] = layers[i].conv_states[1][0].transpose(0, 1).contiguous()
+        out.extra[(StateType.PLE_NGRAM, i)] = layers[i].conv_states[2][0].clone()
     return out
 
 
@@ -135,12 +154,25 @@ def cache_from_state(state: ModelState, config: object, layout: Layout) -> objec
             cache.layers[i].update(a[None, None], b[None, None])
         else:
             cache.layers[i].update(a[None], b[None])
+        if i in layout.swa_layer_ids:  # the window holds the last tokens; the position is the request's length
+            cache.layers[i].cumulative_length = state.length
     for i, conv in sorted(state.conv.items()):
         la = layout.linear_attention
         assert la is not None
         full = torch.cat([conv.new_zeros(1, conv.shape[1]), conv], 0).transpose(0, 1)  # the unread oldest column
         cache.layers[i].update_conv_state(full[None].contiguous(), conv_kernel_size=la.conv_kernel)
         cache.layers[i].update_recurrent_state(state.recurrent[i][None].clone())
+    for (st, i), t in sorted(state.extra.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
+        if st is StateType.INDEX_K:
+            cache.layers[i].update_indexer(t.reshape(1, t.shape[0], -1).clone())
+        elif st is StateType.POSITIONS:
+            first = layout.index_key_layer_ids[0]
+            cache.layers[first].indexer_position_ids = t.transpose(0, 1)[:, None].contiguous()
+        elif st is StateType.PLE_SHORT_CONV:
+            cache.layers[i].update_conv_state(t.transpose(0, 1)[None].contiguous(), state_idx=1,
+                                              conv_kernel_size=t.shape[0])
+        elif st is StateType.PLE_NGRAM:
+            cache.layers[i].update_conv_state(t[None].clone(), state_idx=2, conv_kernel_size=t.shape[0])
     return cache
 
 
@@ -154,10 +186,11 @@ def _first_head(rank: int, tp: int, heads: int) -> int:
 def _group_slices(spec: BufferSpec, tp: int, rank: int) -> list[tuple[int, int]]:
     """(start, width) in the global channel dim of each shard group's slice held by ``rank``."""
     groups = spec.shard_groups or (spec.dim * tp,)
+    heads = spec.group_heads or tuple(tp for _ in groups)  # undeclared groups (q|k|v): sharded by TP
     out, start = [], 0
-    for g in groups:
-        w = g // tp
-        out.append((start + rank * w, w))
+    for g, h in zip(groups, heads, strict=True):
+        first, w = group_range(g, h, tp, rank)  # declared groups with fewer heads than TP: replicated
+        out.append((start + first, w))
         start += g
     return out
 
@@ -165,7 +198,7 @@ def _group_slices(spec: BufferSpec, tp: int, rank: int) -> list[tuple[int, int]]
 def _logical(state: ModelState, spec: BufferSpec, layout: Layout) -> torch.Tensor:
     """The unsharded tensor one buffer holds a slice of (KV: padded per page later)."""
     layer = int(spec.layer_id)
-    if spec.state_type is StateType.KV:
+    if spec.state_type in (StateType.KV, StateType.SWA):
         if spec.field is EntryField.LATENT:
             lat, rope = state.kv[layer]
             return torch.cat([lat, rope], -1)
@@ -175,24 +208,36 @@ def _logical(state: ModelState, spec: BufferSpec, layout: Layout) -> torch.Tenso
         return state.conv[layer]
     if spec.field is EntryField.TEMPORAL:
         return state.recurrent[layer]
+    if (spec.state_type, layer) in state.extra:
+        return state.extra[(spec.state_type, layer)]
     raise ShareError(f"{spec.describe()}: the reference engine keeps no such state")
 
 
-def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: int, pages: int) -> torch.Tensor:
+def _swa_offset(layout: Layout, length: int, kept: int) -> int:
+    """Row of a window's first kept token within the request's first SWA page (pages follow positions)."""
+    assert layout.swa is not None
+    return (length - kept) - (max(0, length - layout.swa.window) // layout.page_size) * layout.page_size
+
+
+def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: int, pages: int,
+           length: int = 0) -> torch.Tensor:
     """This rank's items of one buffer: ``[items, *item_shape]``."""
     ps = layout.page_size
     if spec.sharding is Sharding.HEADS:  # full [H, S, D] -> [pages, hpr, ps, D]
         h, s, d = full.shape
         hpr = spec.item_shape[0]
         first = _first_head(rank, tp, h)
+        at = _swa_offset(layout, length, s) if spec.state_type is StateType.SWA else 0
         heads = torch.zeros(hpr, pages * ps, d, dtype=full.dtype, device=full.device)
-        heads[:, :s] = full[first : first + hpr]
+        heads[:, at : at + s] = full[first : first + hpr]
         return heads.view(hpr, pages, ps, d).transpose(0, 1)
-    if spec.state_type is StateType.KV:  # MLA latent, replicated: [S, D] -> [pages, ps, D]
-        s, d = full.shape
-        out = torch.zeros(pages * ps, d, dtype=full.dtype, device=full.device)
+    if spec.state_type is StateType.KV or spec.state_type in _PAGED_EXTRA:  # replicated per-token state:
+        s = full.shape[0]  # [S, *rest] -> [pages, ps, *rest] (MLA latent, index keys, positions)
+        out = torch.zeros(pages * ps, *full.shape[1:], dtype=full.dtype, device=full.device)
         out[:s] = full
-        return out.view(pages, ps, d)
+        return out.view(pages, ps, *full.shape[1:])
+    if spec.state_type in _SLOT_EXTRA:  # replicated per-request state: [1, *item]
+        return full[None]
     if spec.field is EntryField.CONV:  # [K-1, C] -> [1, K-1, C/tp], q | k | v each sliced
         parts = [full[:, a : a + w] for a, w in _group_slices(spec, tp, rank)]
         return torch.cat(parts, 1)[None]
@@ -200,6 +245,10 @@ def _shard(full: torch.Tensor, spec: BufferSpec, layout: Layout, tp: int, rank: 
         n = spec.item_shape[0]
         return full[rank * n : (rank + 1) * n][None]
     raise ShareError(f"{spec.describe()}: no sharding rule")
+
+
+_PAGED_EXTRA = frozenset({StateType.INDEX_K, StateType.POSITIONS})
+_SLOT_EXTRA = frozenset({StateType.PLE_SHORT_CONV, StateType.PLE_NGRAM})
 
 
 def write_share(pools: RankPools, state: ModelState, idx: RequestIndices) -> int:
@@ -217,7 +266,7 @@ def write_share(pools: RankPools, state: ModelState, idx: RequestIndices) -> int
         if full.dtype != torch_dtype(spec.dtype):
             raise ShareError(f"{spec.describe()}: the model keeps {full.dtype}, the pool holds {spec.dtype.value}; "
                              "the layout's dtype must be the model's (config.json dtype)")
-        data = _shard(full, spec, pools.layout, tp, pools.tp_rank, int(items.size))
+        data = _shard(full, spec, pools.layout, tp, pools.tp_rank, int(items.size), state.length)
         if tuple(data.shape) != (items.size, *spec.item_shape):
             raise ShareError(f"{spec.describe()}: share {tuple(data.shape)} does not fit items "
                              f"{(int(items.size), *spec.item_shape)}")
@@ -298,12 +347,21 @@ def gather_state(layout: Layout, shape: ParallelShape, shares: Iterable[RankShar
             slot = slots.setdefault(key, _Slots(spec.describe()))
             if spec.sharding is Sharding.HEADS:
                 hpr, d = spec.item_shape[0], spec.item_shape[2]
-                heads = part.transpose(0, 1).reshape(hpr, -1, d)[:, :length]
+                kept, at = length, 0
+                if spec.state_type is StateType.SWA:
+                    assert layout.swa is not None
+                    kept = min(length, layout.swa.window)
+                    at = _swa_offset(layout, length, kept)
+                heads = part.transpose(0, 1).reshape(hpr, -1, d)[:, at : at + kept]
                 first = _first_head(t, tp, spec.total_heads)
-                slot.put((spec.total_heads, length, d), heads, (slice(first, first + hpr),), heads, (t, p), first)
-            elif spec.state_type is StateType.KV:
-                lat = part.reshape(-1, spec.item_shape[-1])[:length]
+                slot.put((spec.total_heads, kept, d), heads, (slice(first, first + hpr),), heads, (t, p), first)
+            elif spec.state_type is StateType.KV or spec.state_type in _PAGED_EXTRA:
+                lat = part.reshape(-1, *spec.item_shape[1:])[:length]
+                if spec.state_type is StateType.KV:
+                    lat = lat.reshape(length, -1)
                 slot.put(tuple(lat.shape), lat, (slice(None),), lat, (t, p), 0)
+            elif spec.state_type in _SLOT_EXTRA:
+                slot.put(tuple(part[0].shape), part[0], (slice(None),), part[0], (t, p), 0)
             elif spec.field is EntryField.CONV:
                 conv = part[0]
                 width = sum(spec.shard_groups or (spec.dim * tp,))
@@ -325,11 +383,13 @@ def gather_state(layout: Layout, shape: ParallelShape, shares: Iterable[RankShar
             assert layout.mla is not None
             r = layout.mla.kv_lora_rank
             out.kv[layer] = (full[:, :r].contiguous(), full[:, r:].contiguous())
-        elif st is StateType.KV:
+        elif st in (StateType.KV, StateType.SWA):
             k, v = out.kv.get(layer, (None, None))
             out.kv[layer] = (full, v) if fld is EntryField.K else (k, full)  # type: ignore[assignment]
         elif fld is EntryField.CONV:
             out.conv[layer] = full
-        else:
+        elif fld is EntryField.TEMPORAL:
             out.recurrent[layer] = full
+        else:
+            out.extra[(st, layer)] = full
     return out

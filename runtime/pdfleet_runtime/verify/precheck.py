@@ -23,12 +23,13 @@ def check_matrix(cfg: ParityConfig) -> Rejection | None:
     """The first error the capability matrix reports for this combination, or None if admitted."""
     named = cfg.layout_name in PRESETS and PRESETS[cfg.layout_name] == cfg.layout
     backend = "mooncake" if cfg.backend == "local" else cfg.backend
-    # Capacity of the run; the GPU memory default is the matrix's own.
+    # Capacity of the run; the GPU memory default is the matrix's own. A preset's real model is never loaded
+    # here (seeded pools, or a small model), so its weights are not counted.
     def role(s: ParallelShape) -> matrix.RoleInput:
         return matrix.RoleInput(tensor=s.tp, pipeline=s.pp, max_requests=cfg.requests, kv_tokens=cfg.tokens)
 
     inp = matrix.matrix_input(cfg.layout_name if named else cfg.layout, backend, MATRIX_PROTOCOL, role(cfg.prefill),
-                              role(cfg.decode))
+                              role(cfg.decode), count_weights=False)
     verdict = matrix.evaluate(inp)
     if verdict.admitted:
         return None

@@ -38,6 +38,9 @@ QSA_MLA = replace(
     MLA, name="qsa-mla", state_types=frozenset({"kv", "qsa_pending", "qsa_compressed"}), qsa_compress_ratio=4
 )
 
+# NemotronH-like: Mamba2 x (16 heads) | B | C (2 groups each), 12 value heads, conv groups declared.
+MAMBA2 = replace(HYBRID, name="mamba2", linear_heads=(16,), conv_group_heads=(16, 2, 2), kv_heads=2)
+
 
 def inp(
     layout: LayoutFacts | None = LLAMA,
@@ -101,6 +104,11 @@ CASES: dict[str, tuple[MatrixInput, MatrixInput, str]] = {
     "linear-heads-tp": (
         inp(HYBRID, p=RoleInput(64), d=RoleInput(64)),
         inp(HYBRID, p=RoleInput(16), d=RoleInput(16)),
+        "spec.decode.parallelism.tensor",
+    ),
+    "conv-groups-tp": (
+        inp(MAMBA2, p=RoleInput(3), d=RoleInput(3)),
+        inp(MAMBA2, p=RoleInput(8), d=RoleInput(8)),
         "spec.decode.parallelism.tensor",
     ),
     "qsa-page-ratio": (
@@ -232,8 +240,29 @@ def test_all_violations_at_once() -> None:
 def test_valid_presets_are_admitted_by_their_backends() -> None:
     assert evaluate(inp(QWEN_FULL, "mooncake", p=RoleInput(4), d=RoleInput(2))).admitted
     assert evaluate(inp(HYBRID, "nixl", p=RoleInput(4), d=RoleInput(2))).admitted
-    assert evaluate(inp(MLA, "mori", p=RoleInput(8), d=RoleInput(4))).admitted
+    assert evaluate(inp(MLA, "mori", p=RoleInput(16), d=RoleInput(8))).admitted
     assert evaluate(inp(LLAMA, "mori", p=RoleInput(2, 2), d=RoleInput(2, 2))).admitted
+
+
+def test_replicated_conv_groups_need_writer_election_across_tp() -> None:
+    """B and C of 2 groups are replicated at TP 8: NIXL and MoRI cannot elect their writer across TP sizes,
+    Mooncake can; equal TP needs no election."""
+    for backend, ok in (("mooncake", True), ("nixl", False), ("mori", False)):
+        v = evaluate(inp(MAMBA2, backend, p=RoleInput(8), d=RoleInput(4)))
+        assert ("replicated conv channel groups" in " ".join(x.message for x in v.violations)) is not ok, backend
+    assert not [x for x in evaluate(inp(MAMBA2, "nixl", p=RoleInput(4), d=RoleInput(4))).violations
+                if "conv channel groups" in x.message]
+
+
+def test_weights_count_in_the_gpu_memory_rule() -> None:
+    """A preset counts the real model it stands for: Qwen3-Next-80B's ~148 GiB of bf16 weights cannot sit on one
+    141 GiB GPU at TP 1, DeepSeek-V3's ~627 GiB of FP8 weights need 8 of them; Llama-3-8B fits anywhere."""
+    v = evaluate(inp(HYBRID, "nixl", p=RoleInput(1), d=RoleInput(2)))
+    (bad,) = [x for x in v.violations if x.rule == "pool-fits-gpu"]
+    assert "prefill weights 148.4 GiB (148.4 GiB / 1) and pools" in bad.message
+    assert "126.9 GiB (90% of 141 GiB) is available" in bad.message
+    assert not evaluate(inp(MLA, "mori", p=RoleInput(8), d=RoleInput(4))).admitted
+    assert evaluate(inp(LLAMA, "mooncake", p=RoleInput(1), d=RoleInput(1))).admitted
 
 
 def test_rules_are_data_with_reasons() -> None:

@@ -57,8 +57,9 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
             assert refs == [OWNER.reference()] and refs[0]["controller"] is True
     for role, rs in ((Role.PREFILL, spec.prefill), (Role.DECODE, spec.decode)):
         pods = pods_of(actions, role)
-        assert len(pods) == rs.replicas
-        gpus = rs.parallelism.tensor * rs.parallelism.pipeline
+        nodes = rs.parallelism.nodes_per_replica  # a multi-node replica is one pod per node, in its group
+        assert len(pods) == rs.replicas * nodes
+        gpus = rs.parallelism.tensor * rs.parallelism.pipeline // nodes
         sglang = spec.engine is not None and spec.engine.kind.value in ("sglang", "vllm")  # an engine container
         for pod in pods:
             c = pod["spec"]["containers"][-1]  # the runtime (on SGLang pods the agent beside the engine)
@@ -67,7 +68,7 @@ def test_fresh_deployment_creates_every_child_owned(path: Path) -> None:
             assert [g["conditionType"] for g in pod["spec"]["readinessGates"]] == ["pdfleet.io/transfer-path"]
             assert pod["spec"]["terminationGracePeriodSeconds"] == spec.rollout.drain_timeout_seconds + 30
             assert len(pod["metadata"]["name"]) <= 63
-            assert pod["spec"]["subdomain"] == f"demo-{role.value}"
+            assert pod["spec"]["subdomain"] == f"demo-{role.value}" + ("-group" if nodes > 1 else "")
             engine_ports = [p for p in gpu_holder["ports"] if p["name"].startswith("engine-")]
             assert len(engine_ports) == (1 if sglang else gpus)  # SGLang: its HTTP port; it picks the rest
             assert any(e["name"] == "POD_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -87,7 +87,8 @@ def test_a_preset_with_state_the_model_lacks_is_refused() -> None:
 
 
 @pytest.mark.parametrize(("config", "field"), [
-    ({"model_type": "mistral", "num_hidden_layers": 2}, "model_type"),
+    ({"model_type": "falcon_h1", "num_hidden_layers": 2}, "model_type"),
+    ({"model_type": "mistral", "num_hidden_layers": 2}, "num_attention_heads"),
     ({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 64}, "num_hidden_layers"),
     ({"model_type": "llama", "num_hidden_layers": 0, "num_attention_heads": 4, "hidden_size": 64}, "num_hidden_layers"),
     ({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3,
