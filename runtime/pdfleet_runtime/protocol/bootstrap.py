@@ -141,6 +141,9 @@ class BootstrapState:
         self.admit: Callable[[TransferRequest], TransferRequest] | None = None
         """The pod's say on a request before it is accepted: the request to accept (a held room's state
         replaces the claim's fill), or ``ProtocolError`` to refuse it (``pod/rooms.py``)."""
+        self.settled: Callable[[TransferRequest, tuple[StatusReport, ...]], None] | None = None
+        """Told once per accepted request, when every source reported it terminal: the request (its kind, its
+        room) and the sources' reports, in their order (``pod/rooms.py``: a room's outcome, awaited per room)."""
 
     # ------------------------------------------------------------------ dispatch
 
@@ -397,6 +400,8 @@ class BootstrapState:
             self._unfinished -= 1
             r = p.request
             heapq.heappush(self._expiry, (p.finished + self.limits.retain_s, (r.instance, r.request_id, r.dst.pair)))
+            if self.settled is not None:
+                self.settled(r, tuple(p.reports[s] for s in p.sources))
 
     def _purge(self) -> None:
         """Drop entries finished ``retain_s`` ago or past their timeout plus ``retain_s``: only those due."""
