@@ -16,9 +16,10 @@ and connections are capped per peer and cut when idle (``http_guard``).
 Flow: prefill ranks ``PrefillRegister`` then ``PrefillPoll`` (heartbeat + events, acknowledged by
 sequence number, so a lost reply is re-sent). A decode rank says ``Hello`` (version check),
 ``DecodeRegister`` (refused as ``not_ready`` until every prefill rank registered), then per request
-``TransferRequest``; it is queued to every source rank the decode rank pairs with. Source ranks
-answer with ``StatusReports``, including ranks that send nothing; the decode rank's
-``StatusQuery`` collects them. A source rank that stops polling for ``lease_s`` is reported
+``TransferRequest`` (its ``kind`` and ``room`` say what it is for; its id is a name); it is queued to
+every source rank the decode rank pairs with, after the pod's ``admit`` hook. Source ranks answer with
+``StatusReports``, including ranks that send nothing; the decode rank's ``StatusQuery`` collects them,
+and the pod's ``settled`` hook hears of each request once every source reported it terminal. A source rank that stops polling for ``lease_s`` is reported
 ``Failed (peer_lost)`` for every request it has not finished.
 
 Draining (``drain()``): new request ids are refused with ``draining`` (a decode then tries another
