@@ -108,8 +108,8 @@ def room_error(room: int, failure: RoomFailure, ttl_s: float) -> ApiError:
             return ApiError(504, f"no decode claimed bootstrap_room {room} within {ttl_s:g}s: the room expired and its "
                             "reservation was freed", code="room_expired", param="bootstrap_room")
         case Expired(after_s=after):
-            return ApiError(504, f"the transfer of bootstrap_room {room} did not end within {after:.0f}s of its "
-                            "claim: the room expired and its reservation was freed", code="room_expired",
+            return ApiError(504, f"the transfer of bootstrap_room {room} was claimed but did not end within "
+                            f"{after:.0f}s: the room expired and its reservation was freed", code="room_expired",
                             param="bootstrap_room")
         case LegFailed(failure=kind, reason=reason):
             return ApiError(500, f"the transfer of bootstrap_room {room} failed: {kind.value}: {reason}",

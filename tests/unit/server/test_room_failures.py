@@ -22,8 +22,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from pdfleet_runtime.pod.drain import DrainPhase
-from pdfleet_runtime.pod.openai_api import WorkerApi
+from pdfleet_runtime.pod.openai_api import WorkerApi, room_error
 from pdfleet_runtime.pod.options import ServeOptions
+from pdfleet_runtime.pod.rooms import Expired
 from pdfleet_runtime.pod.routing import SyntheticResult
 from pdfleet_runtime.protocol.bootstrap import BootstrapState
 from pdfleet_runtime.protocol.discovery import Endpoint
@@ -216,3 +217,10 @@ def test_each_failure_a_decode_pull_ends_with_is_its_own_answer(failure: F) -> N
     code, body = asyncio.run(answer(pod))
     assert (code, body["error"]["code"]) == DECODE_ANSWERS[failure], body
     assert pod.pulls == [(ROOM, f"room-{ROOM}")]  # the room, typed; the id as both pods derive it
+
+
+def test_a_claimed_room_whose_legs_never_end_expires_504() -> None:
+    """Its deadline (twice the ttl plus a minute) is the table's (``test_worker_api``); the answer is its own."""
+    err = room_error(ROOM, Expired(claimed=True, after_s=80.2), 10.0)
+    assert (err.status, err.code, err.param) == (504, "room_expired", "bootstrap_room")
+    assert "was claimed but did not end within 80s" in err.message
