@@ -249,6 +249,28 @@ def test_bad_requests_are_openai_errors(tmp_path: Path, pairs: list[Pair]) -> No
     assert code == 503 and headers["Retry-After"] and json.loads(text)["error"]["code"] == "draining"
 
 
+def test_request_ids_are_opaque_names(tmp_path: Path, pairs: list[Pair]) -> None:
+    """Issue 40: a client's request named ``room-7`` or ``canary-x`` is served and counted as a request on both
+    pods (what a request is for travels as its kind, never in its id), beside a router's room request."""
+    pair = Pair(tmp_path, "mooncake")
+    pairs.append(pair)
+    pair.ready()
+
+    def requests(pod: Pod, role: str) -> float:
+        return metric(pod.metrics(), "pdfleet_transfers_total", role=role, kind="request", outcome="success")
+
+    before = requests(pair.decode, "decode"), requests(pair.prefill, "prefill")
+    for rid in ("room-7", "canary-x"):
+        code, body = pair.decode.synthetic(64, 30, requestId=rid)
+        assert code == 200 and body["ok"] and body["requestId"] == rid and body["mismatchedBytes"] == 0, body
+    client, f = pair.client(), pair.room_fields()
+    (pcode, _), comp = pair.send("/v1/completions", {"prompt": "named", **f}, lambda: client.completions.create(
+        model=MODEL, prompt="named", extra_body=f))
+    assert pcode == 200 and isinstance(comp, openai.types.Completion), comp
+    after = requests(pair.decode, "decode"), requests(pair.prefill, "prefill")
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 3), (before, after)  # tp 1: one leg per request
+
+
 def test_unclaimed_rooms_expire_and_free(tmp_path: Path, pairs: list[Pair]) -> None:
     pair = Pair(tmp_path, "mooncake")
     pairs.append(pair)

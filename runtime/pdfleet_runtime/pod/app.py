@@ -44,7 +44,7 @@ from pdfleet_runtime.protocol.discovery import (
 from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.http_guard import GuardedServer
 from pdfleet_runtime.protocol.keys import Keyring, load_secret, mounted_keys, new_rank_key
-from pdfleet_runtime.protocol.messages import WIRE, parse_wire
+from pdfleet_runtime.protocol.messages import WIRE, RequestKind, parse_wire
 from pdfleet_runtime.rank.pipe import LegReport, RankStats, StatsOp, Transport
 
 from .admin import start_admin
@@ -137,7 +137,8 @@ class PodServer:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
                 state = BootstrapState(cfg.shape, wire=wire)
-                state.admit = self.worker.rooms.admit  # claims of rooms go through the worker API's rooms
+                state.admit = self.worker.rooms.admit  # claims of rooms go through the worker API's rooms,
+                state.settled = self.worker.rooms.settle  # and so do the ends of their legs
                 codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)
                 self.bootstrap = BootstrapServer(state, codec, host=opts.bind_host, port=opts.bootstrap_port)
                 await self.bootstrap.start()
@@ -271,9 +272,9 @@ class PodServer:
     async def known_prefill(self, ep: Endpoint) -> bool:
         return await self.router.known(ep, self.resolver)
 
-    async def pull(self, ep: Endpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+    async def pull(self, ep: Endpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
                    retry_refused_s: float) -> SyntheticResult:
-        return await self.router.pull(ep, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s)
+        return await self.router.pull(ep, room, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -339,13 +340,13 @@ class PodServer:
             verify = bool(body.get("verify", True))
             if not 1 <= tokens <= self.opts.config.kv_tokens or not 0 < timeout_s <= 3600:
                 raise ValueError(f"tokens must be in 1..{self.opts.config.kv_tokens}, timeoutS in (0, 3600]")
-            if not 0 < len(rid) <= 200 or not set(rid) <= _ID_OK or rid.startswith("canary-"):
+            if not 0 < len(rid) <= 200 or not set(rid) <= _ID_OK:
                 raise ValueError(f"requestId {rid[:50]!r} is not a valid request id")
         except ApiError as e:
             return web.json_response({"error": f"bad synthetic request: {e.message}"}, status=e.status)
         except (ValueError, TypeError, AttributeError, OverflowError) as e:
             return web.json_response({"error": f"bad synthetic request: {e}"}, status=400)
-        res = await self.router.run("request", tokens, rid, seed, timeout_s, verify=verify,
+        res = await self.router.run(RequestKind.REQUEST, tokens, rid, seed, timeout_s, verify=verify,
                                     own_budget=timeout_s >= self.opts.request_timeout_s)
         status = 200 if res.ok else 503 if res.failure in NOT_THE_PATH else 409 if res.failure in CALLER_FAULT else 502
         return web.json_response(res.as_json(), status=status)
@@ -354,6 +355,7 @@ class PodServer:
 
     async def _canary_loop(self) -> None:
         n = itertools.count()
+        tag = uuid.uuid4().hex[:8]  # ids are opaque and a client's may be any: its own cannot be guessed
         o = self.opts
         while True:
             self._recheck.clear()  # first: a recheck asked for during this round starts the next one at once
@@ -370,8 +372,8 @@ class PodServer:
                 for ep in list(endpoints):
                     if not self.drain.serving:
                         break
-                    res = await self.router.run("canary", tokens, f"canary-{o.instance}-{next(n)}", 0,
-                                                o.canary_timeout_s, endpoint=ep)
+                    res = await self.router.run(RequestKind.CANARY, tokens, f"canary-{o.instance}-{tag}-{next(n)}",
+                                                0, o.canary_timeout_s, endpoint=ep)
                     canary = canary_result(res)
                     if canary is None:
                         continue  # pools full of real traffic: no verdict either way
@@ -491,9 +493,8 @@ class PodServer:
 
     def _on_report(self, rank: int, rep: LegReport) -> None:
         """A prefill rank's status of one leg: metrics, and the canary / failure facts of readiness."""
-        canary = rep.request_id.startswith("canary-")
-        self.metrics.transfer("canary" if canary else "request", rep.ok, rep.bytes, rep.write_s, rep.failure)
-        self.readiness.record_leg(rep.ok, rep.failure, rep.reason, canary=canary)
+        self.metrics.transfer(rep.kind, rep.ok, rep.bytes, rep.write_s, rep.failure)
+        self.readiness.record_leg(rep.ok, rep.failure, rep.reason, canary=rep.kind is RequestKind.CANARY)
 
     # ------------------------------------------------------------------ drain
 

@@ -228,8 +228,7 @@ class MemberServer:
         await self.link.send(GroupEvent(rank=rank, kind=kind, data=data))
 
     def _relay_report(self, local: int, rep: LegReport) -> None:
-        self.metrics.transfer("canary" if rep.request_id.startswith("canary-") else "request", rep.ok, rep.bytes,
-                              rep.write_s, rep.failure)
+        self.metrics.transfer(rep.kind, rep.ok, rep.bytes, rep.write_s, rep.failure)
         task = asyncio.get_running_loop().create_task(self._send_event(self.first + local, rep))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -18,6 +18,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
+from pdfleet_runtime.protocol.messages import RequestKind
+
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "SGLANG_INFLIGHT", "SGLANG_QUEUED", "SGLANG_RUNNING", "ServerMetrics",
            "StagedCollector", "sglang_gauges"]
 
@@ -31,7 +33,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 
 class ServerMetrics:
-    """Every metric of one pod. ``kind`` is ``request`` or ``canary`` (the readiness check's own transfers)."""
+    """Every metric of one pod. ``kind`` is ``request`` or ``canary`` (the readiness check's own transfers): the
+    request's ``RequestKind``, a room's claim counted as a request."""
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -106,11 +109,12 @@ class ServerMetrics:
     def in_flight_from(self, fn: Callable[[], float]) -> None:
         self.in_flight.labels(self.role).set_function(fn)
 
-    def transfer(self, kind: str, ok: bool, nbytes: int, seconds: float, reason: str | None = None) -> None:
-        self.transfers.labels(self.role, kind, "success" if ok else "failed").inc()
+    def transfer(self, kind: RequestKind, ok: bool, nbytes: int, seconds: float, reason: str | None = None) -> None:
+        kind_label = "canary" if kind is RequestKind.CANARY else "request"
+        self.transfers.labels(self.role, kind_label, "success" if ok else "failed").inc()
         if ok:
-            self.bytes.labels(self.role, kind).inc(nbytes)
-            self.seconds.labels(self.role, kind).observe(seconds)
+            self.bytes.labels(self.role, kind_label).inc(nbytes)
+            self.seconds.labels(self.role, kind_label).observe(seconds)
         else:
             self.failures.labels(self.role, reason or "unknown").inc()
 

@@ -5,9 +5,10 @@ SGLang's router sends one body to a prefill and a decode worker at once (``POST 
 ``bootstrap_room`` added, and returns the decode's answer. Here:
 
 - a prefill pod holds the room (``rooms.RoomTable``: the state's seed and token count, bounded in
-  count, bytes and time) until a decode's ``TransferRequest`` for ``room-<n>`` claims it (the
-  bootstrap's ``admit`` hook); its ranks fill that state and write it; the prefill answers with the
-  bytes it wrote once every leg finished (or 504 when no decode claimed the room in time);
+  count, bytes and time) until a decode's ``TransferRequest`` of kind ``room`` naming it claims it (the
+  bootstrap's ``admit`` hook); its ranks fill that state and write it; the request awaits the room's
+  typed outcome (the bootstrap's ``settled`` hook ends it once every leg did) and answers with the bytes
+  written, 500 ``transfer_failed`` naming the failure a leg reported, or 504 ``room_expired``;
 - a decode pod allocates, pulls the room's state over pdfleet's protocol from the prefill pod at
   ``bootstrap_host:bootstrap_port`` (its own bootstrap port when null), verifies every byte, and
   answers with the completion derived from the verified state (``worker_api.completion``).
@@ -50,7 +51,7 @@ from .drain import Drain
 from .launcher import RankCallError
 from .metrics import sglang_gauges
 from .options import ServeOptions
-from .rooms import RoomError, RoomTable
+from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome, RoomTable
 from .routing import SyntheticResult
 from .seeded_load import LoadMetrics
 from .worker_api import (
@@ -65,7 +66,7 @@ from .worker_api import (
     sse_chunks,
 )
 
-__all__ = ["WorkerApi", "WorkerPod", "request_items", "request_state_bytes"]
+__all__ = ["WorkerApi", "WorkerPod", "request_items", "request_state_bytes", "room_error"]
 
 log = logging.getLogger("pdfleet_runtime.server")
 ROOM_WAIT_S = 2.0
@@ -99,10 +100,26 @@ def _pool_bytes(cfg: RuntimeConfig) -> int:
     return replica_bytes(layout, cfg.peer_shape.tp, cfg.peer_shape.pp, counts)
 
 
+def room_error(room: int, failure: RoomFailure, ttl_s: float) -> ApiError:
+    """A prefill's answer to a room that ended failed, by the failure's type: expired 504 ``room_expired``, a leg's
+    failure 500 ``transfer_failed`` naming its ``FailureReason``."""
+    match failure:
+        case Expired(claimed=False):
+            return ApiError(504, f"no decode claimed bootstrap_room {room} within {ttl_s:g}s: the room expired and its "
+                            "reservation was freed", code="room_expired", param="bootstrap_room")
+        case Expired(after_s=after):
+            return ApiError(504, f"the transfer of bootstrap_room {room} was claimed but did not end within "
+                            f"{after:.0f}s: the room expired and its reservation was freed", code="room_expired",
+                            param="bootstrap_room")
+        case LegFailed(failure=kind, reason=reason):
+            return ApiError(500, f"the transfer of bootstrap_room {room} failed: {kind.value}: {reason}",
+                            code="transfer_failed")
+
+
 class WorkerPod(Protocol):
     """What the worker API asks of its pod server, and nothing more (``app.PodServer`` is one; the worker API
     never imports the app). The pod server owns the rooms' wiring: a prefill's bootstrap admits claims
-    through ``WorkerApi.rooms``."""
+    through ``WorkerApi.rooms`` and tells it of every request that ended (``RoomTable.settle``)."""
 
     @property
     def opts(self) -> ServeOptions: ...
@@ -112,7 +129,7 @@ class WorkerPod(Protocol):
 
     @property
     def bootstrap_state(self) -> BootstrapState | None:
-        """A prefill pod's bootstrap state (its pending requests and their reports); None on a decode pod."""
+        """A prefill pod's bootstrap state (its pending requests); None on a decode pod."""
 
     def ranks_up(self) -> int:
         """Rank processes of the replica up now (0 before they start)."""
@@ -132,7 +149,7 @@ class WorkerPod(Protocol):
     async def known_prefill(self, ep: PeerEndpoint) -> bool:
         """Whether ``ep`` is a prefill pod this pod's discovery names."""
 
-    async def pull(self, ep: PeerEndpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+    async def pull(self, ep: PeerEndpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
                    retry_refused_s: float) -> SyntheticResult:
         """A room's state from the prefill pod holding it, verified (``routing.RequestRouter.pull``)."""
 
@@ -146,7 +163,7 @@ class WorkerApi:
         self.role = cfg.role
         self.model = cfg.served_model_name or cfg.deployment
         self.rooms = RoomTable(max_rooms=cfg.max_concurrent_requests * 4, max_bytes=_pool_bytes(cfg),
-                               ttl_s=pod.opts.room_ttl_s)
+                               ttl_s=pod.opts.room_ttl_s, legs=cfg.peer_shape.world)
         self.running = 0
         self.queued = 0
         self.used_tokens = 0
@@ -279,40 +296,37 @@ class WorkerApi:
         except RoomError as e:
             raise ApiError(e.status, str(e), code=e.code, param="bootstrap_room",
                            retry_after=1 if e.status == 503 else None) from e
+        outcome = await self._outcome(room)
+        if outcome.failure is not None:
+            raise room_error(req.room, outcome.failure, self.rooms.ttl_s)
+        self.room_bytes.inc(outcome.moved)
+        log.info("room %d: %d tokens, %d bytes written (layout %d)", req.room, room.tokens, outcome.moved, nbytes)
+        return web.json_response(prefill_answer(req, model=self.model, moved=outcome.moved, layout_bytes=nbytes))
+
+    async def _outcome(self, room: Room) -> RoomOutcome:
+        """The room's outcome, awaited: woken when a decode claims it (from then it runs, no longer queued), when
+        it ends, and at its deadline (then the table expires it). The room is forgotten once it is answered."""
+        running = False
         self.queued += 1
-        claimed = False
         try:
-            while True:  # wait for the claim, then for every leg; the table expires unclaimed rooms
+            while room.outcome is None:
+                if room.claimed is not None and not running:
+                    running = True
+                    self.queued -= 1
+                    self.running += 1
+                    self.used_tokens += room.tokens
+                room.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(room.changed.wait(), self.rooms.remaining(room))
                 self._expire()
-                if room.done:
-                    break
-                if room.claimed is not None:
-                    if not claimed:
-                        claimed = True
-                        self.queued -= 1
-                        self.running += 1
-                        self.used_tokens += room.tokens
-                    moved, failure, finished = self._legs(room.request_id)
-                    if finished:
-                        self.rooms.finish(req.room, moved, failure)
-                        break
-                await asyncio.sleep(0.02)
+            return room.outcome
         finally:
-            if claimed:
+            if running:
                 self.running -= 1
                 self.used_tokens -= room.tokens
             else:
                 self.queued -= 1
-            self.rooms.drop(req.room)
-        if room.failure == "expired":
-            raise ApiError(504, f"no decode claimed bootstrap_room {req.room} within {self.rooms.ttl_s:g}s: the "
-                           "room expired and its reservation was freed", code="room_expired", param="bootstrap_room")
-        if room.failure:
-            raise ApiError(500, f"the transfer of bootstrap_room {req.room} failed: {room.failure}",
-                           code="transfer_failed")
-        self.room_bytes.inc(room.moved)
-        log.info("room %d: %d tokens, %d bytes written (layout %d)", req.room, room.tokens, room.moved, nbytes)
-        return web.json_response(prefill_answer(req, model=self.model, moved=room.moved, layout_bytes=nbytes))
+            self.rooms.drop(room.room)
 
     def _expire(self) -> None:
         self.rooms.expire()
@@ -320,19 +334,9 @@ class WorkerApi:
             self.expired.inc(self.rooms.expired - self._expired_seen)
             self._expired_seen = self.rooms.expired
 
-    def _legs(self, rid: str) -> tuple[int, str, bool]:
-        """(bytes written, first failure, every leg terminal) of a claimed room, from the bootstrap's reports."""
-        state = self.pod.bootstrap_state
-        assert state is not None
-        pending = [p for (_, r, _), p in state.pending.items() if r == rid]
-        want = self.pod.opts.config.peer_shape.world
-        moved = sum(rep.bytes for p in pending for rep in p.reports.values())
-        failure = next((f"{rep.failure.value}: {rep.reason}" for p in pending for rep in p.reports.values()
-                        if rep.failure is not None), "")
-        return moved, failure, len(pending) >= want and all(p.finished is not None for p in pending)
-
     async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
         o = self.pod.opts
+        assert req.room is not None
         ep = PeerEndpoint(req.host or "127.0.0.1", req.port or o.bootstrap_port)
         if not await self.pod.known_prefill(ep):
             # Never dialled: a decode sends signed messages only to prefill pods its own discovery names.
@@ -345,7 +349,7 @@ class WorkerApi:
         self._run(+1 if counted else 0, req.prompt_tokens)
         arrived = time.monotonic()
         try:  # with a declared cost the prefill holds the room once computed: wait for it as long as a request
-            res = await self.pod.pull(ep, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
+            res = await self.pod.pull(ep, req.room, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
                                       retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s)
             if res.ok:
                 self._run(0 if counted else +1, req.prompt_tokens)

@@ -2,40 +2,73 @@
 
 SGLang's router sends one body to a prefill and a decode worker at once, with a random 63-bit
 ``bootstrap_room``. The prefill pod holds the room's state description (its seed and token count,
-and the bytes they occupy) until a decode's ``TransferRequest`` for ``room-<n>`` claims it; the
+and the bytes they occupy) until a decode's ``TransferRequest`` claims it: a request of kind
+``RequestKind.ROOM`` naming it in ``TransferRequest.room`` (never read from the request's id). The
 prefill ranks then fill exactly that state (the claim's ``SyntheticFill`` is replaced by the
 room's), so the state is the prefill's, and the decode's byte check compares it with what the
 decode derived from the same body. Bounded in count, bytes (the pool capacity of the pod) and time:
 an unclaimed room expires (``expired`` counts them) and its reservation is freed.
 
-Pure: an injected clock, no I/O.
+A room ends once, with a ``RoomOutcome``: the bytes its legs moved and a typed failure (``LegFailed``:
+the ``FailureReason`` a source rank reported, or ``Expired``). It ends when every decode rank's claim
+ended (the bootstrap tells ``settle``, ``BootstrapState.settled``) or when its time ran out
+(``expire``); ``Room.changed`` wakes the one request that awaits it (the worker API).
+
+Pure but for that event: an injected clock, no I/O.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdfleet_runtime.protocol.auth import ProtocolError
-from pdfleet_runtime.protocol.messages import RefusalCode, SyntheticFill, TransferRequest
+from pdfleet_runtime.protocol.messages import (
+    RefusalCode,
+    RequestKind,
+    StatusReport,
+    SyntheticFill,
+    TransferRequest,
+)
+from pdfleet_runtime.protocol.states import FailureReason
 
-__all__ = ["ROOM_PREFIX", "Room", "RoomError", "RoomTable", "room_of", "room_request_id"]
-
-ROOM_PREFIX = "room-"
+__all__ = ["Expired", "LegFailed", "Room", "RoomError", "RoomFailure", "RoomOutcome", "RoomTable", "room_request_id"]
 
 
 def room_request_id(room: int) -> str:
-    """The transfer's request id for a room (both pods derive it from the body)."""
-    return f"{ROOM_PREFIX}{room}"
+    """The transfer's request id for a room (both pods derive it, and the state's seed, from the body): a name,
+    never parsed (a claim names its room in ``TransferRequest.room``)."""
+    return f"room-{room}"
 
 
-def room_of(request_id: str) -> int | None:
-    """The room a transfer's request id names (``room-<n>``), else None."""
-    if not request_id.startswith(ROOM_PREFIX):
-        return None
-    head = request_id[len(ROOM_PREFIX):]
-    return int(head) if head.isdigit() and len(head) <= 19 else None
+@dataclass(frozen=True)
+class Expired:
+    """The room's time ran out: no decode claimed it within the ttl (``claimed`` False), or the legs of its
+    claim did not all end within twice the ttl plus a minute."""
+
+    claimed: bool
+    after_s: float
+
+
+@dataclass(frozen=True)
+class LegFailed:
+    """A leg of the room's transfer failed: the kind and the reason a source rank (or the bootstrap) reported."""
+
+    failure: FailureReason
+    reason: str
+
+
+RoomFailure = Expired | LegFailed
+
+
+@dataclass(frozen=True)
+class RoomOutcome:
+    """How a room ended: the bytes the prefill ranks reported written for it (over its legs) and its failure."""
+
+    moved: int
+    failure: RoomFailure | None = None
 
 
 class RoomError(Exception):
@@ -59,19 +92,29 @@ class Room:
     claimant: str = ""
     """The decode instance that claimed it (its every rank may claim; another decode may not)."""
     request_id: str = ""
-    """The claiming transfer's request id (``room-<n>``: every rank of the decode claims under it)."""
+    """The claiming transfer's request id (every rank of the decode claims under the one id)."""
+    outcome: RoomOutcome | None = None
+    """How it ended; None while it waits for its claim or its legs."""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the room is claimed and when it ends (whoever awaits it clears it)."""
+    claims_ended: int = 0
+    """Decode ranks whose claim ended (every source reported its leg)."""
     moved: int = 0
-    """Bytes the prefill ranks reported written for this room (sum over legs)."""
-    done: bool = False
-    failure: str = ""
+    failed: LegFailed | None = None
+    """The first failure a leg reported."""
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
 
 
 class RoomTable:
-    """The rooms of one prefill pod (pure; the pod server owns one)."""
+    """The rooms of one prefill pod (pure; the pod server owns one). ``legs``: the decode ranks that claim each
+    room (the decode replica's ranks); a room ends when the last of their claims did."""
 
-    def __init__(self, *, max_rooms: int, max_bytes: int, ttl_s: float, max_per_source: int | None = None,
+    def __init__(self, *, max_rooms: int, max_bytes: int, ttl_s: float, legs: int, max_per_source: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_rooms, self.max_bytes, self.ttl_s, self._clock = max_rooms, max_bytes, ttl_s, clock
+        self.max_rooms, self.max_bytes, self.ttl_s, self.legs, self._clock = max_rooms, max_bytes, ttl_s, legs, clock
         self.max_per_source = max_per_source if max_per_source is not None else max(1, max_rooms // 2)
         """Unclaimed rooms one source may hold: a caller alone cannot take every room (two routers each half)."""
         self.rooms: dict[int, Room] = {}
@@ -111,6 +154,7 @@ class RoomTable:
                             f"after {self.ttl_s:g}s)", code="room_not_found", status=404)
         if r.claimed is None:
             r.claimed, r.claimant, r.request_id = self._clock(), instance, request_id
+            r.changed.set()
         elif (r.claimant, r.request_id) != (instance, request_id):
             raise RoomError(f"bootstrap_room {room} was claimed by decode {r.claimant}", code="room_conflict",
                             status=409)
@@ -118,37 +162,56 @@ class RoomTable:
 
     def admit(self, msg: TransferRequest) -> TransferRequest:
         """The bootstrap's say on a decode rank's request (``BootstrapState.admit``): a room's claim gets the
-        room's state (seed, tokens) as its fill; a refused claim is ``ProtocolError`` (``unexpected``)."""
-        n = room_of(msg.request_id)
-        if n is None:
+        room's state (seed, tokens) as its fill; a refused claim is ``ProtocolError`` (``unexpected``). Requests
+        of the other kinds pass as they are, whatever their id."""
+        if msg.kind is not RequestKind.ROOM or msg.room is None:
             return msg
         try:
-            room = self.claim(n, msg.instance, msg.request_id)
+            room = self.claim(msg.room, msg.instance, msg.request_id)
         except RoomError as e:
             raise ProtocolError(RefusalCode.UNEXPECTED, str(e)) from e
         return msg.model_copy(update={"fill": SyntheticFill(seed=room.seed, tokens=room.tokens)})
 
-    def finish(self, room: int, moved: int, failure: str = "") -> None:
-        r = self.rooms.get(room)
-        if r is not None and not r.done:
-            r.moved, r.failure, r.done = moved, failure, True
+    def settle(self, msg: TransferRequest, reports: tuple[StatusReport, ...]) -> None:
+        """``BootstrapState.settled``: one decode rank's request ended (every source reported). For a room's claim,
+        its bytes and first failure count; the room ends with the last of its ``legs`` claims."""
+        if msg.kind is not RequestKind.ROOM or msg.room is None:
+            return
+        r = self.rooms.get(msg.room)
+        if r is None or r.done or (r.claimant, r.request_id) != (msg.instance, msg.request_id):
+            return
+        r.claims_ended += 1
+        r.moved += sum(rep.bytes for rep in reports)
+        failed = next((rep for rep in reports if rep.failure is not None), None)
+        if r.failed is None and failed is not None and failed.failure is not None:
+            r.failed = LegFailed(failed.failure, failed.reason)
+        if r.claims_ended >= self.legs:
+            self._end(r, RoomOutcome(r.moved, r.failed))
 
     def drop(self, room: int) -> None:
-        """Forget a finished room (its prefill answer went out)."""
-        r = self.rooms.pop(room, None)
-        if r is not None and not r.done:
-            r.done = True
+        """Forget a room (its prefill answer went out, or its request is gone)."""
+        self.rooms.pop(room, None)
+
+    def deadline(self, r: Room) -> float:
+        """When an unended room expires: the ttl after it was held; claimed, twice the ttl plus a minute."""
+        return r.created + (self.ttl_s if r.claimed is None else 2 * self.ttl_s + 60)
+
+    def remaining(self, r: Room) -> float:
+        """Seconds until ``deadline`` (0 once it passed)."""
+        return max(0.0, self.deadline(r) - self._clock())
 
     def expire(self) -> int:
-        """Expire unclaimed rooms older than the ttl (and claimed ones stuck past twice it); how many."""
+        """End every room past its deadline (``Expired``); how many."""
         now, n = self._clock(), 0
         for r in list(self.rooms.values()):
-            if r.done:
+            if r.done or now < self.deadline(r):
                 continue
-            age = now - r.created
-            if (r.claimed is None and age > self.ttl_s) or age > 2 * self.ttl_s + 60:
-                r.done, r.failure = True, "expired"
-                if r.claimed is None:
-                    self.expired += 1
-                n += 1
+            self._end(r, RoomOutcome(r.moved, Expired(r.claimed is not None, now - r.created)))
+            if r.claimed is None:
+                self.expired += 1
+            n += 1
         return n
+
+    def _end(self, r: Room, outcome: RoomOutcome) -> None:
+        r.outcome = outcome
+        r.changed.set()

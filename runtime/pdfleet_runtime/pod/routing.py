@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdfleet_runtime.protocol.discovery import Endpoint, ResolveError, Resolver
+from pdfleet_runtime.protocol.messages import RequestKind
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.rank.pipe import TransferOp, TransferResult
 from pdfleet_runtime.seeded import request_seed
@@ -107,11 +108,11 @@ class RequestRouter:
         self.endpoints = endpoints
         self.shunned &= {str(e) for e in endpoints}
 
-    async def run(self, kind: str, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+    async def run(self, kind: RequestKind, tokens: int, request_id: str, seed: int, timeout_s: float, *,
                   verify: bool = True, endpoint: Endpoint | None = None, own_budget: bool = True) -> SyntheticResult:
-        """One request through every rank of this decode pod; tries the next prefill pod (up to 3) when one
-        refused it as draining or was unreachable before anything accepted it. ``own_budget`` False (a caller's
-        shorter ``timeout_s``): its failures are no readiness fact and shun no prefill pod."""
+        """One request (a client's or a canary) through every rank of this decode pod; tries the next prefill pod
+        (up to 3) when one refused it as draining or was unreachable before anything accepted it. ``own_budget``
+        False (a caller's shorter ``timeout_s``): its failures are no readiness fact and shun no prefill pod."""
         self.active += 1
         t0 = time.perf_counter()
         try:
@@ -119,13 +120,15 @@ class RequestRouter:
             res = SyntheticResult(request_id, False, FailureReason.NO_PEER, "no prefill pod known", 0, 0.0, 0.0, -1,
                                   None)
             for ep in candidates[:3]:
-                res = await self._through(ep, tokens, request_id, request_seed(request_id, seed), timeout_s, verify)
+                res = await self._through(ep, TransferOp(request_id, ep.host, ep.port, tokens,
+                                                         request_seed(request_id, seed), timeout_s, verify, kind=kind))
                 problem = None if res.ok else classify(res.failure, res.cause)
                 # Another prefill pod may take it when this one refused it (draining) or never answered
                 # (gone: DNS still names a deleted pod for a while) and nothing accepted it.
                 if problem is not Problem.PEER_DRAINING and not (problem is Problem.UNREACHABLE and res.released):
                     break
-                if kind == "request" and own_budget:  # tried last from now on, until a canary passes there again
+                # Tried last from now on, until a canary passes there again.
+                if kind is RequestKind.REQUEST and own_budget:
                     self.shunned.add(str(ep))
                     self._recheck.set()
                 if problem is Problem.PEER_DRAINING:
@@ -139,9 +142,9 @@ class RequestRouter:
         self._account(kind, res, tokens, own_budget=own_budget)
         return res
 
-    async def pull(self, ep: Endpoint, tokens: int, request_id: str, seed: int, timeout_s: float, *,
+    async def pull(self, ep: Endpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
                    retry_refused_s: float = 0.0) -> SyntheticResult:
-        """One request whose state a prefill pod holds (a room): from that pod only, ``seed`` as given.
+        """One request whose state a prefill pod holds (``room``): from that pod only, ``seed`` as given.
 
         The prefill may not hold the room yet when a rank claims it: each rank sends its refused claim
         again, under the same id, for ``retry_refused_s`` (``TransferOp.wait_refused_s``), so the ranks
@@ -150,14 +153,15 @@ class RequestRouter:
         self.active += 1
         t0 = time.perf_counter()
         try:
-            res = await self._through(ep, tokens, request_id, seed, timeout_s, True, wait_refused_s=retry_refused_s)
+            res = await self._through(ep, TransferOp(request_id, ep.host, ep.port, tokens, seed, timeout_s,
+                                                     wait_refused_s=retry_refused_s, kind=RequestKind.ROOM, room=room))
         finally:
             self.active -= 1
         res = dataclasses.replace(res, seconds=time.perf_counter() - t0)
-        self._account("request", res, tokens)
+        self._account(RequestKind.ROOM, res, tokens)
         return res
 
-    def _account(self, kind: str, res: SyntheticResult, tokens: int, *, own_budget: bool = True) -> None:
+    def _account(self, kind: RequestKind, res: SyntheticResult, tokens: int, *, own_budget: bool = True) -> None:
         """Metrics, and (requests) the readiness fact. ``own_budget`` False: the caller chose a shorter budget
         than the pod's, so a failure may be the caller's deadline, not the path: no readiness fact."""
         seconds, request_id = res.seconds, res.request_id
@@ -166,20 +170,20 @@ class RequestRouter:
             self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure)
         if res.mismatched > 0:
             self.metrics.mismatched.inc(res.mismatched)
-        if kind == "request" and said and (res.ok or own_budget):
+        if kind is not RequestKind.CANARY and said and (res.ok or own_budget):
             self.readiness.record_transfer(res.ok, res.reason)
             if not res.ok:
                 self._recheck.set()
-        log.info("request %s (%s, %d tokens) via prefill %s: %s%s, %d bytes in %.4fs", request_id, kind, tokens,
+        log.info("request %s (%s, %d tokens) via prefill %s: %s%s, %d bytes in %.4fs", request_id,
+                 "canary" if kind is RequestKind.CANARY else "request", tokens,
                  res.prefill, "success" if res.ok else "failed", "" if res.ok else f" ({res.failure}: {res.reason})",
                  res.bytes, seconds)
 
-    async def _through(self, ep: Endpoint, tokens: int, rid: str, seed: int, timeout_s: float,
-                       verify: bool, *, wait_refused_s: float = 0.0) -> SyntheticResult:
+    async def _through(self, ep: Endpoint, op: TransferOp) -> SyntheticResult:
         assert self.launcher is not None
-        op = TransferOp(rid, ep.host, ep.port, tokens, seed, timeout_s, verify, wait_refused_s)
+        rid = op.request_id
         try:
-            outs = [o for o in await self.launcher.call_all(op, timeout_s=timeout_s + 30.0)
+            outs = [o for o in await self.launcher.call_all(op, timeout_s=op.timeout_s + 30.0)
                     if isinstance(o, TransferResult)]
         except RankCallError as e:
             return SyntheticResult(rid, False, e.failure, str(e), 0, 0.0, 0.0, -1, str(ep))

@@ -5,7 +5,8 @@ answer with the same code the pods run. docs/runtime-server.md gives the derivat
 
 - prompt tokens: ``len(input_ids)`` when given, else ``max(1, ceil(utf8_bytes(text) / 4))`` (no
   tokenizer ships here); chat text is ``"role: content"`` per message joined by newlines;
-- the state's seed: ``request_seed("room-<bootstrap_room>", prompt_key)`` with ``prompt_key`` the
+- the state's seed: ``request_seed("room-<bootstrap_room>", prompt_key)`` (``rooms.room_request_id``, also the
+  transfer's request id: a name, never parsed) with ``prompt_key`` the
   first 63 bits of sha256 over the prompt (the ids as comma-separated decimals, or the text), so a
   prefill and a decode that got different bodies disagree on the bytes and the byte check fails;
 - the completion: ``natural = 4 + seed % 29`` tokens, ``n = min(max_tokens, natural)``; token ``i``

@@ -16,9 +16,10 @@ and connections are capped per peer and cut when idle (``http_guard``).
 Flow: prefill ranks ``PrefillRegister`` then ``PrefillPoll`` (heartbeat + events, acknowledged by
 sequence number, so a lost reply is re-sent). A decode rank says ``Hello`` (version check),
 ``DecodeRegister`` (refused as ``not_ready`` until every prefill rank registered), then per request
-``TransferRequest``; it is queued to every source rank the decode rank pairs with. Source ranks
-answer with ``StatusReports``, including ranks that send nothing; the decode rank's
-``StatusQuery`` collects them. A source rank that stops polling for ``lease_s`` is reported
+``TransferRequest`` (its ``kind`` and ``room`` say what it is for; its id is a name); it is queued to
+every source rank the decode rank pairs with, after the pod's ``admit`` hook. Source ranks answer with
+``StatusReports``, including ranks that send nothing; the decode rank's ``StatusQuery`` collects them,
+and the pod's ``settled`` hook hears of each request once every source reported it terminal. A source rank that stops polling for ``lease_s`` is reported
 ``Failed (peer_lost)`` for every request it has not finished.
 
 Draining (``drain()``): new request ids are refused with ``draining`` (a decode then tries another
@@ -141,6 +142,9 @@ class BootstrapState:
         self.admit: Callable[[TransferRequest], TransferRequest] | None = None
         """The pod's say on a request before it is accepted: the request to accept (a held room's state
         replaces the claim's fill), or ``ProtocolError`` to refuse it (``pod/rooms.py``)."""
+        self.settled: Callable[[TransferRequest, tuple[StatusReport, ...]], None] | None = None
+        """Told once per accepted request, when every source reported it terminal: the request (its kind, its
+        room) and the sources' reports, in their order (``pod/rooms.py``: a room's outcome, awaited per room)."""
 
     # ------------------------------------------------------------------ dispatch
 
@@ -397,6 +401,8 @@ class BootstrapState:
             self._unfinished -= 1
             r = p.request
             heapq.heappush(self._expiry, (p.finished + self.limits.retain_s, (r.instance, r.request_id, r.dst.pair)))
+            if self.settled is not None:
+                self.settled(r, tuple(p.reports[s] for s in p.sources))
 
     def _purge(self) -> None:
         """Drop entries finished ``retain_s`` ago or past their timeout plus ``retain_s``: only those due."""

@@ -55,6 +55,7 @@ from .messages import (
     RankKey,
     RankModel,
     RefusalCode,
+    RequestKind,
     Role,
     StagingModel,
     StatusQuery,
@@ -294,10 +295,12 @@ class DecodeRank:
 
     async def transfer(self, request_id: str, indices: RequestIndices, *,
                        timeout_s: float | None = None, fill: SyntheticFill | None = None,
-                       staged_bytes: int = 0, wait_refused_s: float = 0.0) -> TransferOutcome:
+                       staged_bytes: int = 0, wait_refused_s: float = 0.0,
+                       kind: RequestKind = RequestKind.REQUEST, room: int | None = None) -> TransferOutcome:
         """Move one request's state into this rank's items ``indices``; never raises for a failed transfer.
 
         ``fill`` makes it a synthetic request: the prefill makes seeded state instead of a scheduler's.
+        ``kind`` and ``room`` say what it is for (``RequestKind``; ``room`` claims a room the pod holds).
         ``staged_bytes``: the bytes the request brings to this rank (the staged path's size test).
         ``wait_refused_s``: a plain refusal of the request itself (not draining; the pod changed nothing,
         e.g. it holds no room for it yet) is sent again, with the same id, for that long. Each rank
@@ -331,7 +334,7 @@ class DecodeRank:
             refused_until = t0 + min(wait_refused_s, budget)
             attempt = 0
             while True:
-                req = TransferRequest(request_id=request_id, instance=self.instance,
+                req = TransferRequest(request_id=request_id, kind=kind, room=room, instance=self.instance,
                                       dst=RankKey(tp=self.me[0], pp=self.me[1]), indices=idx,
                                       timeout_s=max(0.001, deadline - self._clock()), fill=fill, lanes=lanes)
                 earlier, sent = sent, True  # from here a source may write, even if the reply is lost

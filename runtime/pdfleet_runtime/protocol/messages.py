@@ -57,6 +57,7 @@ __all__ = [
     "Recipient",
     "Refusal",
     "RefusalCode",
+    "RequestKind",
     "Role",
     "StagingModel",
     "StatusQuery",
@@ -333,11 +334,28 @@ class PromptFill(_Msg):
     prompt: tuple[Annotated[int, Field(ge=0, lt=2**31)], ...] = Field(min_length=1, max_length=1 << 16)
 
 
+class RequestKind(StrEnum):
+    """What a request is for, said by the decode that sends it: the prefill pod counts, judges and serves a
+    request by its kind, never by its id (ids are opaque names)."""
+
+    REQUEST = "request"
+    """A client's synthetic request (``POST /v1/synthetic``): the decode pod's fill, verified."""
+    CANARY = "canary"
+    """The decode pod's own check of a prefill pod: readiness on both sides, the ``canary`` metric label."""
+    ROOM = "room"
+    """A worker request (the router's ``bootstrap_room``): it claims the room the prefill pod holds, whose state
+    replaces the claim's fill; ``TransferRequest.room`` names it."""
+
+
 class TransferRequest(_Msg):
     """Per request: the decode rank's destination indices; every source rank it pairs with answers."""
 
     type: Literal["transfer_request"] = "transfer_request"
     request_id: RequestId
+    kind: RequestKind = RequestKind.REQUEST
+    """Wire 1.1 (a 1.0 decode's requests are plain requests)."""
+    room: int | None = Field(None, ge=0, lt=2**63)
+    """The room a ``ROOM`` request claims (the router's ``bootstrap_room``); None for the other kinds."""
     instance: Name
     dst: RankKey
     indices: IndicesModel
@@ -346,6 +364,12 @@ class TransferRequest(_Msg):
     """Set for synthetic and prompt requests only: there is no local scheduler, the prefill rank makes the state."""
     lanes: tuple[Annotated[int, Field(ge=0, lt=64)], ...] = Field((), max_length=1024)
     """Staged path: the decode's staging lane of each of its sources, in their order; empty: direct writes."""
+
+    @model_validator(mode="after")
+    def _room_of_a_room_request(self) -> TransferRequest:
+        if (self.room is not None) != (self.kind is RequestKind.ROOM):
+            raise ValueError(f"a {self.kind.value} request {'needs' if self.room is None else 'names no'} room")
+        return self
 
 
 class Cancel(_Msg):

@@ -160,7 +160,7 @@ class PrefillRank:
                  release: Callable[[str], None] | None = None,
                  before_write: Callable[[str], Awaitable[None]] | None = None,
                  synthetic: Callable[[str, SyntheticFill | PromptFill], Awaitable[RequestIndices]] | None = None,
-                 on_report: Callable[[StatusReport], None] | None = None,
+                 on_report: Callable[[TransferRequest, StatusReport], None] | None = None,
                  first_token: Callable[[str], int | None] | None = None,
                  staging: PrefillStaging | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -641,7 +641,7 @@ class PrefillRank:
         self._outbox.append(leg.report)
         self._outbox_event.set()
         if self._on_report is not None:
-            self._on_report(leg.report)
+            self._on_report(m, leg.report)
 
     def _fence(self, leg: _Leg) -> None:
         """The write to this leg's destination has returned: confirm a status that was sent unfenced."""

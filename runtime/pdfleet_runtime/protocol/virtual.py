@@ -16,7 +16,15 @@ from pdfleet_runtime.ids import RowId, SlotId
 from pdfleet_runtime.layouts import PRESETS, Layout
 from pdfleet_runtime.records import ParallelShape, RegionRecord, RequestIndices, virtual_registration
 
-from .messages import DecodeRegister, IndicesModel, PrefillRegister, RankKey, RankModel, TransferRequest
+from .messages import (
+    DecodeRegister,
+    IndicesModel,
+    PrefillRegister,
+    RankKey,
+    RankModel,
+    RequestKind,
+    TransferRequest,
+)
 
 __all__ = ["decode_register", "engine_info", "prefill_register", "transfer_request"]
 
@@ -40,6 +48,7 @@ def decode_register(shape: ParallelShape, tp: int, pp: int, instance: str = "dec
                           engine=engine_info(name or f"d{tp}{pp}", reg.region.address))
 
 
-def transfer_request(rid: str, tp: int = 0, pp: int = 0, instance: str = "dec") -> TransferRequest:
-    return TransferRequest(request_id=rid, instance=instance, dst=RankKey(tp=tp, pp=pp),
+def transfer_request(rid: str, tp: int = 0, pp: int = 0, instance: str = "dec", *,
+                     kind: RequestKind = RequestKind.REQUEST, room: int | None = None) -> TransferRequest:
+    return TransferRequest(request_id=rid, kind=kind, room=room, instance=instance, dst=RankKey(tp=tp, pp=pp),
                            indices=IndicesModel.of(RequestIndices(np.array([0, 1]), np.array([], dtype=np.int64), SlotId(0), RowId(0))), timeout_s=10.0)

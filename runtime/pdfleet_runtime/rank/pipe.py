@@ -21,7 +21,7 @@ from typing import Any
 
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.model.state import ModelFault, RankShare
-from pdfleet_runtime.protocol.messages import StatusReport
+from pdfleet_runtime.protocol.messages import RequestKind, StatusReport
 from pdfleet_runtime.protocol.states import FailureReason, RequestState
 
 __all__ = [
@@ -122,7 +122,10 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class TransferOp:
-    """Decode: one synthetic request into this rank (allocate, transfer, verify every byte, free)."""
+    """Decode: one synthetic request into this rank (allocate, transfer, verify every byte, free).
+
+    ``kind`` and ``room`` go on the wire as they are (``TransferRequest``): the prefill pod tells a canary and a
+    room's claim from a client's request by them, never by ``request_id``."""
 
     request_id: str
     host: str
@@ -136,6 +139,9 @@ class TransferOp:
     prompt: tuple[int, ...] = ()
     """A reference-engine request (``tokens`` == its length): the prefill computes the model's state; the decode
     answers its share of it (``TransferResult.share``) instead of checking seeded bytes."""
+    kind: RequestKind = field(kw_only=True)
+    room: int | None = field(default=None, kw_only=True)
+    """The room a ``RequestKind.ROOM`` request claims."""
 
 
 @dataclass(frozen=True)
@@ -331,7 +337,10 @@ class Reply:
 
 @dataclass(frozen=True)
 class LegReport(RequestOutcome):
-    """A prefill rank's status of one leg of a request (what it sent the decode)."""
+    """A prefill rank's status of one leg of a request (what it sent the decode), and the request's kind (metrics
+    and readiness count canaries apart)."""
+
+    kind: RequestKind = field(kw_only=True)
 
 
 @dataclass(frozen=True)

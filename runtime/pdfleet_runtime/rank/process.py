@@ -34,7 +34,7 @@ from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.keys import mounted_keys
-from pdfleet_runtime.protocol.messages import StatusReport
+from pdfleet_runtime.protocol.messages import StatusReport, TransferRequest
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import RequestState, StateTimeouts
 from pdfleet_runtime.rank.faults import UngroupedConvPools
@@ -218,11 +218,12 @@ class _Rank:
         finally:
             await client.close()
 
-    def _on_report(self, r: StatusReport) -> None:
+    def _on_report(self, req: TransferRequest, r: StatusReport) -> None:
         log.info("request %s -> %s%s: %s%s, %d bytes in %.4fs", r.request_id, r.instance, list(r.dst.pair),
                  r.state.value, f" ({r.failure.value}: {r.reason})" if r.failure else "", r.bytes, r.write_seconds)
         with contextlib.suppress(OSError):
-            self.conn.send(pipe.LegReport(r.request_id, r.state, r.failure, r.reason, r.bytes, r.write_seconds))
+            self.conn.send(pipe.LegReport(r.request_id, r.state, r.failure, r.reason, r.bytes, r.write_seconds,
+                                          kind=req.kind))
 
     # ------------------------------------------------------------------ decode
 

@@ -240,7 +240,7 @@ class DecodeRequests(_Items):
             out = await self._coord(Endpoint(op.host, op.port)).transfer(
                 request_id, idx, timeout_s=op.timeout_s, fill=fill,
                 staged_bytes=request_bytes(self.pools, idx) if self.staging is not None else 0,
-                wait_refused_s=op.wait_refused_s)
+                wait_refused_s=op.wait_refused_s, kind=op.kind, room=op.room)
         except BaseException:
             # Only cancellation reaches here (the rank is stopping): nothing may still write into items
             # that go with the process, and a coordinator that never ran gives nothing back.

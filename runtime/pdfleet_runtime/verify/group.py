@@ -34,6 +34,7 @@ from pdfleet_runtime.pod.launcher import RankLauncher
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapLimits, BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import Endpoint
+from pdfleet_runtime.protocol.messages import RequestKind
 from pdfleet_runtime.protocol.states import RequestState
 from pdfleet_runtime.rank.pipe import (
     ArenaCheck,
@@ -181,7 +182,8 @@ class CasePods:
         ep, seed = self.endpoint, self.case.seed
         ranks = range(len(self.decode.handles))
         out = await asyncio.gather(*(
-            self.decode.call(i, TransferOp(rid, ep.host, ep.port, n, request_seed(rid, seed), t),
+            self.decode.call(i, TransferOp(rid, ep.host, ep.port, n, request_seed(rid, seed), t,
+                                              kind=RequestKind.REQUEST),
                              timeout_s=t + CALL_MARGIN_S) for i in ranks for rid, n in requests))
         per = len(requests)
         return [[_of(TransferResult, r) for r in out[i * per : (i + 1) * per]] for i in ranks]

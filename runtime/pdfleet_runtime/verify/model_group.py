@@ -46,6 +46,7 @@ from pdfleet_runtime.pod.options import ServeOptions
 from pdfleet_runtime.protocol.discovery import Endpoint
 from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.keys import load_secret, mounted_keys
+from pdfleet_runtime.protocol.messages import RequestKind
 from pdfleet_runtime.rank.model_runner import Generation, ModelRunner
 from pdfleet_runtime.rank.pipe import (
     FaultOptions,
@@ -154,7 +155,7 @@ class ModelPods(CasePods):
         t0 = time.perf_counter()
         results = [_of(TransferResult, r) for r in await asyncio.gather(*(
             self.decode.call(i, TransferOp(name, ep.host, ep.port, len(prompt), request_seed(name), timeout_s,
-                                           prompt=prompt), timeout_s=timeout_s + CALL_MARGIN_S)
+                                           prompt=prompt, kind=RequestKind.REQUEST), timeout_s=timeout_s + CALL_MARGIN_S)
             for i in range(self.spec.decode.world)))]
         moved = time.perf_counter() - t0
         failed = [r for r in results if not r.ok]

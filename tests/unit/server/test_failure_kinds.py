@@ -36,7 +36,7 @@ from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapLimits, BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.discovery import Endpoint
-from pdfleet_runtime.protocol.messages import StatusReport, SyntheticFill
+from pdfleet_runtime.protocol.messages import RequestKind, StatusReport, SyntheticFill
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason as F
 from pdfleet_runtime.rank.pipe import FaultOptions, RankSpec, TransferOp, TransferResult
@@ -136,7 +136,7 @@ def run(setup: Setup, body: Callable[[Pod], Awaitable[None]]) -> None:
         engine = FailingWrites(engines[0][0]) if setup.failing_writes else engines[0][0]
         prefill = PrefillRank(src.registration(), engine, engines[0][1], BootstrapClient(ep, Codec(SECRET, "p", rank_key=RANK_KEY)),
                               settings=PrefillSettings(poll_wait_s=0.1, write_timeout_s=5.0),
-                              release=source.release, synthetic=fill, on_report=reports.append)
+                              release=source.release, synthetic=fill, on_report=lambda _, rep: reports.append(rep))
         spec = RankSpec(config("decode"), 0, 0, SECRET, "dec", "127.0.0.1", ("127.0.0.1", 0),
                         request_timeout_s=setup.timeout_s, write_timeout_s=5.0, fence_timeout_s=6.0,
                         faults=setup.faults)
@@ -165,7 +165,7 @@ def run(setup: Setup, body: Callable[[Pod], Awaitable[None]]) -> None:
 
 async def canary(pod: Pod, rid: str, setup: Setup) -> tuple[SyntheticResult, Problem | None]:
     """One canary as the canary loop runs it: the pod's answer and the verdict it leaves (None: no verdict)."""
-    res = await pod.router.run("canary", setup.tokens, rid, 0, setup.timeout_s, endpoint=pod.endpoint)
+    res = await pod.router.run(RequestKind.CANARY, setup.tokens, rid, 0, setup.timeout_s, endpoint=pod.endpoint)
     verdict = canary_result(res)
     if verdict is None:
         return res, None
@@ -265,12 +265,12 @@ def test_no_peer_and_a_conflicting_request_id() -> None:
     setup = Setup(fill_delay_s=0.5)
 
     async def body(pod: Pod) -> None:
-        alone = await pod.router.run("request", TOKENS, "r-none", 0, 5.0)  # discovery found nobody
+        alone = await pod.router.run(RequestKind.REQUEST, TOKENS, "r-none", 0, 5.0)  # discovery found nobody
         assert alone.failure is F.NO_PEER and status(alone) == 503
         assert pod.readiness.failed_in_row == 0  # not the path: no readiness fact
         pod.router.found([pod.endpoint])
-        first, second = await asyncio.gather(pod.router.run("request", TOKENS, "r-same", 0, 5.0),
-                                             pod.router.run("request", TOKENS, "r-same", 0, 5.0))
+        first, second = await asyncio.gather(pod.router.run(RequestKind.REQUEST, TOKENS, "r-same", 0, 5.0),
+                                             pod.router.run(RequestKind.REQUEST, TOKENS, "r-same", 0, 5.0))
         assert sorted([first.ok, second.ok]) == [False, True], (first, second)
         clash = second if first.ok else first
         assert clash.failure is F.CONFLICT and status(clash) == 409
@@ -287,15 +287,15 @@ def test_a_request_id_sent_again_after_it_ended_is_refused_and_holds_nothing() -
         pod.router.found([pod.endpoint])
         free = pod.work.free()
         for i in range(4):
-            first = await pod.router.run("request", TOKENS, f"room-{i}", 0, 5.0)
+            first = await pod.router.run(RequestKind.REQUEST, TOKENS, f"room-{i}", 0, 5.0)
             assert first.ok, first
-            again = await pod.router.run("request", TOKENS, f"room-{i}", 0, 5.0)
+            again = await pod.router.run(RequestKind.REQUEST, TOKENS, f"room-{i}", 0, 5.0)
             assert again.failure is F.CONFLICT and status(again) == 409, again
             assert "send a new id" in again.reason
         assert pod.work.held == {} and pod.work.free() == free  # every item back: nothing leaked
         assert pod.work.held_by() == {"running": 0, "fencing": 0, "orphaned": 0}
         assert pod.readiness.failed_in_row == 0
-        ok = await pod.router.run("request", TOKENS, "room-new", 0, 5.0)  # the rank still serves
+        ok = await pod.router.run(RequestKind.REQUEST, TOKENS, "room-new", 0, 5.0)  # the rank still serves
         assert ok.ok, ok
 
     run(Setup(), body)

@@ -1,4 +1,5 @@
-"""The ranks of one decode claim a room the prefill holds only between their claims (a group's race).
+"""The ranks of one decode claim a room the prefill holds only between their claims (a group's race), and the
+room ends with their legs.
 
 SGLang's router sends the body to the prefill and the decode at once, so a decode rank's claim may
 reach the prefill before it holds the room; in a replica group the member's ranks claim later (the
@@ -6,7 +7,8 @@ relay hop). Real parts: the prefill pod's ``BootstrapServer`` on 127.0.0.1 with 
 the admit, one ``PrefillRank`` filling from ``SyntheticSource``, two decode ranks' ``DecodeRequests``
 (tp 2) and the decode pod's ``RequestRouter.pull``, the ``local`` engine. One stand-in: ``OneDecode``
 plays the launcher (``GroupRanks``): it runs one rank's op at once and the other's once the first was
-refused and the room is held, so the race happens every time, in either order.
+refused and the room is held, so the race happens every time, in either order. The room's outcome is set by
+the bootstrap's ``settled`` hook once both claims ended, with the bytes both moved.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pdfleet_runtime.engines import EngineConfig, create_engine
 from pdfleet_runtime.layouts import PRESETS
 from pdfleet_runtime.pod.metrics import ServerMetrics
 from pdfleet_runtime.pod.readiness import Readiness
-from pdfleet_runtime.pod.rooms import RoomError, RoomTable, room_request_id
+from pdfleet_runtime.pod.rooms import RoomError, RoomOutcome, RoomTable, room_request_id
 from pdfleet_runtime.pod.routing import RequestRouter
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec, ProtocolError
@@ -62,7 +64,7 @@ def test_a_claim_before_the_hold_and_one_after_it_both_take_the_room(early: int)
     async def main() -> None:
         server = BootstrapServer(BootstrapState(ParallelShape(1)), Codec(SECRET, "pod", rank_key=RANK_KEY))
         ep = await server.start()
-        table = RoomTable(max_rooms=4, max_bytes=1 << 30, ttl_s=30.0)
+        table = RoomTable(max_rooms=4, max_bytes=1 << 30, ttl_s=30.0, legs=2)
         refused, held = asyncio.Event(), asyncio.Event()
         claims: list[tuple[int, str, bool]] = []
 
@@ -77,6 +79,7 @@ def test_a_claim_before_the_hold_and_one_after_it_both_take_the_room(early: int)
             return out
 
         server.state.admit = admit
+        server.state.settled = table.settle
         src = RankPools(LAYOUT, ParallelShape(1), 0, 0, Capacity(2, 512))
         dsts = [RankPools(LAYOUT, ParallelShape(2), tp, 0, Capacity(2, 512)) for tp in (0, 1)]
         regs = []
@@ -104,7 +107,7 @@ def test_a_claim_before_the_hold_and_one_after_it_both_take_the_room(early: int)
             for w in works:  # handshakes first: the early rank's claim goes out at once
                 await w._coord(ep).connect(timeout_s=5.0)
             rid = room_request_id(ROOM)
-            pull = asyncio.create_task(router.pull(ep, TOKENS, rid, SEED, 10.0, retry_refused_s=2.0))
+            pull = asyncio.create_task(router.pull(ep, ROOM, TOKENS, rid, SEED, 10.0, retry_refused_s=2.0))
             await asyncio.wait_for(refused.wait(), 10)
             room = table.hold(ROOM, SEED, TOKENS, 1)  # the prefill's body arrives between the two claims
             held.set()
@@ -117,6 +120,9 @@ def test_a_claim_before_the_hold_and_one_after_it_both_take_the_room(early: int)
             assert sorted(tp for tp, _, ok in claims if ok) == [0, 1], claims  # each rank accepted once
             assert res.bytes == sum(r.bytes for r in launcher.results) > 0
             assert sorted(k[2] for k in server.state.pending if k[1] == rid) == [(0, 0), (1, 0)]
+            assert {p.request.room for p in server.state.pending.values()} == {ROOM}  # the claims' room, typed
+            # The decode learns of each leg from the bootstrap, which ended the room with the last one.
+            assert room.outcome == RoomOutcome(res.bytes), room.outcome
             with pytest.raises(RoomError) as e:  # another decode still cannot claim it
                 table.claim(ROOM, "other", rid)
             assert e.value.code == "room_conflict"

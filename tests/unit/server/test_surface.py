@@ -19,6 +19,7 @@ from pdfleet_runtime.pod.metrics import ServerMetrics
 from pdfleet_runtime.pod.options import OptionsError, ServeOptions, parse_addresses
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
+from pdfleet_runtime.protocol.messages import RequestKind
 from pdfleet_runtime.rank.synthetic import (
     corrupt_request,
     fill_request,
@@ -120,12 +121,15 @@ def test_no_gate_is_written_without_a_pod_name_a_cluster_or_when_disabled(tmp_pa
 def test_metrics_render_in_the_text_format_and_count() -> None:
     m = ServerMetrics("decode")
     m.in_flight_from(lambda: 2.0)
-    m.transfer("request", True, 1000, 0.02)
-    m.transfer("request", False, 0, 0.0, "source_failed")
+    m.transfer(RequestKind.REQUEST, True, 1000, 0.02)
+    m.transfer(RequestKind.ROOM, False, 0, 0.0, "source_failed")  # a room's claim counts as a request
+    m.transfer(RequestKind.CANARY, True, 10, 0.01)
     fams = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
     assert samples[("pdfleet_transfers_total", (("kind", "request"), ("outcome", "success"), ("role", "decode")))] == 1
     assert samples[("pdfleet_transfer_bytes_total", (("kind", "request"), ("role", "decode")))] == 1000
+    assert samples[("pdfleet_transfers_total", (("kind", "request"), ("outcome", "failed"), ("role", "decode")))] == 1
+    assert samples[("pdfleet_transfer_bytes_total", (("kind", "canary"), ("role", "decode")))] == 10
     assert samples[("pdfleet_transfer_failures_total", (("reason", "source_failed"), ("role", "decode")))] == 1
     assert samples[("pdfleet_transfers_in_flight", (("role", "decode"),))] == 2.0
     assert fams["pdfleet_transfer_seconds"].type == "histogram"
