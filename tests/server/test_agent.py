@@ -113,7 +113,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pod, Pod
                   args=(*STAND_IN, "--fault-write-delay", str(WRITE_DELAY_S)))
     decode = Pod(tmp, "engine-decode", config("decode", requests=8).model_copy(update=cfg),
                  args=(*STAND_IN, "--canary-period", "3600", "--retry-period", "3600", "--request-timeout", "30"),
-                 env={"PDFLEET_PREFILL_ADDRESSES": "127.0.0.1:1"})  # its own canary is not the pod's: the agent's is
+                 # The stand-in engine dials only prefill pods its discovery names (as the router's bootstrap
+                 # addresses are checked); its own canary is off (an hour apart): the pod's verdict is the agent's.
+                 env={"PDFLEET_PREFILL_ADDRESSES": prefill.bootstrap})
     prefill.start()
     decode.start()
     try:

@@ -485,6 +485,8 @@ class DecodeRank:
         if not sent or (sources and all(_fenced(reports.get(s)) for s in sources)):
             self.fenced["at_once"] += 1
             self._do_release(request_id)
+            if not sent:  # the id never left this rank: the pod may send it to another prefill pod (failover)
+                self.tracker.forget(request_id)
             return
         task = asyncio.get_running_loop().create_task(
             self._fence(link if cancelled else None, request_id, sources, self._clock() + self.fence_timeout_s(link)))

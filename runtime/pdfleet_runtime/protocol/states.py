@@ -208,6 +208,12 @@ class RequestTracker:
                 out.append(rec)
         return out
 
+    def forget(self, request_id: str) -> None:
+        """Drop an ended request's record at once, so its id may start again (one that never reached a peer)."""
+        if not self.get(request_id).state.terminal:
+            raise IllegalTransition(f"request {request_id!r} has not ended; only an ended request is forgotten")
+        del self._records[request_id]
+
     def purge(self) -> list[str]:
         """Drop terminal records older than ``retain_s``."""
         now = self._purged_at = self._clock()

@@ -103,6 +103,19 @@ def test_terminal_records_are_purged_after_retention_and_the_tracker_is_bounded(
         t.start("c")
 
 
+def test_only_an_ended_request_is_forgotten_and_its_id_may_start_again() -> None:
+    t = tracker(FakeClock())
+    t.start("r")
+    with pytest.raises(IllegalTransition):
+        t.forget("r")  # in flight: kept
+    t.fail("r", FailureReason.PEER_UNREACHABLE, "no connection")
+    with pytest.raises(IllegalTransition):
+        t.start("r")  # ended moments ago: refused while retained
+    t.forget("r")
+    assert "r" not in t
+    t.start("r")
+
+
 def test_timeouts_must_be_positive() -> None:
     with pytest.raises(ValueError):
         StateTimeouts(transferring_s=0)
