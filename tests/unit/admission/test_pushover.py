@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from pdfleet_devcluster.cluster import free_port
 from pdfleet_operator.admission import VALIDATE_WEBHOOK_ID, Verdicts, build_server, review
 from pdfleet_operator.settings import AdmissionSettings, WebhookMode
 from tests.unit.admission.builders import Review, example
 from tests.unit.admission.test_server import _post, _serve
+
+REPO = Path(__file__).resolve().parents[3]
 
 MiB = 1 << 20
 
@@ -237,4 +240,7 @@ def test_sixteen_concurrent_large_reviews_all_get_their_verdict(tmp_path: Path) 
     print(f"16 concurrent 3.9 MiB reviews: slowest answered in {slowest:.2f}s")
     assert sorted(r["uid"] for _, r in results) == [f"big{i:02d}" for i in range(16)]
     assert all(r["allowed"] is True for _, r in results), [r.get("status") for _, r in results if not r["allowed"]]
-    assert slowest < 5.0, slowest  # the audit's 0.8 s was on a quiet node; a 2-core test host shares its cores
+    # Each within the API server's deadline for the webhook (the chart's webhook.timeoutSeconds): past it the
+    # review fails whatever the verdict. The audit's 0.8 s was on a quiet node; 5.1 s seen on a loaded 2-core host.
+    deadline = yaml.safe_load((REPO / "charts/pdfleet/values.yaml").read_text())["webhook"]["timeoutSeconds"]
+    assert slowest < deadline, (slowest, deadline)
