@@ -176,6 +176,9 @@ class SGLangStandIn:
             "admin_port": STANDIN_ADMIN_PORT, "served_model_name": flags.get("served_model_name"),
             # the pod's protocol secret, where the kubelet wrote the volume (the host's filesystem is the image)
             "secret_path": sandbox.workdir / "volumes" / "auth" / "key",
+            # SGLang's HTTP API takes no worker key, and the engine container has none mounted: neither does its
+            # stand-in (the runtime's own pods require the deployment's key on the worker routes).
+            "worker_key_path": None,
         }
         if "max_total_tokens" in flags:
             update["kv_tokens"] = int(flags["max_total_tokens"])

@@ -7,7 +7,7 @@ until all their pods are Ready. In both arms a gate setter stands in for the run
 ``pdfleet.io/transfer-path`` condition on Running pods. Also reports the operator's CPU seconds per
 reconcile pass (from /proc and its Prometheus counter).
 
-    python bench/operator.py [--sizes 1 10 50] [--fleet 50 --fleet-pods 1000] [--out bench/results/operator-<utc>.json]
+    python bench/operator_fleet.py [--sizes 1 10 50] [--fleet 50 --fleet-pods 1000] [--out bench/results/operator-<utc>.json]
 
 Target (issue 10): operator time at most 1.5x the direct apply.
 
