@@ -24,7 +24,12 @@ from pdfleet_operator.resources.plugins.sglang_router import (
     upstream_port,
 )
 from pdfleet_operator.resources.pods import runtime_pod
-from pdfleet_operator.resources.router import LABEL_ROUTER, ROUTER_CONTAINER, router_command
+from pdfleet_operator.resources.router import (
+    LABEL_ROUTER,
+    ROUTER_CONTAINER,
+    router_command,
+    router_deployment,
+)
 from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.config import HTTP_PORT
@@ -147,6 +152,24 @@ def test_router_objects_are_owned_least_privilege_and_wired_together() -> None:
     assert all(rule.get("from") for rule in workers)
     assert {"from": [{"podSelector": {"matchLabels": {LABEL_ROUTER: "demo"}}}],
             "ports": [{"protocol": "TCP", "port": HTTP_PORT}]} in workers
+
+
+def test_vllm_router_probes_are_the_routes_vllm_router_serves() -> None:
+    """vllm-router 0.1.17 (its sdist from PyPI, vllm_router-0.1.17.tar.gz) serves GET /liveness and /readiness
+    on its ``--port`` among its public routes (src/server.rs:921-928, handlers :170-187). Their API-key check,
+    ``authorize_request`` (:478-485), passes every request when no validation URL is set, and the Python
+    launcher that the ``vllm-router`` script runs sets none (src/lib.rs:319, vllm_router/router_args.py has
+    no such flag). /liveness answers 200 while the process serves (src/routers/mod.rs:182-186); /readiness
+    200 with at least one healthy prefill and one healthy decode, else 503 (src/routers/http/pd_router.rs:
+    1616-1667, which vllm_pd_router.rs:2969-2971 delegates to). tests/vllm/test_vllm_router_probes.py GETs
+    them from the installed router."""
+    spec = _spec(_doc("vllm-qwen3.8-flash-next-nixl.yaml", router=None))
+    [router] = router_deployment("demo", "ns", spec)["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
+    assert router["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert router["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
+    assert _flag(router["command"], "--port") == [str(ports["http"])]
+    assert _flag(router["command"], "--prometheus-port") == [str(ports["metrics"])]
 
 
 def test_router_secret_is_created_once_with_an_admin_key() -> None:

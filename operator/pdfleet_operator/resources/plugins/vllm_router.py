@@ -1,9 +1,11 @@
 """vllm-router as a router kind: vllm-router 0.1.17 in vLLM's PD mode, serving the router port itself.
 
 It runs in its own image with the connector of spec.transfer.backend and Kubernetes discovery of the roles'
-pods (it reads each prefill's ``vllm.ai/bootstrap-port`` annotation). It has no admin API to lock (its
-worker list comes from discovery alone) and the vLLM pods it sends to take no pdfleet worker key, so no
-launcher, no front and no Secret (a remaining item of issue 39).
+pods (it reads each prefill's ``vllm.ai/bootstrap-port`` annotation). The vLLM pods it sends to take no
+pdfleet worker key, so no launcher and no Secret. Its worker API (``/remove_worker``, ``/workers``, ...) is
+served on the router port without a key and nothing here locks it yet (docs/vllm.md, "Its worker API is
+open"; a remaining item of issue 39). The probes are the routes vllm-router 0.1.17 serves on ``--port``
+without a key (tests/unit/operator/test_router.py names the source lines).
 """
 
 from __future__ import annotations
