@@ -10,6 +10,7 @@ The outcome keeps its ``FailureReason`` (and cause) from the ranks; readiness de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -72,6 +73,11 @@ def canary_result(res: SyntheticResult) -> CanaryResult | None:
     return CanaryResult(res.ok, res.failure, res.reason, res.bytes, res.write_s, max(0, res.mismatched), res.cause)
 
 
+DISCOVERY_WAIT_S = 5.0
+"""How long a request naming a prefill pod discovery does not name yet waits for discovery to name it (a pod
+the router's watch found first): scaling out adds prefill pods the router sends to before the DNS names them."""
+
+
 class RequestRouter:
     """Routes this decode pod's synthetic requests (canaries and requests) to prefill pods.
 
@@ -89,19 +95,22 @@ class RequestRouter:
         self._rr = itertools.count()
         self._resolved_at = 0.0
 
-    async def known(self, ep: Endpoint, resolver: Resolver) -> bool:
-        """Whether ``ep`` is a prefill pod discovery names: the last answer, else discovery asked again now (a
-        pod the router found before this pod's last round), at most once a second."""
-        if ep in self.endpoints:
-            return True
-        now = time.monotonic()
-        if now - self._resolved_at >= 1.0:
-            self._resolved_at = now
-            try:
-                self.found(await asyncio.to_thread(resolver.resolve))
-            except ResolveError:
+    async def known(self, ep: Endpoint, resolver: Resolver, wait_s: float = DISCOVERY_WAIT_S) -> bool:
+        """Whether ``ep`` is a prefill pod discovery names: the last answer, else discovery asked again (at most
+        once a second, shared by every caller) until it names ``ep`` or ``wait_s`` passed. The router finds a new
+        prefill pod by its own watch, which can be seconds ahead of the Service's DNS."""
+        deadline = time.monotonic() + wait_s
+        while ep not in self.endpoints:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
-        return ep in self.endpoints
+            if now - self._resolved_at < 1.0:
+                await asyncio.sleep(min(deadline - now, self._resolved_at + 1.0 - now))
+                continue
+            self._resolved_at = now
+            with contextlib.suppress(ResolveError):  # no answer now: asked again within the wait
+                self.found(await asyncio.to_thread(resolver.resolve))
+        return True
 
     def found(self, endpoints: list[Endpoint]) -> None:
         """Discovery's answer: forget shunned pods it no longer names."""
