@@ -189,6 +189,8 @@ def test_a_load_step_scales_prefill_then_decode_up_and_both_down_through_drains(
         assert "AutoscaleSignalAboveTarget" in reasons and "AutoscaleSignalBelowTarget" in reasons, reasons
         messages = [e["message"] for e in fleet.events() if e.get("reason", "").startswith("Autoscale")]
         assert any("scale down (through drains)" in m for m in messages), messages
+        # The status is written by the decision pass (every 5 s here): the one after the last drain ended.
+        fleet.wait(lambda: fleet.status()["autoscaling"]["gpus"] == 2, 60, "the status counting 1 + 1 GPUs")
         status = fleet.status()["autoscaling"]
         assert status["prefill"]["readings"][0]["signal"] == "backlogSeconds"
         assert status["decode"]["readings"][0]["signal"] == "runningRequestsPerReplica"
