@@ -39,7 +39,7 @@ from rollout_watch import PodWatch
 
 from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.api.models import RouterSpec
-from pdfleet_operator.resources.plugins.sglang_router import upstream_port
+from pdfleet_operator.resources.plugins.front import upstream_port
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import READINESS_GATE
 from pdfleet_runtime.testing.chat import ChatTraffic

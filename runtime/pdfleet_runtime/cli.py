@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdfleet_runtime import __version__
+from pdfleet_runtime.front.routers import FrontedRouter
 from pdfleet_runtime.model.faults import ModelFault
 from pdfleet_runtime.source import describe
 
@@ -84,11 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--control-plane-keys-file", type=Path, default=None,
                     help="the router's control-plane keys, one 'id:name:role:key' a line")
     rl.add_argument("router_args", nargs=argparse.REMAINDER, help="-- then sglang_router.launch_router's arguments")
-    rf = sub.add_parser("router-front", help="the router pod's front: limits, the served model, the worker key")
+    rf = sub.add_parser("router-front", help="the router pod's front: limits, serving routes, the served model")
     rf.add_argument("--listen", default="0.0.0.0:30000", help="host:port clients reach (default 0.0.0.0:30000)")
+    rf.add_argument("--router", required=True, choices=[r.value for r in FrontedRouter],
+                    help="the router behind the front: its serving routes, and whether it wants the worker key")
     rf.add_argument("--upstream", required=True, help="the router on the pod's loopback, http://127.0.0.1:PORT")
     rf.add_argument("--served-model", required=True, help="the one model name the deployment serves")
-    rf.add_argument("--api-key-file", required=True, type=Path, help="the worker key the router was started with")
+    rf.add_argument("--api-key-file", type=Path, default=None,
+                    help="the worker key the router was started with (sglang: required; vllm: none)")
     rf.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     drn = sub.add_parser("drain", help="drain this pod through its loopback admin port (the preStop hook)")
     drn.add_argument("--config", required=True, type=Path, help="the runtime config (for adminPort)")
@@ -250,11 +254,12 @@ def _router_front(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
     try:
-        key = key_text(args.api_key_file, "the worker key")
+        key = None if args.api_key_file is None else key_text(args.api_key_file, "the worker key")
         if not host or not port.isdigit():
             raise LaunchError(f"--listen {args.listen!r}: give host:port")
-        settings = FrontSettings(served_model=args.served_model, upstream=args.upstream.rstrip("/"), api_key=key)
-    except LaunchError as e:
+        settings = FrontSettings(router=FrontedRouter(args.router), served_model=args.served_model,
+                                 upstream=args.upstream.rstrip("/"), api_key=key)
+    except (LaunchError, ValueError) as e:
         print(f"pdfleet-runtime router-front: {e}", file=sys.stderr)
         return EXIT_REJECTED
     asyncio.run(serve_front(settings, host.strip("[]"), int(port)))

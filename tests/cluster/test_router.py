@@ -34,7 +34,8 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan
 from pdfleet_operator.resources.names import LABEL_ROUTABLE, pod_labels, router_name, worker_secret_name
-from pdfleet_operator.resources.plugins.sglang_router import CONTROL_PLANE_KEY, upstream_port
+from pdfleet_operator.resources.plugins.front import upstream_port
+from pdfleet_operator.resources.plugins.sglang_router import CONTROL_PLANE_KEY
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from pdfleet_runtime.config import HTTP_PORT
 

@@ -230,7 +230,8 @@ def test_the_router_pod_keys_from_files_and_its_front(pair: Pair, tmp_path: Path
         env=env, stdout=(tmp_path / "router.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     front = subprocess.Popen(
         [sys.executable, "-m", "pdfleet_runtime", "router-front", "--listen", f"127.0.0.1:{front_port}",
-         "--upstream", f"http://127.0.0.1:{router_port}", "--served-model", MODEL, "--api-key-file", str(key_file)],
+         "--router", "sglang", "--upstream", f"http://127.0.0.1:{router_port}", "--served-model", MODEL,
+         "--api-key-file", str(key_file)],
         env=env, stdout=(tmp_path / "front.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         cmdline = Path(f"/proc/{router.pid}/cmdline").read_bytes()

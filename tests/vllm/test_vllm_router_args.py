@@ -42,6 +42,7 @@ def test_vllm_router_parses_the_rendered_command(backend: str) -> None:
     assert args["kv_connector"] == backend
     assert args["service_discovery"] is True and args["service_discovery_namespace"] == "ns"
     assert args["service_discovery_port"] == 30000
+    assert args["host"] == "127.0.0.1" and args["port"] == 30001  # the pod's loopback: the front has 30000
     assert args["prefill_selector"] == {"pdfleet.io/deployment": "qwen-vllm", "pdfleet.io/role": "prefill"}
     assert args["decode_selector"] == {"pdfleet.io/deployment": "qwen-vllm", "pdfleet.io/role": "decode"}
 

@@ -399,9 +399,9 @@ class RouterSpec(ApiModel):
     replicas: int = Field(1, ge=0, le=64, description="Router pods (stateless); default 1.")
     image: str = Field(
         min_length=1, max_length=1024,
-        description="Container image of the router. sglang-router: pdfleet-runtime and sglang-router==0.3.2 (the "
-        "router and its front run from it, e.g. the pdfleet runtime image with the router extra); vllm-router: "
-        "vllm-router==0.1.17.",
+        description="Container image of the router and of pdfleet's front (both run from it): pdfleet-runtime "
+        "and the router, sglang-router==0.3.2 or vllm-router==0.1.17 (e.g. the pdfleet runtime image with the "
+        "router extra, which holds both).",
     )
     prefill_policy: RouterPolicy = Field(
         RouterPolicy.CACHE_AWARE,

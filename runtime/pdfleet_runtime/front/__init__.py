@@ -1,6 +1,7 @@
-"""The router pod: sglang-router launched with its keys from files (``launch``) behind pdfleet's front (``proxy``).
+"""The router pod: the router (sglang-router launched with its keys from files, ``launch``, or vllm-router)
+behind pdfleet's front (``proxy``), which passes each router kind's serving routes only (``routers``).
 
-A router pod runs two containers of the router image (pdfleet-runtime and sglang-router==0.3.2):
+A router pod runs two containers of the router image (pdfleet-runtime and the router). For sglang-router 0.3.2:
 
 - ``router``: ``pdfleet-runtime router-launch`` starts sglang-router in this process with its worker
   key (``--api-key``: sent to every worker as ``Authorization: Bearer``) and its control-plane keys
@@ -12,5 +13,9 @@ A router pod runs two containers of the router image (pdfleet-runtime and sglang
   no client-chosen value becomes a label of the router's metrics. It adds the worker key to what it
   forwards (sglang-router with ``--api-key`` wants it from its clients too), so clients need none.
 
-Reading order: ``launch``, then ``proxy``. Neither imports torch or an engine.
+For vllm-router 0.1.17 the ``router`` container runs ``vllm-router --host 127.0.0.1`` itself (no keys) and the
+front passes its serving routes, keeping its keyless worker API (``/remove_worker``, ``/workers``, ...) on the
+loopback, and adds no key.
+
+Reading order: ``routers``, ``launch``, then ``proxy``. None imports torch or an engine.
 """

@@ -1,18 +1,22 @@
-"""``pdfleet-runtime router-front``: what clients of a deployment's endpoint reach, in front of sglang-router.
+"""``pdfleet-runtime router-front``: what clients of a deployment's endpoint reach, in front of its router.
 
 sglang-router 0.3.2 holds a connection whatever the client sends and however slowly (1,500 half-sent
 connections were held 30 s, a body trickling in 24 s), labels its metrics with the ``model`` a client
 names (64 random names took its ``/metrics`` from 474 to 735 series), and, once its worker key is set,
-wants that key from its clients too. The front, on the router port:
+wants that key from its clients too. vllm-router 0.1.17 serves its worker API (``/remove_worker``,
+``/workers``, ...) on its serving port without a key. The front, on the router port, with the router
+(either kind: ``routers.FrontedRouter``) on the pod's loopback:
 
 - caps connections per source address and in all, closes a connection that spends ``idle_s`` outside a
   request (headers trickling in, idle keep-alive), and wants a body within ``read_s`` and ``max_body``;
-- forwards only the serving routes (``ROUTES``); the router's control endpoints stay on its loopback;
+- forwards only the router kind's serving routes (``routers.SURFACES``); the router's worker and control
+  endpoints stay on its loopback (404 here);
 - refuses (404 ``model_not_found``, OpenAI's shape) a request whose ``model`` is not the served name,
   and a body that is not JSON (400), before the router sees it: the router's labels take only the
   served name (or the router's own value for a request without one);
-- adds ``Authorization: Bearer <worker key>`` to what it forwards (whatever the client sent), and
-  streams the router's answer back as it comes (server-sent events included).
+- adds ``Authorization: Bearer <worker key>`` to what it forwards where the router kind wants it
+  (sglang-router; never the client's own header), and streams the router's answer back as it comes
+  (server-sent events included).
 """
 
 from __future__ import annotations
@@ -21,24 +25,19 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
+from pdfleet_runtime.front.routers import SURFACES, FrontedRouter, RouterSurface
 from pdfleet_runtime.pod.worker_api import ApiError, load_json
 from pdfleet_runtime.protocol.http_guard import GuardedServer, HttpLimits
 
-__all__ = ["FRONT_LIMITS", "ROUTES", "Front", "FrontSettings", "serve_front"]
+__all__ = ["FRONT_LIMITS", "Front", "FrontSettings", "serve_front"]
 
 log = logging.getLogger("pdfleet_runtime.front")
 
-ROUTES: Mapping[str, frozenset[str]] = {
-    "POST": frozenset({"/v1/chat/completions", "/v1/completions", "/generate"}),
-    "GET": frozenset({"/v1/models", "/health", "/health_generate", "/readiness", "/liveness"}),
-}
-"""What clients (and the kubelet's probes) may reach; anything else is 404 here."""
 FRONT_LIMITS = HttpLimits(per_peer=256, total=8192, idle_s=10.0, read_s=10.0, exempt_loopback=False)
 _PASS_HEADERS = ("Content-Type", "Accept", "X-Request-Id", "User-Agent")
 _BACK_HEADERS = ("Content-Type", "Content-Encoding", "Cache-Control", "X-Request-Id", "Retry-After")
@@ -46,17 +45,29 @@ _BACK_HEADERS = ("Content-Type", "Content-Encoding", "Cache-Control", "X-Request
 
 @dataclass(frozen=True)
 class FrontSettings:
+    router: FrontedRouter
+    """The router behind the front: its serving routes and whether it wants the worker key."""
     served_model: str
     """The one model name the deployment serves (``spec.model.servedName``, else the deployment's name)."""
     upstream: str
     """The router on the pod's loopback, ``http://127.0.0.1:<port>``."""
-    api_key: str
-    """The worker key the router was started with (it wants it from its clients)."""
+    api_key: str | None
+    """The worker key the router was started with, where it wants it from its clients; None for a router
+    that wants none (``ValueError`` when this does not match the router kind)."""
     limits: HttpLimits = FRONT_LIMITS
     max_body: int = 4 << 20
     """A worker takes bodies up to 1 MiB; the router's own limit is 256 MiB."""
     upstream_timeout_s: float = 600.0
     """Longest wait for the router's next bytes of an answer (its own request timeout ends it sooner)."""
+
+    def __post_init__(self) -> None:
+        if self.surface.worker_key != (self.api_key is not None):
+            raise ValueError(f"{self.router} router: " + ("it wants the worker key from its clients; give its file"
+                             if self.surface.worker_key else "it takes no worker key; give none"))
+
+    @property
+    def surface(self) -> RouterSurface:
+        return SURFACES[self.router]
 
 
 @dataclass
@@ -111,10 +122,11 @@ class Front:
 
     async def _request(self, request: web.Request) -> web.StreamResponse:
         s = self.settings
-        if request.path not in ROUTES.get(request.method, frozenset()):
+        routes = s.surface.routes
+        if request.path not in routes.get(request.method, frozenset()):
+            served = ", ".join(f"{m} {p}" for m in sorted(routes) for p in sorted(routes[m]))
             return self._refuse("route", 404, f"{request.method} {request.path} is not served here (the endpoint "
-                                "serves /v1/chat/completions, /v1/completions, /generate and /v1/models)",
-                                code="not_found")
+                                f"serves {served})", code="not_found")
         body = b""
         if request.method == "POST":
             if request.content_length is None:
@@ -145,7 +157,8 @@ class Front:
         s = self.settings
         assert self._session is not None
         headers = {h: v for h in _PASS_HEADERS if (v := request.headers.get(h)) is not None}
-        headers["Authorization"] = f"Bearer {s.api_key}"
+        if s.api_key is not None:
+            headers["Authorization"] = f"Bearer {s.api_key}"
         try:
             upstream = await self._session.request(request.method, s.upstream + request.path_qs, data=body or None,
                                                    headers=headers, allow_redirects=False)
@@ -177,7 +190,8 @@ async def serve_front(settings: FrontSettings, host: str, port: int, stop: async
             loop.add_signal_handler(sig, stop.set)
     front = Front(settings)
     bound = await front.start(host, port)
-    log.info("router front on %s:%d -> %s, serving model %s", host, bound, settings.upstream, settings.served_model)
+    log.info("router front on %s:%d -> %s (%s), serving model %s", host, bound, settings.upstream, settings.router,
+             settings.served_model)
     try:
         await stop.wait()
     finally:

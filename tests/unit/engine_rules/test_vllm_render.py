@@ -105,9 +105,10 @@ def test_render_prints_a_vllm_router() -> None:
     obj = vllm_obj(spec__router={"image": "vllm-router:0.1.17"})
     objs = render_object(obj).objects
     (dep,) = [o for o in objs if o["kind"] == "Deployment"]
-    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    container, front = dep["spec"]["template"]["spec"]["containers"]
     cmd = container["command"]
     assert cmd[:2] == ["vllm-router", "--vllm-pd-disaggregation"]
+    assert front["command"][:4] == ["pdfleet-runtime", "router-front", "--router", "vllm"]
     assert cmd[cmd.index("--kv-connector") + 1] == "nixl" and not container.get("env")
     role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-router"))
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]

@@ -17,12 +17,9 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec, PDDeploymentStatus
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, desired_children, plan
 from pdfleet_operator.resources.names import router_name, router_secret_name, worker_secret_name
-from pdfleet_operator.resources.plugins.sglang_router import (
-    CONTROL_PLANE_KEY,
-    FRONT_CONTAINER,
-    front_command,
-    upstream_port,
-)
+from pdfleet_operator.resources.plugins.front import FRONT_CONTAINER, front_command, upstream_port
+from pdfleet_operator.resources.plugins.registry import ROUTERS
+from pdfleet_operator.resources.plugins.sglang_router import CONTROL_PLANE_KEY
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.router import (
     LABEL_ROUTER,
@@ -34,6 +31,7 @@ from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
 from pdfleet_runtime.config import HTTP_PORT
 from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
+from pdfleet_runtime.front.routers import SURFACES, FrontedRouter
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
@@ -103,10 +101,11 @@ def test_router_command_discovers_only_routable_pods_of_its_deployment() -> None
     assert not {"--api-key", "--control-plane-api-keys"} & set(full)
     assert _flag(full, "--api-key-file") == ["/var/run/pdfleet/worker-auth/key"]
     assert _flag(full, "--control-plane-keys-file") == [f"/var/run/pdfleet/router-keys/{CONTROL_PLANE_KEY}"]
-    front = front_command("demo", spec)
-    assert _flag(front, "--listen") == ["0.0.0.0:31000"]
+    front = front_command("demo", spec, FrontedRouter.SGLANG)
+    assert _flag(front, "--router") == ["sglang"] and _flag(front, "--listen") == ["0.0.0.0:31000"]
     assert _flag(front, "--upstream") == [f"http://127.0.0.1:{upstream_port(spec.router)}"]
     assert _flag(front, "--served-model") == ["demo"]  # spec.model.servedName unset: the deployment's name
+    assert _flag(front, "--api-key-file") == ["/var/run/pdfleet/worker-auth/key"]  # sglang-router wants the key
 
 
 def test_sglang_workers_are_reached_on_the_engine_port() -> None:
@@ -154,22 +153,54 @@ def test_router_objects_are_owned_least_privilege_and_wired_together() -> None:
             "ports": [{"protocol": "TCP", "port": HTTP_PORT}]} in workers
 
 
-def test_vllm_router_probes_are_the_routes_vllm_router_serves() -> None:
-    """vllm-router 0.1.17 (its sdist from PyPI, vllm_router-0.1.17.tar.gz) serves GET /liveness and /readiness
-    on its ``--port`` among its public routes (src/server.rs:921-928, handlers :170-187). Their API-key check,
-    ``authorize_request`` (:478-485), passes every request when no validation URL is set, and the Python
-    launcher that the ``vllm-router`` script runs sets none (src/lib.rs:319, vllm_router/router_args.py has
-    no such flag). /liveness answers 200 while the process serves (src/routers/mod.rs:182-186); /readiness
-    200 with at least one healthy prefill and one healthy decode, else 503 (src/routers/http/pd_router.rs:
-    1616-1667, which vllm_pd_router.rs:2969-2971 delegates to). tests/vllm/test_vllm_router_probes.py GETs
-    them from the installed router."""
+def test_vllm_router_listens_on_loopback_behind_the_front() -> None:
+    """vllm-router 0.1.17 serves its worker API (/add_worker, /remove_worker, /list_workers, /flush_cache,
+    /get_loads, /finish_session, POST /workers, DELETE /workers/{url}: src/server.rs:930-944 of its sdist) on
+    its ``--host:--port`` without a key (``authorize_request``, :478-485, passes every request when no
+    validation URL is set; the Python launcher sets none: src/lib.rs:319). So it binds the pod's loopback
+    (``--host``, vllm_router/router_args.py) and the front takes the router port, passing only its serving
+    routes. /liveness answers 200 while the process serves (src/routers/mod.rs:182-186); /readiness 200 with
+    at least one healthy prefill and one healthy decode, else 503 (src/routers/http/pd_router.rs:1616-1667,
+    which vllm_pd_router.rs:2969-2971 delegates to): the readiness probe goes through the front to it. The
+    router's only listener off the loopback is its Prometheus exporter (every path answers with the
+    metrics): its liveness. tests/vllm/test_vllm_router_probes.py runs both processes as rendered."""
     spec = _spec(_doc("vllm-qwen3.8-flash-next-nixl.yaml", router=None))
-    [router] = router_deployment("demo", "ns", spec)["spec"]["template"]["spec"]["containers"]
-    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
-    assert router["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
-    assert router["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
-    assert _flag(router["command"], "--port") == [str(ports["http"])]
-    assert _flag(router["command"], "--prometheus-port") == [str(ports["metrics"])]
+    assert spec.router is not None
+    pod = router_deployment("demo", "ns", spec)["spec"]["template"]["spec"]
+    router, front = pod["containers"]
+    assert (router["name"], front["name"]) == (ROUTER_CONTAINER, FRONT_CONTAINER)
+    assert router["command"][0] == "vllm-router" and front["image"] == router["image"]
+    loopback = upstream_port(spec.router)
+    assert loopback not in (spec.router.port, spec.router.metrics_port)
+    assert _flag(router["command"], "--host") == ["127.0.0.1"] and _flag(router["command"], "--port") == [str(loopback)]
+    assert [p["name"] for p in router["ports"]] == ["metrics"]  # nothing of the router's on the serving port
+    assert _flag(router["command"], "--prometheus-port") == [str(router["ports"][0]["containerPort"])]
+    assert router["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert "readinessProbe" not in router
+    # The front: the router port (the Service's target), vllm-router's routes, no worker key, no Secret.
+    assert front["ports"] == [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}]
+    assert front["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    cmd = front["command"]
+    assert cmd[:2] == ["pdfleet-runtime", "router-front"] and _flag(cmd, "--router") == ["vllm"]
+    assert _flag(cmd, "--listen") == [f"0.0.0.0:{spec.router.port}"]
+    assert _flag(cmd, "--upstream") == [f"http://127.0.0.1:{loopback}"]
+    assert "--api-key-file" not in cmd and "volumeMounts" not in front and not pod.get("volumes")
+    routes = SURFACES[FrontedRouter.VLLM].routes
+    assert {"/v1/chat/completions", "/v1/completions"} <= routes["POST"]
+    assert {"/v1/models", "/health", "/readiness", "/liveness"} <= routes["GET"]
+    worker_api = {"/add_worker", "/remove_worker", "/list_workers", "/flush_cache", "/get_loads", "/finish_session",
+                  "/workers", "/scheduling/diagnostics"}
+    assert not worker_api & (routes["POST"] | routes["GET"]) and set(routes) == {"POST", "GET"}
+
+
+def test_every_router_kind_has_a_front() -> None:
+    """The front's kinds are the router kinds; each router plug-in renders the front of its own kind."""
+    assert {r.value for r in FrontedRouter} == {k.value for k in ROUTERS}
+    for doc, kind in (("llama-dense.yaml", "sglang"), ("vllm-qwen3.8-flash-next-nixl.yaml", "vllm")):
+        spec = _spec(_doc(doc))
+        [front] = [c for c in router_deployment("demo", "ns", spec)["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == FRONT_CONTAINER]
+        assert _flag(front["command"], "--router") == [kind]
 
 
 def test_router_secret_is_created_once_with_an_admin_key() -> None:

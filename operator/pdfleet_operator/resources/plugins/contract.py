@@ -31,7 +31,7 @@ __all__ = [
     "WorkerContract",
 ]
 
-ROUTER_CONTAINER = "router"  # the container serving (or, behind a front, running) the router
+ROUTER_CONTAINER = "router"  # the container running the router (on the pod's loopback, behind the front)
 
 
 class _Seam(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import secrets
 
-from pdfleet_operator.api.models import PDDeploymentSpec, RouterKind, RouterSpec
+from pdfleet_operator.api.models import PDDeploymentSpec, RouterKind
 from pdfleet_operator.resources.names import (
     SECRET_FILE,
     WORKER_SECRET_MOUNT,
@@ -22,27 +22,14 @@ from pdfleet_operator.resources.names import (
     worker_secret_name,
 )
 from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER, RouterDiscovery
+from pdfleet_operator.resources.plugins.front import front_container, upstream_port, worker_key_mount
+from pdfleet_runtime.front.routers import FrontedRouter
 
-__all__ = [
-    "CONTROL_PLANE_KEY",
-    "FRONT_CONTAINER",
-    "SGLANG_ROUTER",
-    "SGLangRouter",
-    "front_command",
-    "router_secret",
-    "upstream_port",
-]
+__all__ = ["CONTROL_PLANE_KEY", "SGLANG_ROUTER", "SGLangRouter", "router_secret"]
 
 CONTROL_PLANE_KEY = "control-plane-api-keys"  # the Secret's key: 'id:name:role:secret' for --control-plane-api-keys
 ROUTER_KEYS_MOUNT = "/var/run/pdfleet/router-keys"
-FRONT_CONTAINER = "front"
 KEY_ID, KEY_NAME = "pdfleet", "pdfleet-operator"
-
-
-def upstream_port(router: RouterSpec) -> int:
-    """Where sglang-router listens, on the pod's loopback only (the front takes the router port)."""
-    return next(p for p in (router.port + 1, router.port + 2, router.port - 1) if p != router.metrics_port
-                and 0 < p < 65536)
 
 
 def _command(spec: PDDeploymentSpec, d: RouterDiscovery) -> list[str]:
@@ -67,19 +54,6 @@ def _command(spec: PDDeploymentSpec, d: RouterDiscovery) -> list[str]:
         "--health-failure-threshold", str(d.health_failures),
         "--health-check-timeout-secs", str(d.health_timeout_s),
         "--worker-startup-check-interval", str(d.startup_check_s),
-    ]
-
-
-def front_command(deployment: str, spec: PDDeploymentSpec) -> list[str]:
-    """The router pod's front on the router port: limits, the served model only, the worker key added."""
-    router = spec.router
-    assert router is not None
-    return [
-        "pdfleet-runtime", "router-front",
-        "--listen", f"0.0.0.0:{router.port}",
-        "--upstream", f"http://127.0.0.1:{upstream_port(router)}",
-        "--served-model", spec.model.served_name or deployment,
-        "--api-key-file", f"{WORKER_SECRET_MOUNT}/{SECRET_FILE}",
     ]
 
 
@@ -110,30 +84,19 @@ class SGLangRouter:
                    security: dict) -> list[dict]:
         router = spec.router
         assert router is not None
-        worker_key = {"name": "worker-auth", "mountPath": WORKER_SECRET_MOUNT, "readOnly": True}
         container = {
             "name": ROUTER_CONTAINER,
             "image": router.image,
             "command": _command(spec, discovery),
             "ports": [{"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"}],
-            "volumeMounts": [worker_key, {"name": "router-keys", "mountPath": ROUTER_KEYS_MOUNT, "readOnly": True}],
+            "volumeMounts": [worker_key_mount(), {"name": "router-keys", "mountPath": ROUTER_KEYS_MOUNT, "readOnly": True}],
             # Its serving port is on loopback (the front's upstream); its metrics listener says it is alive.
             "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
                               "failureThreshold": 6},
             "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
             "securityContext": security,
         }
-        front = {
-            "name": FRONT_CONTAINER,
-            "image": router.image,
-            "command": front_command(deployment, spec),
-            "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
-            "volumeMounts": [worker_key],
-            # Through the front to the router: ready once both answer.
-            "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5},
-            "securityContext": security,
-        }
-        return [container, front]
+        return [container, front_container(deployment, spec, FrontedRouter.SGLANG, security)]
 
     def volumes(self, deployment: str) -> list[dict]:
         return [

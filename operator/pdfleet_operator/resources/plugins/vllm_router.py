@@ -1,17 +1,22 @@
-"""vllm-router as a router kind: vllm-router 0.1.17 in vLLM's PD mode, serving the router port itself.
+"""vllm-router as a router kind: vllm-router 0.1.17 in vLLM's PD mode behind pdfleet's front.
 
-It runs in its own image with the connector of spec.transfer.backend and Kubernetes discovery of the roles'
-pods (it reads each prefill's ``vllm.ai/bootstrap-port`` annotation). The vLLM pods it sends to take no
-pdfleet worker key, so no launcher and no Secret. Its worker API (``/remove_worker``, ``/workers``, ...) is
-served on the router port without a key and nothing here locks it yet (docs/vllm.md, "Its worker API is
-open"; a remaining item of issue 39). The probes are the routes vllm-router 0.1.17 serves on ``--port``
-without a key (tests/unit/operator/test_router.py names the source lines).
+It runs with the connector of spec.transfer.backend and Kubernetes discovery of the roles' pods (it reads
+each prefill's ``vllm.ai/bootstrap-port`` annotation), listening on the pod's loopback only (``--host
+127.0.0.1``, ``front.upstream_port``). Its worker API (``/remove_worker``, ``/workers``, ...) is served on
+that port without a key, so the front (``pdfleet-runtime router-front --router vllm``) takes the router
+port and passes only vllm-router's serving routes; the worker API answers 404 there and stays on the pod's
+loopback (docs/vllm.md, "Its worker API is behind the front"). The vLLM pods it sends to take no pdfleet
+worker key, so no launcher, no key and no Secret. Probes as sglang-router's: readiness through the front to
+the router's ``/readiness``, liveness on the router's metrics port, its only listener off the loopback
+(tests/unit/operator/test_router.py names the source lines).
 """
 
 from __future__ import annotations
 
 from pdfleet_operator.api.models import PDDeploymentSpec, RouterKind
 from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER, RouterDiscovery
+from pdfleet_operator.resources.plugins.front import front_container, upstream_port
+from pdfleet_runtime.front.routers import FrontedRouter
 
 __all__ = ["VLLM_ROUTER", "VllmRouter", "vllm_router_command"]
 
@@ -23,7 +28,7 @@ def vllm_router_command(spec: PDDeploymentSpec, d: RouterDiscovery) -> list[str]
         "vllm-router",
         "--vllm-pd-disaggregation",
         "--kv-connector", str(spec.transfer.backend),
-        "--host", "0.0.0.0", "--port", str(router.port),
+        "--host", "127.0.0.1", "--port", str(upstream_port(router)),
         "--prometheus-host", "0.0.0.0", "--prometheus-port", str(router.metrics_port),
         "--prefill-policy", router.prefill_policy.value,
         "--decode-policy", router.decode_policy.value,
@@ -52,20 +57,18 @@ class VllmRouter:
                    security: dict) -> list[dict]:
         router = spec.router
         assert router is not None
-        probe = {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5}
-        return [{
+        container = {
             "name": ROUTER_CONTAINER,
             "image": router.image,
             "command": vllm_router_command(spec, discovery),
-            "ports": [
-                {"name": "http", "containerPort": router.port, "protocol": "TCP"},
-                {"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"},
-            ],
-            "readinessProbe": probe,
-            "livenessProbe": {**probe, "httpGet": {"path": "/liveness", "port": "http"}, "failureThreshold": 6},
+            "ports": [{"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"}],
+            # Its serving port is on loopback (the front's upstream); its metrics listener says it is alive.
+            "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
+                              "failureThreshold": 6},
             "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
             "securityContext": security,
-        }]
+        }
+        return [container, front_container(deployment, spec, FrontedRouter.VLLM, security)]
 
     def volumes(self, deployment: str) -> list[dict]:
         return []
