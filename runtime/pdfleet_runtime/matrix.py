@@ -366,9 +366,11 @@ MATRIX_V1 = Matrix(
         _no(Backend.MORI, Feature.QSA_HETERO_TP_MHA, "MORI cannot slice or elect writers for QSA state"),
         _no(Backend.MORI, Feature.QSA_HETERO_TP_MLA, "MORI cannot slice or elect writers for QSA state"),
         _no(Backend.MORI, Feature.REPLICATED_HETERO_TP,
-            "MORI cannot elect one writer for replicated state (PLE) across TP sizes"),
+            "MORI cannot elect one writer for replicated state (PLE, raw index keys, replicated conv groups) "
+            "across TP sizes"),
         _no(Backend.NIXL, Feature.REPLICATED_HETERO_TP,
-            "NIXL's sender does not elect writers for replicated linear-state siblings (PLE)"),
+            "NIXL's sender does not elect one writer for replicated state (PLE, raw index keys, replicated conv "
+            "groups) across TP sizes"),
         _no(Backend.NIXL, Feature.QSA_HETERO_TP_MHA,
             "NIXL maps QSA state across TP sizes only along MLA's replicated latent layout"),
         *(_no(b, _PROTOCOL_FEATURE[p], why) for (b, p), why in UNSUPPORTED_PROTOCOLS.items()),
