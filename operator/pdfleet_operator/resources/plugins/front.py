@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from pdfleet_operator.api.models import PDDeploymentSpec, RouterSpec
 from pdfleet_operator.resources.names import SECRET_FILE, WORKER_SECRET_MOUNT
+from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER
 from pdfleet_runtime.front.routers import SURFACES, FrontedRouter
 
-__all__ = ["FRONT_CONTAINER", "front_command", "front_container", "upstream_port", "worker_key_mount"]
+__all__ = ["FRONT_CONTAINER", "front_command", "front_container", "fronted_router_containers", "upstream_port",
+           "worker_key_mount"]
 
 FRONT_CONTAINER = "front"
 
@@ -61,3 +63,23 @@ def front_container(deployment: str, spec: PDDeploymentSpec, kind: FrontedRouter
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 5},
         "securityContext": security,
     }
+
+
+def fronted_router_containers(deployment: str, spec: PDDeploymentSpec, kind: FrontedRouter, command: list[str],
+                              security: dict, mounts: list[dict] | None = None) -> list[dict]:
+    """The router's container (its serving port on the pod's loopback, the front's upstream) and the front's."""
+    router = spec.router
+    assert router is not None
+    container = {
+        "name": ROUTER_CONTAINER,
+        "image": router.image,
+        "command": command,
+        "ports": [{"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"}],
+        **({"volumeMounts": mounts} if mounts else {}),
+        # Its serving port is on loopback (the front's upstream); its metrics listener says it is alive.
+        "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
+                          "failureThreshold": 6},
+        "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "securityContext": security,
+    }
+    return [container, front_container(deployment, spec, kind, security)]

@@ -21,8 +21,12 @@ from pdfleet_operator.resources.names import (
     router_secret_name,
     worker_secret_name,
 )
-from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER, RouterDiscovery
-from pdfleet_operator.resources.plugins.front import front_container, upstream_port, worker_key_mount
+from pdfleet_operator.resources.plugins.contract import RouterDiscovery
+from pdfleet_operator.resources.plugins.front import (
+    fronted_router_containers,
+    upstream_port,
+    worker_key_mount,
+)
 from pdfleet_runtime.front.routers import FrontedRouter
 
 __all__ = ["CONTROL_PLANE_KEY", "SGLANG_ROUTER", "SGLangRouter", "router_secret"]
@@ -82,21 +86,8 @@ class SGLangRouter:
 
     def containers(self, deployment: str, namespace: str, spec: PDDeploymentSpec, discovery: RouterDiscovery,
                    security: dict) -> list[dict]:
-        router = spec.router
-        assert router is not None
-        container = {
-            "name": ROUTER_CONTAINER,
-            "image": router.image,
-            "command": _command(spec, discovery),
-            "ports": [{"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"}],
-            "volumeMounts": [worker_key_mount(), {"name": "router-keys", "mountPath": ROUTER_KEYS_MOUNT, "readOnly": True}],
-            # Its serving port is on loopback (the front's upstream); its metrics listener says it is alive.
-            "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
-                              "failureThreshold": 6},
-            "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
-            "securityContext": security,
-        }
-        return [container, front_container(deployment, spec, FrontedRouter.SGLANG, security)]
+        return fronted_router_containers(deployment, spec, FrontedRouter.SGLANG, _command(spec, discovery), security,
+                                         [worker_key_mount(), {"name": "router-keys", "mountPath": ROUTER_KEYS_MOUNT, "readOnly": True}])
 
     def volumes(self, deployment: str) -> list[dict]:
         return [

@@ -14,8 +14,8 @@ the router's ``/readiness``, liveness on the router's metrics port, its only lis
 from __future__ import annotations
 
 from pdfleet_operator.api.models import PDDeploymentSpec, RouterKind
-from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER, RouterDiscovery
-from pdfleet_operator.resources.plugins.front import front_container, upstream_port
+from pdfleet_operator.resources.plugins.contract import RouterDiscovery
+from pdfleet_operator.resources.plugins.front import fronted_router_containers, upstream_port
 from pdfleet_runtime.front.routers import FrontedRouter
 
 __all__ = ["VLLM_ROUTER", "VllmRouter", "vllm_router_command"]
@@ -55,20 +55,7 @@ class VllmRouter:
 
     def containers(self, deployment: str, namespace: str, spec: PDDeploymentSpec, discovery: RouterDiscovery,
                    security: dict) -> list[dict]:
-        router = spec.router
-        assert router is not None
-        container = {
-            "name": ROUTER_CONTAINER,
-            "image": router.image,
-            "command": vllm_router_command(spec, discovery),
-            "ports": [{"name": "metrics", "containerPort": router.metrics_port, "protocol": "TCP"}],
-            # Its serving port is on loopback (the front's upstream); its metrics listener says it is alive.
-            "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
-                              "failureThreshold": 6},
-            "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
-            "securityContext": security,
-        }
-        return [container, front_container(deployment, spec, FrontedRouter.VLLM, security)]
+        return fronted_router_containers(deployment, spec, FrontedRouter.VLLM, vllm_router_command(spec, discovery), security)
 
     def volumes(self, deployment: str) -> list[dict]:
         return []
