@@ -106,6 +106,7 @@ class DType(StrEnum):
     FLOAT8_E4M3FN = "float8_e4m3fn"
     INT32 = "int32"
     INT64 = "int64"
+    UINT8 = "uint8"  # bytes of a packed form (fp8 index keys with their scales)
 
     @property
     def itemsize(self) -> int:
@@ -120,6 +121,7 @@ _DTYPE_BYTES = {
     DType.FLOAT8_E4M3FN: 1,
     DType.INT32: 4,
     DType.INT64: 8,
+    DType.UINT8: 1,
 }
 
 
@@ -323,14 +325,40 @@ class PLEConfig(_Model):
 
 
 class IndexKeysConfig(_Model):
-    """Raw per-token index keys of a sparse-attention indexer (transformers' Qwen4-Exp QSA and DeepSeek-V3.2
-    DSA ``indexer_keys``): paged like KV, replicated on every TP rank (one index head)."""
+    """Per-token index keys of a sparse-attention indexer, paged like KV, replicated on every TP rank (one index
+    head): raw (transformers' Qwen4-Exp QSA and DeepSeek-V3.2 DSA ``indexer_keys``), or fp8 with one float32
+    scale per ``scaleBlock`` dims, a page holding its tokens' keys then their scales (SGLang 0.5.23's
+    ``DSATokenToKVPool.index_k_with_scale_buffer``, vLLM 0.33.0's ``DeepseekV32IndexerCache``): a page moves
+    whole, as the uint8 bytes both engines register."""
 
     head_dim: int = Field(ge=1, le=1 << 16, description="Width of one index key.")
     heads: int = Field(default=1, ge=1, le=64, description="Index key heads per token (transformers: 1).")
     dtype: DType = Field(default=DType.BFLOAT16, description="Index key element type.")
     layers: LayerSet | None = Field(default=None, description="Layers holding index keys; default the full-attention "
                                     "layers.")
+    scale_block: int | None = Field(
+        default=None, ge=1, le=1 << 16,
+        description="fp8 keys quantized in blocks of this many dims, one float32 scale per block, stored after the "
+        "page's keys (SGLang's and vLLM's DSA: 128); needs dtype float8_e4m3fn. Unset: raw keys.")
+
+    @model_validator(mode="after")
+    def _scaled(self) -> IndexKeysConfig:
+        if self.scale_block is not None:
+            if self.dtype is not DType.FLOAT8_E4M3FN:
+                raise ValueError(f"indexKeys.scaleBlock needs dtype float8_e4m3fn (got {self.dtype.value}); "
+                                 "unset scaleBlock for raw keys")
+            if self.head_dim % self.scale_block:
+                raise ValueError(f"indexKeys.headDim {self.head_dim} is not a multiple of scaleBlock "
+                                 f"{self.scale_block}")
+        return self
+
+    @property
+    def token_shape(self) -> tuple[tuple[int, ...], DType]:
+        """One token's buffer shape and dtype: ``[heads, headDim]`` raw, or ``[heads, headDim + scales x 4]``
+        bytes when scaled."""
+        if self.scale_block is None:
+            return (self.heads, self.head_dim), self.dtype
+        return (self.heads, self.head_dim + self.head_dim // self.scale_block * DType.FLOAT32.itemsize), DType.UINT8
 
 
 class PositionsConfig(_Model):
@@ -714,8 +742,9 @@ def rank_buffers(layout: Layout, tp: int, pp: int, tp_rank: int, pp_rank: int) -
         if layer in index_layers:
             ik = layout.index_keys
             assert ik is not None
+            shape, dtype = ik.token_shape
             out.append(_replicated(StateType.INDEX_K, EntryField.INDEX_K, layer, IndexKind.PAGE,
-                                   (layout.page_size, ik.heads, ik.head_dim), ik.dtype))
+                                   (layout.page_size, *shape), dtype))
         if layer in ple:
             assert layout.ple is not None
             out.append(_replicated(StateType.PLE_SHORT_CONV, EntryField.SHORT_CONV, layer, IndexKind.SLOT,

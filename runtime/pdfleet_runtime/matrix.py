@@ -366,10 +366,10 @@ MATRIX_V1 = Matrix(
         _no(Backend.MORI, Feature.QSA_HETERO_TP_MHA, "MORI cannot slice or elect writers for QSA state"),
         _no(Backend.MORI, Feature.QSA_HETERO_TP_MLA, "MORI cannot slice or elect writers for QSA state"),
         _no(Backend.MORI, Feature.REPLICATED_HETERO_TP,
-            "MORI cannot elect one writer for replicated state (PLE, raw index keys, replicated conv groups) "
+            "MORI cannot elect one writer for replicated state (PLE, index keys, replicated conv groups) "
             "across TP sizes"),
         _no(Backend.NIXL, Feature.REPLICATED_HETERO_TP,
-            "NIXL's sender does not elect one writer for replicated state (PLE, raw index keys, replicated conv "
+            "NIXL's sender does not elect one writer for replicated state (PLE, index keys, replicated conv "
             "groups) across TP sizes"),
         _no(Backend.NIXL, Feature.QSA_HETERO_TP_MHA,
             "NIXL maps QSA state across TP sizes only along MLA's replicated latent layout"),

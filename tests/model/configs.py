@@ -39,7 +39,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
                      "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32,
                      "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 4,
                      "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
-                     "topk_group": 1, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 8, "dtype": "bfloat16"},
+                     "topk_group": 1, "index_head_dim": 128, "index_n_heads": 2, "index_topk": 8, "dtype": "bfloat16"},
     "nemotron_h": {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64,
                    "intermediate_size": 128, "vocab_size": 256, "hybrid_override_pattern": "M-M*", "num_hidden_layers": 4,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 4,

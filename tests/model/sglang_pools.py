@@ -10,7 +10,8 @@ as SGLang computes it on a GPU pod: the KV heads per rank (``ModelConfig.get_num
 ``max(1, kv_heads // tp)``), and ``_is_cpu = False`` in the config modules (on a CPU host SGLang pads heads
 for its AMX kernels; a GPU pod does not). Each result lists what SGLang registers for PD transfer: the KV
 list (``get_contiguous_buf_infos``, ``get_kv_layer_ids``), the state list (``get_state_buf_infos`` and its
-layer ids, sliceable dims, outer counts and conv shard groups) and QSA's pending and compressed lists.
+layer ids, sliceable dims, outer counts and conv shard groups), QSA's pending and compressed lists, and
+DeepSeek-V3.2's DSA index list (``DSATokenToKVPool.get_state_buf_infos``: one packed page per item).
 """
 
 from __future__ import annotations
@@ -117,6 +118,16 @@ def _case(case: dict) -> dict:
                                     kv_lora_rank=cfg["kv_lora_rank"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
                                     layer_num=n, device="cpu", enable_memory_saver=False)
             return {"kv": {"items": _infos(pool.get_contiguous_buf_infos()), "layers": list(range(n))}}
+        if mt == "deepseek_v32":  # the MLA pool plus DSA's fp8 index keys with scales (64-token pages)
+            from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+            n, rank, rope = cfg["num_hidden_layers"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+            with get_parallel().override(attn_dcp_size=1):
+                pool = DSATokenToKVPool(size=SIZE, page_size=page, kv_lora_rank=rank, dtype=torch.bfloat16,
+                                        qk_rope_head_dim=rope, layer_num=n, device="cpu",
+                                        index_head_dim=cfg["index_head_dim"], enable_memory_saver=False,
+                                        kv_cache_dim=rank + rope)
+            return {"kv": {"items": _infos(pool.get_contiguous_buf_infos()), "layers": list(range(n))},
+                    "dsa_index": {"items": _infos(pool.get_state_buf_infos()), "layers": list(range(n))}}
         return _hybrid(cfg, tp, page, torch)
 
 

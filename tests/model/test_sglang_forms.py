@@ -4,7 +4,7 @@ tests/model/sglang_pools.py builds SGLang's memory pools on CPU in the SGLang ch
 tests/model/configs.py; what they register for PD transfer (item lengths, layer ids, sliceable dims, outer
 counts, conv shard groups; KV, state, QSA pending and compressed lists) must equal what pdfleet derives in
 pure code (``model.forms``) and, where the schema says it, what pdfleet's ``Layout`` gives per rank
-(``layouts.rank_buffers``). DeepSeek-V3.2's DSA index keys are not in pdfleet's schema: its form says so.
+(``layouts.rank_buffers``). DeepSeek-V3.2 runs at 64-token pages (SGLang's DSA asserts them).
 """
 
 from __future__ import annotations
@@ -18,21 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_runtime.layouts import EntryField, StateType, rank_buffers
+from pdfleet_runtime.layouts import EntryField, ShapeError, StateType, rank_buffers
 from pdfleet_runtime.model.families import model_facts
 from pdfleet_runtime.model.forms import Engine, EngineForm, Split, engine_form
 from tests.model.configs import CONFIGS
 
 POOLS = Path(__file__).resolve().parent / "sglang_pools.py"
 PAGE = 16
-CASES = [(fam, tp) for fam in CONFIGS if fam != "deepseek_v32" for tp in (1, 2)]
+PAGES = {"deepseek_v32": 64}  # DSATokenToKVPool asserts 64-token physical pages
+CASES = [(fam, tp) for fam in CONFIGS for tp in (1, 2)]
 
 
 @cache
 def sglang_pools() -> dict:
     from tests.sglang.harness import sglang_python
 
-    cases = [{"id": f"{fam}-tp{tp}", "config": CONFIGS[fam], "tp": tp, "page_size": PAGE} for fam, tp in CASES]
+    cases = [{"id": f"{fam}-tp{tp}", "config": CONFIGS[fam], "tp": tp, "page_size": PAGES.get(fam, PAGE)}
+             for fam, tp in CASES]
     with tempfile.TemporaryDirectory(prefix="sglang-pools-") as tmp:
         cases_file, results = Path(tmp) / "cases.json", Path(tmp) / "results.json"
         cases_file.write_text(json.dumps(cases))
@@ -63,11 +65,14 @@ def _expected(form: EngineForm) -> dict:
         compressed = _named(form, "QSATokenToKVPool.qsa_compressed_k_buffer_pool")
         out["qsa_compressed"] = {"items": [b.item_bytes for b in compressed],
                                  "layers": [b.layer_id for b in compressed]}
+    dsa = _named(form, "DSATokenToKVPool.index_k_with_scale_buffer")
+    if dsa:
+        out["dsa_index"] = {"items": [b.item_bytes for b in dsa], "layers": [b.layer_id for b in dsa]}
     return out
 
 
 def _form(fam: str, tp: int) -> EngineForm:
-    return engine_form(model_facts(CONFIGS[fam]), Engine.SGLANG, tp=tp, page_size=PAGE)
+    return engine_form(model_facts(CONFIGS[fam]), Engine.SGLANG, tp=tp, page_size=PAGES.get(fam, PAGE))
 
 
 @pytest.mark.slow
@@ -87,6 +92,7 @@ _LISTS = {
     (StateType.QSA_PENDING, EntryField.PENDING): "QSATokenToKVPool.qsa_key_state_buffer_pool",
     (StateType.QSA_PENDING, EntryField.ROPE): "QSATokenToKVPool.qsa_rope_position_buffer",
     (StateType.QSA_COMPRESSED, EntryField.COMPRESSED): "QSATokenToKVPool.qsa_compressed_k_buffer_pool",
+    (StateType.INDEX_K, EntryField.INDEX_K): "DSATokenToKVPool.index_k_with_scale_buffer",
 }
 
 
@@ -104,6 +110,11 @@ def test_the_layout_gives_the_engine_forms_items(fam: str, tp: int) -> None:
     assert {k: sorted(v) for k, v in ours.items()} == {k: sorted(v) for k, v in theirs.items()}
 
 
-def test_dsa_is_named_as_missing() -> None:
-    form = _form("deepseek_v32", 1)
-    assert form.layout is None and any("DSA index keys" in m for m in form.missing)
+def test_dsa_needs_what_sglang_asserts() -> None:
+    """SGLang's DSA pool asserts 64-token pages and 128-dim index keys: pdfleet's SGLang form refuses others
+    with the reason (the layout could not be allocated by the engine)."""
+    with pytest.raises(ShapeError, match="64-token pages"):
+        engine_form(model_facts(CONFIGS["deepseek_v32"]), Engine.SGLANG, tp=1, page_size=16)
+    with pytest.raises(ShapeError, match="index_head_dim == 128"):
+        engine_form(model_facts({**CONFIGS["deepseek_v32"], "index_head_dim": 64}), Engine.SGLANG, tp=1,
+                    page_size=64)

@@ -3,9 +3,9 @@
 tests/model/vllm_specs.py builds the engine config a ``vllm serve DIR -tp N`` pod gets on the faked H200
 (tests/vllm/shims) from each config of tests/model/configs.py, and reads vLLM's own specs: the attention
 spec of one token (KV heads per rank, head size, bytes) and, for hybrid models, the model class's Mamba
-state shapes, dtypes and page bytes. They must equal pdfleet's vLLM form. vLLM's Qwen4-Exp Mamba specs
-(several layouts) and DeepSeek-V3.2's indexer cache are not derived: their forms say so, and their
-attention part is still checked.
+state shapes, dtypes and page bytes, and DeepSeek-V3.2's indexer K cache (its ``Indexer`` built for one
+layer: packed fp8 keys with scales, uint8). They must equal pdfleet's vLLM form. vLLM's Qwen4-Exp Mamba specs
+(several layouts) are not derived: its form says so, and its attention part is still checked.
 """
 
 from __future__ import annotations
@@ -78,8 +78,17 @@ def test_vllm_specs_are_what_pdfleet_derives(fam: str, tp: int) -> None:
     assert got["mla"] == (attn.name == "MLAAttentionSpec")
     assert (got["num_kv_heads"], got["head_size"]) == (attn.shape[-2], attn.shape[-1])
     assert got["sliding_window"] == attn.max_tokens
-    if fam in ("qwen4_exp_text", "deepseek_v32"):
+    if fam == "qwen4_exp_text":
         assert form.layout is None and form.missing  # named, not derived
+    indexer = [b for b in form.buffers if b.name == "MLAAttentionSpec(indexer)"]
+    assert ("indexer" in got) == bool(indexer)
+    if indexer:
+        spec, ours = got["indexer"], indexer[0]
+        assert spec["kind"] == "MLAAttentionSpec" and spec["dtype"] == f"torch.{ours.dtype.value}"
+        assert (spec["num_kv_heads"], spec["head_size"]) == ours.shape[1:]
+        assert spec["bytes_per_block"] // spec["block_size"] == ours.item_bytes // PAGE
+        assert form.layout is not None and form.layout.index_keys is not None
+        assert form.layout.index_keys.token_shape[0][-1] == spec["head_size"]
     slots = [b for b in form.buffers if b.item is Item.SLOT]
     assert got["hybrid"] == bool(slots)
     if slots:

@@ -37,6 +37,8 @@ def _spec(case: dict) -> dict:
                  "num_kv_heads": mc.get_num_kv_heads(pc), "head_size": mc.get_head_size(), "dtype": str(dtype),
                  "attn_bytes_per_token": attn.page_size_bytes,
                  "sliding_window": mc.get_sliding_window(), "block_size": cfg.cache_config.block_size}
+    if getattr(mc.hf_text_config, "index_topk", None):  # DeepSeek-V3.2's DSA indexer: its own cache spec
+        out["indexer"] = _indexer_spec(cfg)
     if mc.is_hybrid:
         model_cls, _ = ModelRegistry.resolve_model_cls(mc.architecture, model_config=mc)
         if hasattr(model_cls, "get_mamba_specs_from_config"):
@@ -47,6 +49,30 @@ def _spec(case: dict) -> dict:
         out["mamba"] = [{"shapes": [list(s) for s in sp.shapes], "dtypes": [str(d) for d in sp.dtypes],
                          "page_bytes": sp.page_size_bytes, "kind": type(sp).__name__} for sp in specs]
     return out
+
+
+def _indexer_spec(cfg) -> dict:
+    """The spec of vLLM's own indexer K cache, built as the model builds it (``Indexer`` of one layer)."""
+    import socket
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.models.deepseek_v2 import Indexer
+
+    hf = cfg.model_config.hf_text_config
+    with set_current_vllm_config(cfg):
+        # One rank's groups on loopback (gloo): the indexer is replicated, the same on every TP rank.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     local_rank=0, backend="gloo")
+        initialize_model_parallel(1, 1)
+        indexer = Indexer(cfg, hf, hf.hidden_size, hf.q_lora_rank, None, cfg.cache_config, None,
+                          prefix="model.layers.0.self_attn.indexer")
+        spec = indexer.k_cache.get_kv_cache_spec(cfg)
+    return {"kind": type(spec).__name__, "num_kv_heads": spec.num_kv_heads, "head_size": spec.head_size,
+            "dtype": str(spec.dtype), "bytes_per_block": spec.page_size_bytes, "block_size": spec.block_size}
 
 
 def _child(case: dict, w: int) -> None:

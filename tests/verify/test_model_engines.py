@@ -38,7 +38,7 @@ SUBSET = [  # (engine, family, pair): each family once per engine, each TP pairi
 FULL = [(e, f, p) for e in ("mooncake", "nixl") for f in FAMILIES for p in PAIRS if (e, f, p) not in SUBSET]
 # Issue 43's families (transformers' forms: index keys and positions, PLE, Mamba2 x|B|C groups, sliding window):
 # TP 1 -> 1 and 2 -> 1 on both engines, Qwen4-Exp also 1 -> 2; CI runs each once per engine. NIXL moves no
-# replicated state across TP sizes (rule nixl.replicated-hetero-tp: PLE, raw index keys, replicated conv groups).
+# replicated state across TP sizes (rule nixl.replicated-hetero-tp: PLE, index keys, replicated conv groups).
 NIXL_REFUSED = [("nixl", QWEN4, "tp2-tp1"), ("nixl", QWEN4, "tp1-tp2"), ("nixl", "deepseek_v32", "tp2-tp1"),
                 ("nixl", "nemotron_h", "tp2-tp1")]
 NEW_SUBSET = [

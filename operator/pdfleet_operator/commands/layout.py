@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", required=True, choices=ENGINES, help="whose state form")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
     p.add_argument("--page-size", type=int, default=None,
-                   help="tokens per KV page (a serving choice; default 16, 64 for a QSA model)")
+                   help="tokens per KV page (a serving choice; default 16, 64 for a model with an indexer: QSA, "
+                   "and DSA, whose SGLang pool asserts 64)")
     p.add_argument("-o", "--output", choices=("text", "yaml", "json"), default="text")
     p.set_defaults(handler=run)
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = _read(Path(args.config))
         facts = model_facts(config)
-        page = args.page_size or (64 if facts.indexer is not None and facts.indexer.compress_ratio > 1 else 16)
+        page = args.page_size or (64 if facts.indexer is not None else 16)
         if page < 1:
             raise ModelConfigError(f"--page-size {page} must be at least 1", "pageSize")
         form = engine_form(facts, args.engine, tp=args.tp, page_size=page)

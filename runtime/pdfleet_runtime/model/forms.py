@@ -17,7 +17,8 @@ Sources (file:line in each engine's installed package):
   (ShortConvPool, NGramPool), ``configs/mamba_utils.py`` (Mamba2StateShape.create),
   ``configs/model_config.py:2651`` (is_hybrid_swa_model: Mistral is not one, it keeps full KV).
 * vLLM 0.33.0: ``v1/kv_cache_interface.py`` (FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec,
-  MambaSpec).
+  MambaSpec), ``model_executor/models/deepseek_v2.py`` (DeepseekV32IndexerCache: DSA's packed index keys).
+* SGLang's DSA: ``mem_cache/memory_pool.py`` (DSATokenToKVPool), ``mem_cache/index_key_cache.py``.
 """
 
 from __future__ import annotations
@@ -206,6 +207,32 @@ def _mamba_groups(n_groups: int, tp: int) -> int:
     return n_groups if n_groups % tp == 0 else n_groups + (tp - n_groups)
 
 
+# --------------------------------------------------------------------------- DSA's packed index keys
+
+DSA_SCALE_BLOCK = 128
+"""SGLang's ``DSATokenToKVPool.quant_block_size`` and vLLM's ``Indexer.quant_block_size``: one float32 scale per
+128 fp8 key dims."""
+
+
+def _dsa_width(f: ModelFacts) -> int:
+    """Bytes one token's packed index key takes: fp8 dims plus a float32 scale per block."""
+    assert f.indexer is not None
+    return f.indexer.head_dim + f.indexer.head_dim // DSA_SCALE_BLOCK * DType.FLOAT32.itemsize
+
+
+def _dsa_page_check(b: _Builder, where: str) -> None:
+    assert b.f.indexer is not None
+    hd = b.f.indexer.head_dim
+    if b.engine is Engine.SGLANG and hd != DSA_SCALE_BLOCK:
+        raise ShapeError(f"{where} asserts index_head_dim == {DSA_SCALE_BLOCK}, got {hd}", "index_head_dim")
+    if hd % DSA_SCALE_BLOCK:
+        raise ShapeError(f"{where} keeps fp8 index keys with a float32 scale per {DSA_SCALE_BLOCK} dims; "
+                         f"index_head_dim {hd} is not a multiple (DeepSeek-V3.2: 128)", "index_head_dim")
+    if b.engine is Engine.SGLANG and b.page != 64:
+        raise ShapeError(f"{where} needs 64-token pages for DSA (it asserts physical_page_size == 64), got "
+                         f"{b.page}", "pageSize")
+
+
 # --------------------------------------------------------------------------- SGLang 0.5.23
 
 
@@ -217,9 +244,13 @@ def _sglang(b: _Builder) -> None:
         for layer in attn:
             b.add("MLATokenToKVPool.kv_buffer", layer, Item.PAGE, (b.page, 1, sum(f.mla)), f.dtype,
                   Split.REPLICATED)
-        if f.indexer is not None:
-            b.missing.append("DSA index keys (DSATokenToKVPool.index_k_with_scale_buffer: fp8 keys plus scales "
-                             "per page)")
+        if f.indexer is not None:  # DSATokenToKVPool: the MLA pool plus fp8 index keys with scales, per page
+            _dsa_page_check(b, "SGLang 0.5.23's DSATokenToKVPool (memory_pool.py)")
+            for layer in attn:
+                b.add("DSATokenToKVPool.index_k_with_scale_buffer", layer, Item.PAGE, (b.page * _dsa_width(f),),
+                      DType.UINT8, Split.REPLICATED)
+            b.notes.append("a DSA index page holds its tokens' fp8 keys, then their float32 scales "
+                           "(index_key_cache.py): it moves whole")
     else:
         for name in ("k_buffer", "v_buffer"):
             for layer in attn:
@@ -290,8 +321,11 @@ def _vllm(b: _Builder) -> None:
             name = "SlidingWindowSpec" if f.sliding_window else "FullAttentionSpec"
             b.add(name, layer, Item.PAGE, (2, b.page, b.hpr, f.head_dim), f.dtype, Split.HEADS,
                   max_tokens=f.sliding_window)
-    if f.indexer is not None and f.family == "deepseek_v32":
-        b.missing.append("DSA indexer K cache (vLLM's DeepseekV32IndexerCache spec, not derived)")
+    if f.indexer is not None and f.family == "deepseek_v32":  # models/deepseek_v2.py Indexer.k_cache
+        _dsa_page_check(b, "vLLM 0.33.0's DeepseekV32IndexerCache (models/deepseek_v2.py)")
+        for layer in f.attention_layers:
+            b.add("MLAAttentionSpec(indexer)", layer, Item.PAGE, (b.page, 1, _dsa_width(f)), DType.UINT8,
+                  Split.REPLICATED)
     if f.family == "qwen4_exp_text":
         b.missing.append("vLLM's Qwen4-Exp QSA indexer caches and n-gram ids (not derived)")
     la, m = f.linear, f.mamba2
@@ -336,6 +370,9 @@ def _layout(b: _Builder) -> Layout | None:
         index_keys = IndexKeysConfig(head_dim=f.indexer.head_dim, heads=f.indexer.kv_heads, dtype=f.dtype)
         if f.layers_of(INDEXED):  # Qwen4-Exp: indexer_position_ids [3, S] int64, request-wide
             positions = PositionsConfig(coordinates=3, dtype=DType.INT64)
+    elif f.indexer is not None and f.family == "deepseek_v32":  # SGLang's and vLLM's packed fp8 keys
+        index_keys = IndexKeysConfig(head_dim=f.indexer.head_dim, heads=1, dtype=DType.FLOAT8_E4M3FN,
+                                     scale_block=DSA_SCALE_BLOCK)
     if f.mla is not None:
         return Layout(**common, full_attention_layers=LayerSet(interval=1), attention_kind=AttentionKind.MLA,
                       kv_heads=1, mla=MLAConfig(kv_lora_rank=f.mla[0], qk_rope_head_dim=f.mla[1]),

@@ -1,6 +1,6 @@
 """Byte parity for the state forms issue 43 added to the schema, and a mutation per form that must break it.
 
-Forms: declared conv channel groups (Mamba2 x|B|C; B and C replicated on TP/n_groups ranks, one writer elected),
+Forms: DSA's packed fp8 index keys with their scales (SGLang's and vLLM's DeepSeek-V3.2), declared conv channel groups (Mamba2 x|B|C; B and C replicated on TP/n_groups ranks, one writer elected),
 layers that hold nothing, QSA's RoPE ring with MRoPE positions in int64 and PLE's dilated conv with int64
 n-grams (SGLang 0.5.23's form). Each layout goes through the in-process harness (``run_parity``: every
 decode byte against the seeded state, the bytes outside the request untouched) for equal and different TP
@@ -55,6 +55,12 @@ QWEN4_TRANSFORMERS = Layout(
     index_keys=IndexKeysConfig(head_dim=16), positions=PositionsConfig(),
     ple=PLEConfig(short_conv_layers=LayerSet(ids=[0, 2]), short_conv_width=32, short_conv_kernel=4,
                   short_conv_dilation=3, ngram_context=2, ngram_dtype=DType.INT64, ngram_per_layer=True))
+# DeepSeek-V3.2 as SGLang 0.5.23 and vLLM 0.33.0 keep it, small: MLA plus fp8 index keys with a float32 scale
+# per 128 dims, packed per 64-token page (DSATokenToKVPool.index_k_with_scale_buffer), replicated on every rank.
+DSA_PACKED = Layout(
+    num_layers=3, full_attention_layers=LayerSet(interval=1), attention_kind=layouts.AttentionKind.MLA, kv_heads=1,
+    mla=layouts.MLAConfig(kv_lora_rank=32, qk_rope_head_dim=8), page_size=64,
+    index_keys=IndexKeysConfig(head_dim=128, dtype=DType.FLOAT8_E4M3FN, scale_block=128))
 PAIRS = [(S(1), S(2)), (S(2), S(1)), (S(2), S(4)), (S(4), S(1)), (S(2), S(2))]
 
 
@@ -64,8 +70,8 @@ def _run(lay: Layout, p: ParallelShape, d: ParallelShape):
 
 
 @pytest.mark.parametrize(("p", "d"), PAIRS, ids=[f"tp{p.tp}-tp{d.tp}" for p, d in PAIRS])
-@pytest.mark.parametrize("lay", [MAMBA2, QWEN4_SGLANG, QWEN4_TRANSFORMERS],
-                         ids=["mamba2", "qwen4-sglang", "qwen4-transformers"])
+@pytest.mark.parametrize("lay", [MAMBA2, QWEN4_SGLANG, QWEN4_TRANSFORMERS, DSA_PACKED],
+                         ids=["mamba2", "qwen4-sglang", "qwen4-transformers", "dsa-packed"])
 def test_new_forms_are_byte_exact(lay: Layout, p: ParallelShape, d: ParallelShape) -> None:
     result = _run(lay, p, d)
     assert result.ok, result
@@ -155,3 +161,27 @@ def test_mutation_dropped_positions_buffer(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(pools, "rank_buffers", drop)
     with pytest.raises(PlanError, match="positions/positions"):
         _run(QWEN4_TRANSFORMERS, S(1), S(2))
+
+
+def test_dsa_packed_pages_hold_keys_and_scales() -> None:
+    """A packed index page is SGLang's item: 64 tokens x (128 fp8 dims + one float32 scale), as uint8."""
+    buf = next(b for b in layouts.rank_buffers(DSA_PACKED, 2, 1, 1, 0) if b.state_type is layouts.StateType.INDEX_K)
+    assert (buf.item_shape, buf.dtype, buf.item_bytes) == ((64, 1, 132), DType.UINT8, 64 * 132)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        IndexKeysConfig(head_dim=128, scale_block=128)
+
+
+def test_mutation_dropped_index_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode sizes its index pages without the scales (raw fp8 keys only): the case fails."""
+    real = layouts.rank_buffers
+
+    def no_scales(lay, tp, pp, tp_rank, pp_rank):  # type: ignore[no-untyped-def]
+        if tp == 2 and lay.index_keys is not None:
+            lay = lay.model_copy(update={"index_keys": IndexKeysConfig(head_dim=128, dtype=DType.FLOAT8_E4M3FN)})
+        return real(lay, tp, pp, tp_rank, pp_rank)
+
+    import pdfleet_runtime.pools as pools
+
+    monkeypatch.setattr(pools, "rank_buffers", no_scales)
+    with pytest.raises(PlanError, match="index_k"):
+        _run(DSA_PACKED, S(1), S(2))
