@@ -25,6 +25,7 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.groups import groups_of, units
 from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
+from pdfleet_operator.resources.compat import compat_key
 from pdfleet_operator.resources.engine import group_service
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
@@ -43,7 +44,7 @@ from pdfleet_operator.resources.plugins.registry import engine_plugin, router_pl
 from pdfleet_operator.resources.pods import role_spec, runtime_pod
 from pdfleet_operator.resources.policy import group_network_policy, network_policy, pod_disruption_budget
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
-from pdfleet_operator.resources.revision import compat_key, role_revision
+from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.revisions import controller_revision
 from pdfleet_operator.resources.router import router_children, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap

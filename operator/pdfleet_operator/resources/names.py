@@ -48,7 +48,7 @@ LABEL_MEMBER = f"{GROUP}/group-member"
 LABEL_GROUP = f"{GROUP}/group"
 # Routers send new requests only to pods labelled routable=true; a drain sets it false first.
 LABEL_ROUTABLE = f"{GROUP}/routable"
-# The pod's compatibility key (resources.revision.compat_key): decode pairs only with equal keys.
+# The pod's compatibility key (resources.compat.compat_key): decode pairs only with equal keys.
 LABEL_COMPAT = f"{GROUP}/compat"
 # Epoch seconds when the operator started draining the pod; the runtime stops admitting on it.
 ANNOTATION_DRAIN = DRAIN_ANNOTATION

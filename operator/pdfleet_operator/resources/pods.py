@@ -12,6 +12,7 @@ import copy
 
 from pdfleet_operator.api.constants import GROUP, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
+from pdfleet_operator.resources.compat import compat_key
 from pdfleet_operator.resources.engine import MODEL_VOLUME, with_engine
 from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
@@ -28,7 +29,6 @@ from pdfleet_operator.resources.names import (
 )
 from pdfleet_operator.resources.plugins.contract import EnginePlugin
 from pdfleet_operator.resources.plugins.registry import engine_plugin
-from pdfleet_operator.resources.revision import compat_key
 from pdfleet_operator.resources.runtime_config import (
     CONFIG_FILE,
     CONFIG_MOUNT,

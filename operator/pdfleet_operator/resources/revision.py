@@ -1,23 +1,49 @@
-"""Revision hashes: which pods are up to date with a role's spec.
+"""Revision hashes: which pods are up to date with a role's spec and with this operator's rendering.
 
-A role's revision covers every spec field that ends up in its pods or its runtime config,
-including the shared model and transfer settings and the other role's shape (the runtime
-plans with both). Replicas, the scaling adapter and rollout settings are excluded: scaling is not a new
-revision.
+A role's revision covers every spec field that ends up in its pods or its runtime config, including the
+shared model and transfer settings and the other role's shape (the runtime plans with both), and a digest
+of what this operator renders from them (``rendering_digest``): an operator upgrade that changes a rendered
+pod (a flag, an env var, a probe) gives every fleet a new revision, so an ordinary rollout moves its pods
+(surge, drains, canary, rollback), and an upgrade that renders the same pods changes nothing. Replicas, the
+scaling adapter and rollout settings are excluded: scaling is not a new revision.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
-from pdfleet_runtime.versions import release_of
+from pdfleet_operator.resources.pods import runtime_pod
+from pdfleet_operator.resources.runtime_config import runtime_configmap
 
-__all__ = ["compat_key", "role_revision"]
+__all__ = ["REVISION_LEN", "rendering_digest", "role_revision"]
 
 REVISION_LEN = 10
+# Stand-ins for what differs between deployments and pods but not between renderings: the digest is the same
+# for every name, namespace, revision and replica index.
+_NAME, _NAMESPACE, _REVISION, _INDEX = "pdd", "ns", "0" * REVISION_LEN, 0
+
+
+def rendering_digest(spec: PDDeploymentSpec, role: Role) -> str:
+    """A digest of the pods and runtime config this operator renders for ``role`` of ``spec`` (every member
+    of a replica group), under stand-in names: it changes when the operator's rendering does. The router is
+    left out, as from the revision: adding or removing one does not restart the engines (the runtime config's
+    router drop timing then differs between pods started before and after; docs/router.md)."""
+    return _digest(spec.model_dump_json(by_alias=True, exclude_none=True, exclude={"router"}), role)
+
+
+@lru_cache(maxsize=512)
+def _digest(spec_json: str, role: Role) -> str:
+    spec = PDDeploymentSpec.model_validate_json(spec_json)
+    mine = spec.prefill if role is Role.PREFILL else spec.decode
+    rendered = [runtime_pod(_NAME, _NAMESPACE, spec, role, _REVISION, _INDEX, member)
+                for member in range(mine.parallelism.nodes_per_replica)]
+    rendered.append(runtime_configmap(_NAME, _NAMESPACE, spec, role, _REVISION))
+    text = json.dumps(rendered, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
@@ -30,24 +56,9 @@ def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
         "self": mine.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas", "scaling_adapter"}),
         "peerShape": other.parallelism.model_dump(mode="json", by_alias=True),
         "drain": spec.rollout.drain_timeout_seconds,
+        "rendering": rendering_digest(spec, role),
     }
     if spec.engine is not None:  # absent (the built-in runtime) keeps every earlier revision's hash
         material["engine"] = spec.engine.model_dump(mode="json", by_alias=True, exclude_none=True)
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]
-
-
-def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
-    """Which pods may pair: protocol major version, layout (dtype, page size, state), backend and
-    both roles' TP/PP. A decode revision rolls out only once a ready prefill shares its key."""
-    mine = spec.prefill if role is Role.PREFILL else spec.decode
-    release = release_of(mine.runtime_version)
-    material = {
-        "wire": release.wire.major if release else mine.runtime_version,
-        "layout": spec.model.layout.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "backend": spec.transfer.backend.value,
-        "prefill": spec.prefill.parallelism.model_dump(mode="json", by_alias=True),
-        "decode": spec.decode.parallelism.model_dump(mode="json", by_alias=True),
-    }
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]

@@ -248,7 +248,7 @@ def test_long_names_fit_hostnames() -> None:
 
 
 def test_decode_rollout_holds_until_a_ready_prefill_shares_its_key() -> None:
-    from pdfleet_operator.resources.revision import compat_key
+    from pdfleet_operator.resources.compat import compat_key
 
     old_spec = base_spec(replicas=1)
     raw = old_spec.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,34 @@
+"""The compatibility key: which pods may pair.
+
+Kept apart from the revision (``resources.revision``), which hashes what the operator renders: the rendered
+pod carries this key as a label, so the key must not depend on the rendering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_runtime.versions import release_of
+
+__all__ = ["KEY_LEN", "compat_key"]
+
+KEY_LEN = 10
+
+
+def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
+    """Which pods may pair: protocol major version, layout (dtype, page size, state), backend and
+    both roles' TP/PP. A decode revision rolls out only once a ready prefill shares its key."""
+    mine = spec.prefill if role is Role.PREFILL else spec.decode
+    release = release_of(mine.runtime_version)
+    material = {
+        "wire": release.wire.major if release else mine.runtime_version,
+        "layout": spec.model.layout.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "backend": spec.transfer.backend.value,
+        "prefill": spec.prefill.parallelism.model_dump(mode="json", by_alias=True),
+        "decode": spec.decode.parallelism.model_dump(mode="json", by_alias=True),
+    }
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_LEN]
