@@ -13,7 +13,7 @@ from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
 from pdfleet_runtime.engine_rules import EngineInput, EngineRoleInput, rules_of
 from pdfleet_runtime.layouts import AttentionKind, LayoutError, resolve_layout
 
-__all__ = ["RoleEngine", "engine_input", "role_engine"]
+__all__ = ["RoleEngine", "engine_input", "revision_flags", "role_engine"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,14 @@ class RoleEngine:
     arg_paths: tuple[str, ...]
     env: tuple[dict, ...]  # core/v1 EnvVar dicts, shared then the role's
     env_paths: tuple[str, ...]
+
+
+def revision_flags(spec: PDDeploymentSpec) -> list[str]:
+    """``--revision COMMIT`` where the spec pins the Hub model's commit: SGLang 0.5.23 and vLLM 0.33.0 both take
+    it (and vLLM's tokenizer follows it), so every pod of both roles loads that commit."""
+    src = spec.model.source
+    rev = src.hugging_face.revision if src is not None and src.hugging_face is not None else None
+    return [] if rev is None else ["--revision", rev]
 
 
 def role_engine(spec: PDDeploymentSpec, role: Role) -> RoleEngine:
@@ -88,6 +96,7 @@ def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
         mla=mla,
         staging_buffer=spec.engine.staging_buffer,
         downloads_model=source is not None and source.hugging_face is not None,
+        model_revision=source.hugging_face.revision if source is not None and source.hugging_face else None,
         rdma_device_map=bool(spec.transfer.rdma_device_map),
         kv_heads=kv_heads,
         model_path=model_path,

@@ -38,10 +38,10 @@ from pdfleet_operator.resources.revisions import parse_revisions
 from pdfleet_runtime.config import READINESS_GATE, drain_of
 from pdfleet_runtime.readiness_problems import gate_problem
 
-__all__ = ["observe", "observe_nodes", "observed_pod", "secret_exists", "snapshot_of", "with_group_secrets"]
+__all__ = ["observe", "observe_nodes", "observed_pod", "pod_identity", "secret_exists", "snapshot_of", "with_group_secrets"]
 
 
-def _identity(value: str) -> tuple[Role, str, int, int, int] | None:
+def pod_identity(value: str) -> tuple[Role, str, int, int, int] | None:
     """(role, revision, index, member, nodes) from ``role/revision/index[/member/nodes]``."""
     parts = value.split("/")
     if len(parts) not in (3, 5) or parts[0] not in {r.value for r in Role} or not all(x.isdigit() for x in parts[2:]):
@@ -58,7 +58,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
     owner = next((ref for ref in meta.get("ownerReferences") or () if ref.get("uid") == owner_uid), None)
     if owner is None:
         return None
-    identity = _identity((meta.get("annotations") or {}).get(ANNOTATION_IDENTITY, ""))
+    identity = pod_identity((meta.get("annotations") or {}).get(ANNOTATION_IDENTITY, ""))
     if identity is None:
         return None
     role, revision, index, member, nodes = identity

@@ -4,12 +4,16 @@ would (surge, drains, canary), and one that renders the same pods rolls nothing.
 
 The upgrade is a second operator process running a copy of this checkout's ``pdfleet_operator`` put first
 on its ``PYTHONPATH``, with one change: the rendered ``/tmp`` volume's size (a rendering change), or a
-comment (none). The runtime pods run this checkout's runtime throughout.
+comment (none). The runtime pods run this checkout's runtime throughout. Before each upgrade, the new
+release's ``pdfleet render --diff`` says what it will change: both roles and the field, then nothing.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ import pytest
 
 from pdfleet_devcluster import LocalCluster
 from pdfleet_devcluster.local_operator import LocalOperator
-from tests.e2e.traffic import Fleet, running_fleet
+from tests.e2e.traffic import NAME, Fleet, running_fleet
 
 pytestmark = pytest.mark.cluster
 
@@ -54,6 +58,14 @@ def _upgrade(operators: list[LocalOperator], cluster: LocalCluster, where: Path,
     op.start()
 
 
+def _render_diff(cluster: LocalCluster, ns: str, env: dict[str, str]) -> tuple[int, str]:
+    """``pdfleet render --diff`` of the fleet, run by the release whose code ``env`` puts first."""
+    proc = subprocess.run([sys.executable, "-m", "pdfleet_operator.cli", "render", "--diff", NAME, "-n", ns],
+                          env={**os.environ, **env, "KUBECONFIG": str(cluster.kubeconfig)}, capture_output=True,
+                          text=True, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def _tmp_limits(fleet: Fleet) -> set[str]:
     return {v.empty_dir.size_limit for p in fleet.core.list_namespaced_pod(fleet.ns).items
             if p.metadata.labels.get("pdfleet.io/role") and p.metadata.deletion_timestamp is None
@@ -73,7 +85,12 @@ def test_an_upgrade_rolls_once_when_the_rendering_changes_and_never_when_it_does
         traffic = fleet.traffic()
         traffic.wait_served(4)
 
-        _upgrade(operators, cluster, tmp_path / "v2", _upgraded(tmp_path / "v2", OLD_TMP, NEW_TMP))
+        assert _render_diff(cluster, namespace, {})[0] == 0  # the running release: nothing to change
+        v2 = _upgraded(tmp_path / "v2", OLD_TMP, NEW_TMP)
+        rc, said = _render_diff(cluster, namespace, v2)
+        assert rc == 1 and said.count("its operator rolls") == 2, said
+        assert 'pod.spec.volumes[tmp].emptyDir.sizeLimit: "1Gi" -> "2Gi"' in said, said
+        _upgrade(operators, cluster, tmp_path / "v2", v2)
         new = {}
         for role in ("prefill", "decode"):
             new[role] = fleet.wait(lambda r=role: (t := (fleet.status()["rollout"][r]).get("targetRevision"))
@@ -86,7 +103,10 @@ def test_an_upgrade_rolls_once_when_the_rendering_changes_and_never_when_it_does
         settled = {role: set(timeline.ever(role)) for role in replicas}
 
         # An upgrade that renders the same pods (a comment changed): no revision moves, no pod is made.
-        _upgrade(operators, cluster, tmp_path / "v3", _upgraded(tmp_path / "v3", OLD_TMP, f"{NEW_TMP}  # v3"))
+        v3 = _upgraded(tmp_path / "v3", OLD_TMP, f"{NEW_TMP}  # v3")
+        rc, said = _render_diff(cluster, namespace, v3)
+        assert rc == 0 and said.count(": unchanged") == 2, said
+        _upgrade(operators, cluster, tmp_path / "v3", v3)
         time.sleep(20)  # a few reconcile passes of the new operator
         for role in replicas:
             st = fleet.status()["rollout"][role]

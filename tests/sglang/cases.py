@@ -8,6 +8,7 @@ values the kubelet fills (fieldRef, secretKeyRef) get placeholders; HOME is a wr
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from typing import Any
@@ -127,5 +128,8 @@ def generated_specs(n: int, seed: int = 21) -> list[dict]:
         for role, args in roles.items():
             if args:
                 obj["spec"][role]["engine"] = {"args": args}
+        if i % 4 == 3:  # a pinned Hub model: --revision, checked by the engine's own parser (no rng draw)
+            obj["spec"]["model"]["source"] = {"huggingFace": {
+                "id": "pdfleet/check-model", "revision": hashlib.sha1(obj["metadata"]["name"].encode()).hexdigest()}}
         out.append(obj)
     return out

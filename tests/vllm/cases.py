@@ -7,6 +7,7 @@ model family, ``--load-format dummy`` is appended, and kubelet-filled values (fi
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from typing import Any
@@ -100,5 +101,8 @@ def generated_specs(n: int, seed: int = 41) -> list[dict]:
         for role, args in roles.items():
             if args:
                 obj["spec"][role]["engine"] = {"args": args}
+        if i % 4 == 3:  # a pinned Hub model: --revision, checked by the engine's own parser (no rng draw)
+            obj["spec"]["model"]["source"] = {"huggingFace": {
+                "id": "pdfleet/check-model", "revision": hashlib.sha1(obj["metadata"]["name"].encode()).hexdigest()}}
         out.append(obj)
     return out

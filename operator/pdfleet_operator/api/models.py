@@ -132,6 +132,12 @@ class HuggingFaceSource(ApiModel):
         None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="Secret in the deployment's namespace whose key `token` holds the Hub token (HF_TOKEN).",
     )
+    revision: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="The commit every pod loads (a full 40-hex commit hash; the engines' --revision): prefill "
+        "and decode load the same weights, and a new commit is a rollout of both roles. Unset: each pod loads "
+        "whatever the default branch holds when it starts (admitted with a warning).",
+    )
 
 
 class ModelSource(ApiModel):

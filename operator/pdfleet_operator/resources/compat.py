@@ -19,8 +19,9 @@ KEY_LEN = 10
 
 
 def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
-    """Which pods may pair: protocol major version, layout (dtype, page size, state), backend and
-    both roles' TP/PP. A decode revision rolls out only once a ready prefill shares its key."""
+    """Which pods may pair: protocol major version, layout (dtype, page size, state), backend, both roles'
+    TP/PP and, where pinned, the Hub model's commit. A decode revision rolls out only once a ready prefill
+    shares its key."""
     mine = spec.prefill if role is Role.PREFILL else spec.decode
     release = release_of(mine.runtime_version)
     material = {
@@ -30,5 +31,9 @@ def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
         "prefill": spec.prefill.parallelism.model_dump(mode="json", by_alias=True),
         "decode": spec.decode.parallelism.model_dump(mode="json", by_alias=True),
     }
+    src = spec.model.source
+    hub = src.hugging_face if src is not None else None
+    if hub is not None and hub.revision is not None:  # unpinned (and path) sources keep every earlier key
+        material["model"] = {"id": hub.id, "revision": hub.revision}
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LEN]

@@ -59,6 +59,10 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
             warnings.append(violation(ENGINE_RULES["warn-engine-model-download"],
                                       "model.source.huggingFace: every pod downloads the weights at start",
                                       ("spec.model.source.huggingFace",), inp.kind))
+            if inp.model_revision is None:
+                warnings.append(violation(ENGINE_RULES["warn-engine-model-revision"],
+                                          "model.source.huggingFace.revision is unset: pods may load different "
+                                          "commits", ("spec.model.source.huggingFace.revision",), inp.kind))
     except Exception as exc:  # totality, as matrix.evaluate: a bug must be a verdict, not a crash
         errors.append(Violation("matrix-internal-error", f"engine rules failed: {type(exc).__name__}: {exc}",
                                 ("spec.engine",), "a bug in the engine rules", "report it with the manifest"))

@@ -35,6 +35,11 @@ ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
     _r("warn-engine-model-download", "the model is downloaded at start",
        "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
        "put the weights on a volume (model.source.path with volume)", Severity.WARNING),
+    _r("warn-engine-model-revision", "the model's revision is not pinned",
+       "each pod loads whatever the Hub's default branch holds when it starts: after the model's owner pushes, a "
+       "restarted pod serves other weights beside the rest of the fleet, and a prefill and a decode can pair "
+       "across two commits with nothing failing", "set model.source.huggingFace.revision to a commit",
+       Severity.WARNING),
 ]))
 
 

@@ -42,6 +42,7 @@ class EngineInput:
     mla: bool = False
     staging_buffer: bool = False
     downloads_model: bool = False
+    model_revision: str | None = None  # spec.model.source.huggingFace.revision (a commit)
     rdma_device_map: bool = False  # spec.transfer.rdmaDeviceMap is set
     roles: tuple[Role, ...] = field(default=(Role.PREFILL, Role.DECODE))
     kv_heads: int | None = None  # the layout's KV heads (hetero-TP rules)

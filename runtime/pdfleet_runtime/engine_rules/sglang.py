@@ -64,6 +64,7 @@ MODEL_FAMILIES: Mapping[str, ModelFamily] = MappingProxyType({
 # dest -> the field that owns it ("{role}" is spec.prefill or spec.decode)
 OWNED_FLAGS: Mapping[str, str] = MappingProxyType({
     "model_path": "spec.model.source",
+    "revision": "spec.model.source.huggingFace.revision",
     "served_model_name": "spec.model.servedName",
     "tp_size": "{role}.parallelism.tensor",
     "pp_size": "{role}.parallelism.pipeline",

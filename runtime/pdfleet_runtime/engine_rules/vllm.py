@@ -78,6 +78,7 @@ MODEL_FAMILIES: Mapping[str, ModelFamily] = MappingProxyType({
 OWNED_FLAGS: Mapping[str, str] = MappingProxyType({
     "model_tag": "spec.model.source",
     "model": "spec.model.source",
+    "revision": "spec.model.source.huggingFace.revision",
     "served_model_name": "spec.model.servedName",
     "tensor_parallel_size": "{role}.parallelism.tensor (and .data: TP = tensor / data)",
     "pipeline_parallel_size": "{role}.parallelism.pipeline",

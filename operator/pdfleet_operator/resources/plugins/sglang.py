@@ -11,7 +11,7 @@ import json
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec, PoolSpec, RoleSpec
-from pdfleet_operator.engine import engine_input, role_engine
+from pdfleet_operator.engine import engine_input, revision_flags, role_engine
 from pdfleet_operator.resources.plugins.contract import GroupMember, NamedPort, WorkerContract
 from pdfleet_runtime.engine_rules import EngineRules
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, DIST_INIT_PORT, ENGINE_PORT, PROTOCOLS
@@ -73,6 +73,7 @@ class SGLangContainer:
         cmd = [
             "python3", "-m", "sglang.launch_server",
             "--model-path", _model_path(spec),
+            *revision_flags(spec),
             "--served-model-name", spec.model.served_name or name,
             "--tp-size", str(rs.parallelism.tensor),
             "--pp-size", str(rs.parallelism.pipeline),

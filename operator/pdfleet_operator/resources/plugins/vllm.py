@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import EngineKind, PDDeploymentSpec
-from pdfleet_operator.engine import role_engine
+from pdfleet_operator.engine import revision_flags, role_engine
 from pdfleet_operator.resources.plugins.contract import GroupMember, NamedPort, WorkerContract
 from pdfleet_runtime.engine_rules import EngineRules
 from pdfleet_runtime.engine_rules.vllm import ENGINE_PORT, MASTER_PORT, PROTOCOLS, vllm_parallel
@@ -74,6 +74,7 @@ def vllm_command(name: str, spec: PDDeploymentSpec, role: Role, member: GroupMem
     t = spec.transfer
     return [
         "vllm", "serve", _model(spec),
+        *revision_flags(spec),
         "--served-model-name", spec.model.served_name or name,
         *_parallel(spec, role),
         *_group(spec, role, member),
