@@ -120,6 +120,8 @@ class ModelSourceConfig(_Model):
     init_range: float | None = Field(None, gt=0, le=10, description="Without weights: their init range (the "
                                      "config's initializer_range when unset).")
     max_weight_gib: int = Field(64, ge=1, le=4096, description="The most safetensors the directory may hold.")
+    digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="The content the directory "
+                               "must hold (spec.model.source.digest; model/digest.py); checked before loading.")
 
 
 class GroupConfig(_Model):

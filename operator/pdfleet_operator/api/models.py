@@ -153,6 +153,11 @@ class ModelSource(ApiModel):
         description="A core/v1 volume source (persistentVolumeClaim, hostPath, image, ...) mounted "
         "read-only at path; omit it when the image holds the model.",
     )
+    digest: str | None = Field(
+        None, pattern=r"^sha256:[0-9a-f]{64}$",
+        description="The directory's content digest (`pdfleet digest DIR`): the built-in runtime refuses to start "
+        "on other content, and it is part of both roles' revision and of the compatibility key. Goes with path.",
+    )
     hugging_face: HuggingFaceSource | None = Field(
         None,
         alias="huggingFace",

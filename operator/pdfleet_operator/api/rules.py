@@ -420,6 +420,17 @@ CEL_RULES: tuple[CelRule, ...] = (
         lambda o: ("path" in o) != ("huggingFace" in o) and ("volume" not in o or "path" in o),
     ),
     CelRule(
+        "model-digest-builtin",
+        ("spec",),
+        "!has(self.model.source) || !has(self.model.source.digest) || (has(self.model.source.path) && "
+        "(!has(self.engine) || self.engine.kind == 'pdfleet'))",
+        "model.source.digest goes with model.source.path and is checked by the built-in runtime at start; SGLang "
+        "and vLLM pods do not check it (pin a Hub model with huggingFace.revision instead)",
+        lambda o: "digest" not in (o["model"].get("source") or {}) or (
+            "path" in o["model"]["source"] and _engine_kind(o) == "pdfleet"),
+        ".model.source.digest",
+    ),
+    CelRule(
         "model-revision-commit",
         ("spec.model.source.huggingFace",),
         "!has(self.revision) || self.revision.matches('^[0-9a-f]{40}$')",

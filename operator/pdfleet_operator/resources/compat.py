@@ -20,7 +20,7 @@ KEY_LEN = 10
 
 def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
     """Which pods may pair: protocol major version, layout (dtype, page size, state), backend, both roles'
-    TP/PP and, where pinned, the Hub model's commit. A decode revision rolls out only once a ready prefill
+    TP/PP and, where pinned, the Hub model's commit or the model directory's digest. A decode revision rolls out only once a ready prefill
     shares its key."""
     mine = spec.prefill if role is Role.PREFILL else spec.decode
     release = release_of(mine.runtime_version)
@@ -33,7 +33,9 @@ def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
     }
     src = spec.model.source
     hub = src.hugging_face if src is not None else None
-    if hub is not None and hub.revision is not None:  # unpinned (and path) sources keep every earlier key
+    if hub is not None and hub.revision is not None:  # unpinned sources keep every earlier key
         material["model"] = {"id": hub.id, "revision": hub.revision}
+    elif src is not None and src.digest is not None:
+        material["model"] = {"path": src.path, "digest": src.digest}
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LEN]

@@ -67,7 +67,7 @@ def _model(spec: PDDeploymentSpec) -> ModelSourceConfig | None:
     src = spec.model.source
     if src is None or src.path is None or engine_plugin(spec).container is not None:
         return None
-    return ModelSourceConfig(path=src.path)
+    return ModelSourceConfig(path=src.path, digest=src.digest)
 
 
 def _group(name: str, nodes: int, role: Role) -> GroupConfig | None:

@@ -18,6 +18,7 @@ import torch
 
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.layouts import Layout
+from pdfleet_runtime.model.digest import check_digest
 from pdfleet_runtime.model.state import ModelFault
 from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.messages import PromptFill, SyntheticFill
@@ -43,6 +44,7 @@ def load_rank_model(cfg: RuntimeConfig, layout: Layout, device: str) -> ModelRun
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     m = cfg.model
+    check_digest(m.path, m.digest)  # before loading: another directory's weights never serve
     declared = cfg.layout.preset if cfg.layout.preset is not None else layout
     runner = ModelRunner(m.path, declared=declared, init_seed=m.init_seed, init_range=m.init_range,
                          max_weight_bytes=m.max_weight_gib << 30, device=device)
