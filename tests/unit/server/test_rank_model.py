@@ -82,3 +82,27 @@ def test_a_rank_refuses_a_layout_that_disagrees_with_the_model(tmp_path: Path) -
                         secret_path=tmp_path / "k", model=ModelSourceConfig(path=d))
     with pytest.raises(ModelConfigError, match="numLayers"):
         load_rank_model(cfg, None, "cpu")  # type: ignore[arg-type]
+
+
+def test_a_rank_refuses_a_model_directory_of_another_digest(tmp_path: Path) -> None:
+    """spec.model.source.digest: checked before anything is loaded; the right digest loads."""
+    from pdfleet_runtime.config import ModelSourceConfig, RuntimeConfig
+    from pdfleet_runtime.layouts import resolve_layout
+    from pdfleet_runtime.model.digest import directory_digest
+    from pdfleet_runtime.model.hf_config import ModelConfigError
+    from pdfleet_runtime.rank.reference import load_rank_model
+
+    d = make_model("llama", tmp_path / "llama", weights=False)
+
+    def cfg(digest: str) -> RuntimeConfig:
+        return RuntimeConfig(deployment="d", namespace="ns", role="prefill", runtime_version="0.1.0",
+                             layout=LayoutRef(inline=ModelRunner(d).layout), shape=S(1), peer_shape=S(1),
+                             backend="mooncake", protocol="tcp", max_concurrent_requests=1, kv_tokens=16,
+                             prefill_service="p", secret_path=tmp_path / "k",
+                             model=ModelSourceConfig(path=d, digest=digest))
+
+    with pytest.raises(ModelConfigError, match="has digest sha256:") as e:
+        load_rank_model(cfg("sha256:" + "0" * 64), None, "cpu")  # type: ignore[arg-type]
+    assert e.value.field == "digest"
+    good = cfg(directory_digest(d))
+    assert load_rank_model(good, resolve_layout(good.layout), "cpu") is not None
