@@ -400,7 +400,7 @@ CEL_RULES: tuple[CelRule, ...] = (
         "(has(self.engine) && self.engine.kind != 'pdfleet') || !has(self.model.source) || "
         "has(self.model.source.path)",
         "the built-in runtime reads model.source.path (with its volume) and fetches nothing: "
-        "model.source.huggingFace needs spec.engine.kind sglang",
+        "model.source.huggingFace needs spec.engine.kind sglang or vllm",
         lambda o: _engine_kind(o) != "pdfleet" or "source" not in o["model"] or "path" in o["model"]["source"],
         ".model.source",
     ),
