@@ -161,6 +161,10 @@ class RuntimeConfig(_Model):
     role: Role = Field(description="This pod's role.")
     runtime_version: str = Field(description="The runtime version the operator expects in the image.")
     layout: LayoutRef = Field(description="The model's state layout.")
+    model_identity: str | None = Field(None, min_length=1, max_length=200, description="The model every peer "
+                                       "must serve: `hf:ORG/NAME@COMMIT` (huggingFace.revision) or `dir:sha256:...` "
+                                       "(source.digest); unset when not pinned. A prefill and a decode of different "
+                                       "identities refuse each other at the handshake (wire 1.2).")
     shape: ParallelShape = Field(description="This role's parallel shape ``{tensor, pipeline}``: a pod holds "
                                  "tensor x pipeline ranks, one GPU each.")
     peer_shape: ParallelShape = Field(description="The other role's parallel shape (planning needs both).")

@@ -13,9 +13,22 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_runtime.versions import release_of
 
-__all__ = ["KEY_LEN", "compat_key"]
+__all__ = ["KEY_LEN", "compat_key", "model_identity"]
 
 KEY_LEN = 10
+
+
+def model_identity(spec: PDDeploymentSpec) -> str:
+    """The model every pod of the fleet must serve: ``hf:ORG/NAME@COMMIT`` (huggingFace.revision) or
+    ``dir:sha256:...`` (source.digest); '' when not pinned. The built-in runtime's prefill and decode compare it
+    at their handshake (``RuntimeConfig.model_identity``), so pods of two generations never pair."""
+    src = spec.model.source
+    if src is None:
+        return ""
+    hub = src.hugging_face
+    if hub is not None and hub.revision is not None:
+        return f"hf:{hub.id}@{hub.revision}"
+    return f"dir:{src.digest}" if src.digest is not None else ""
 
 
 def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
@@ -31,11 +44,8 @@ def compat_key(spec: PDDeploymentSpec, role: Role) -> str:
         "prefill": spec.prefill.parallelism.model_dump(mode="json", by_alias=True),
         "decode": spec.decode.parallelism.model_dump(mode="json", by_alias=True),
     }
-    src = spec.model.source
-    hub = src.hugging_face if src is not None else None
-    if hub is not None and hub.revision is not None:  # unpinned sources keep every earlier key
-        material["model"] = {"id": hub.id, "revision": hub.revision}
-    elif src is not None and src.digest is not None:
-        material["model"] = {"path": src.path, "digest": src.digest}
+    ident = model_identity(spec)
+    if ident:  # unpinned sources keep every earlier key
+        material["model"] = ident
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_LEN]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.resources.compat import model_identity
 from pdfleet_operator.resources.names import (
     SECRET_FILE,
     WORKER_SECRET_MOUNT,
@@ -39,6 +40,7 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         role=role.value,
         runtime_version=mine.runtime_version,
         layout=spec.model.layout,
+        model_identity=model_identity(spec) or None,
         shape=ParallelShape(mine.parallelism.tensor, mine.parallelism.pipeline),
         peer_shape=ParallelShape(other.parallelism.tensor, other.parallelism.pipeline),
         backend=spec.transfer.backend,

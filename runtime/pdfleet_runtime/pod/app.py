@@ -136,7 +136,7 @@ class PodServer:
         try:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
-                state = BootstrapState(cfg.shape, wire=wire)
+                state = BootstrapState(cfg.shape, wire=wire, model=cfg.model_identity or "")
                 state.admit = self.worker.rooms.admit  # claims of rooms go through the worker API's rooms,
                 state.settled = self.worker.rooms.settle  # and so do the ends of their legs
                 codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)

@@ -116,8 +116,10 @@ class BootstrapState:
     """The registry and mailboxes of one prefill pod (pure; one instance per pod incarnation)."""
 
     def __init__(self, prefill: ParallelShape, *, limits: BootstrapLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic, wire: WireProtocol = WIRE) -> None:
+                 clock: Callable[[], float] = time.monotonic, wire: WireProtocol = WIRE, model: str = "") -> None:
         self.prefill, self.limits, self._clock, self.wire = prefill, limits or BootstrapLimits(), clock, wire
+        self.model = model
+        """The model this pod serves (``RuntimeConfig.model_identity``); a decode of another one is refused."""
         self.draining = False
         self.broken = ""
         """Why this replica lost ranks for good (``fail_sources``); '' while whole."""
@@ -197,8 +199,12 @@ class BootstrapState:
             raise ProtocolError(RefusalCode.VERSION, f"{msg.role.value} {msg.instance} (runtime {msg.runtime_version}) "
                                 f"speaks wire protocol {theirs}; this prefill pod (runtime "
                                 f"{CURRENT_RUNTIME_VERSION}) speaks {self.wire}")
+        if msg.model != self.model:
+            raise ProtocolError(RefusalCode.CONFLICT, f"{msg.role.value} {msg.instance} serves model "
+                                f"{msg.model or '(not pinned)'}; this prefill pod serves {self.model or '(not pinned)'}: "
+                                "pods of two model generations never pair")
         return Welcome(runtime_version=CURRENT_RUNTIME_VERSION, wire=str(self.wire), prefill_tp=self.prefill.tp,
-                       prefill_pp=self.prefill.pp, ready=self.ready)
+                       prefill_pp=self.prefill.pp, ready=self.ready, model=self.model)
 
     def prefill_register(self, msg: PrefillRegister) -> Ack:
         key = msg.rank.rank.pair

@@ -155,7 +155,7 @@ class DecodeRank:
                  instance: str, settings: DecodeSettings | None = None,
                  release: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  runtime_version: str = CURRENT_RUNTIME_VERSION, wire: str = str(WIRE),
-                 staging: DecodeStaging | None = None) -> None:
+                 staging: DecodeStaging | None = None, model: str = "") -> None:
         self.registration, self.resolver, self.codec, self.instance = registration, resolver, codec, instance
         self.settings = settings or DecodeSettings()
         self.me: Pair = (registration.tp_rank, registration.pp_rank)
@@ -165,6 +165,8 @@ class DecodeRank:
                                             staging=StagingModel(**staging.announce()) if staging else None)
         self._release, self._clock = release, clock
         self._runtime_version, self._wire = runtime_version, wire
+        self.model = model
+        """The model this rank serves (``RuntimeConfig.model_identity``): a prefill pod of another one is refused."""
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._link: _Link | None = None
         self._link_lock = asyncio.Lock()
@@ -247,7 +249,7 @@ class DecodeRank:
         client = BootstrapClient(endpoint, self.codec)
         try:
             hello = Hello(role=Role.DECODE, runtime_version=self._runtime_version, wire=self._wire,
-                          instance=self.instance)
+                          instance=self.instance, model=self.model)
             reply = await client.call(hello, timeout_s=self._rpc(deadline))
             welcome = reply.body
             assert isinstance(welcome, Welcome)
@@ -256,6 +258,10 @@ class DecodeRank:
                 raise HandshakeRefused(RefusalCode.VERSION, f"prefill pod {endpoint} (runtime "
                                        f"{welcome.runtime_version}) speaks wire protocol {theirs}; this decode "
                                        f"rank (runtime {self._runtime_version}) speaks {self._wire}")
+            if welcome.model != self.model:  # an older prefill pod does not check: this side does
+                raise HandshakeRefused(RefusalCode.CONFLICT, f"prefill pod {endpoint} serves model "
+                                       f"{welcome.model or '(not pinned)'}; this decode rank serves "
+                                       f"{self.model or '(not pinned)'}: pods of two model generations never pair")
             reg = await client.call(self._register_msg, timeout_s=self._rpc(deadline))
             assert isinstance(reg.body, DecodeRegistered)
             if reg.boot != reply.boot:

@@ -72,6 +72,8 @@ __all__ = [
 ]
 
 WIRE: WireProtocol = RUNTIME_RELEASES["0.1.0"].wire
+MODEL_IDENTITY_MAX = 200
+"""Bound of a model identity on the wire (``hf:ORG/NAME@COMMIT`` or ``dir:sha256:...``)."""
 """The wire protocol this runtime speaks (from the release table, so the operator's check and the
 handshake agree)."""
 MAX_MESSAGE_BYTES = 4 << 20
@@ -260,6 +262,9 @@ class Hello(_Msg):
     runtime_version: str = Field(max_length=64)
     wire: str = Field(max_length=16)
     instance: Name
+    model: str = Field("", max_length=MODEL_IDENTITY_MAX)
+    """The model the decode serves (``RuntimeConfig.model_identity``; wire 1.2): a prefill pod of another one
+    refuses it, so pods of two model generations never pair. '' = not pinned."""
 
 
 class Welcome(_Msg):
@@ -269,6 +274,8 @@ class Welcome(_Msg):
     prefill_tp: int = Field(ge=1, le=1024)
     prefill_pp: int = Field(ge=1, le=1024)
     ready: bool
+    model: str = Field("", max_length=MODEL_IDENTITY_MAX)
+    """The model this prefill pod serves (wire 1.2; '' from an older pod, or not pinned)."""
     """True once every prefill rank of the pod has registered."""
 
 

@@ -215,7 +215,7 @@ class DecodeRequests(_Items):
                 Codec(mounted_keys(spec.config.secret_path, spec.secret), f"{spec.instance}-{spec.tp}-{spec.pp}"),
                 instance=spec.instance,
                 settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
-                release=self.release, staging=self.staging, **wire)
+                release=self.release, staging=self.staging, model=spec.config.model_identity or "", **wire)
         return coord
 
     async def transfer(self, op: TransferOp) -> TransferResult:

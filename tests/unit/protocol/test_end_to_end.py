@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH, BootstrapServer, B
 from pdfleet_runtime.protocol.client import BootstrapClient
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
 from pdfleet_runtime.protocol.discovery import StaticResolver
-from pdfleet_runtime.protocol.messages import WIRE, Hello, Role
+from pdfleet_runtime.protocol.messages import WIRE, Hello, Role, Welcome
 from pdfleet_runtime.protocol.prefill import PrefillRank, PrefillSettings
 from pdfleet_runtime.protocol.states import FailureReason, RequestState, StateTimeouts
 from pdfleet_runtime.records import ParallelShape
@@ -59,10 +60,11 @@ class Rig:
 
 
 async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeouts | None = None,
-              prefill_timeouts: StateTimeouts | None = None, wire: str = str(WIRE), layout: str = LAYOUT_NAME) -> Rig:
+              prefill_timeouts: StateTimeouts | None = None, wire: str = str(WIRE), layout: str = LAYOUT_NAME,
+              models: tuple[str, str] = ("", "")) -> Rig:
     lay = PRESETS[layout]
     cap = Capacity(REQUESTS, TOKENS)
-    server = BootstrapServer(BootstrapState(p), Codec(SECRET, "pod", rank_key=RANK_KEY))
+    server = BootstrapServer(BootstrapState(p, model=models[0]), Codec(SECRET, "pod", rank_key=RANK_KEY))
     ep = await server.start()
     src = [RankPools(lay, p, t, k, cap) for t, k in p.coords()]
     dst = [RankPools(lay, d, t, k, cap) for t, k in d.coords()]
@@ -88,7 +90,7 @@ async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeo
         eng.start()
         info = eng.register_rank(pools.registration())
         r.decode.append(DecodeRank(pools.registration(), info, StaticResolver([ep]), Codec(SECRET, "d"),
-                                   instance="dec", release=r.released["decode"].append, wire=wire,
+                                   instance="dec", release=r.released["decode"].append, wire=wire, model=models[1],
                                    settings=DecodeSettings(timeouts=decode_timeouts or StateTimeouts())))
     return r
 
@@ -141,6 +143,45 @@ def test_incompatible_wire_version_refuses_the_handshake_naming_both() -> None:
         assert r.server.state.decodes == {}
 
     run(S(1), S(1), body, wire=f"{WIRE.major + 1}.0")
+
+
+A, B = "dir:sha256:" + "a" * 64, "hf:org/m@" + "b" * 40
+
+
+def test_pods_of_two_model_generations_refuse_each_other_at_the_handshake() -> None:
+    """RuntimeConfig.model_identity (wire 1.2): a decode of model A and a prefill of model B never pair; the
+    request fails as refused, naming both, and nothing is registered; the same model pairs."""
+    async def body(r: Rig) -> None:
+        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=5)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.REFUSED, out
+        assert A in out.reason and B in out.reason and "two model generations" in out.reason
+        assert r.released["decode"] == ["q0"] and r.server.state.decodes == {}
+
+    async def same(r: Rig) -> None:
+        r.prefill[0].add_request("q0", r.src_reqs[0])
+        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=10)
+        assert out.state is RequestState.SUCCESS, out
+
+    run(S(1), S(1), body, models=(B, A))
+    run(S(1), S(1), body, models=(A, B))
+    run(S(1), S(1), same, models=(A, A))
+
+
+def test_an_older_prefill_pod_is_refused_by_the_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill pod that does not check (wire 1.1: its welcome names no model) is refused by a pinned decode."""
+    def older(self: BootstrapState, msg: Hello) -> Welcome:
+        return Welcome(runtime_version="0.1.0", wire="1.1", prefill_tp=self.prefill.tp, prefill_pp=self.prefill.pp,
+                       ready=self.ready)
+
+    monkeypatch.setattr(BootstrapState, "hello", older)
+
+    async def body(r: Rig) -> None:
+        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=5)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.REFUSED, out
+        assert "prefill pod" in out.reason and "(not pinned)" in out.reason and A in out.reason
+        assert r.server.state.decodes == {}
+
+    run(S(1), S(1), body, models=(A, A))
 
 
 def test_missing_prefill_input_fails_both_sides_within_their_timeouts_and_frees_items() -> None:
