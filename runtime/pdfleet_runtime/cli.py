@@ -157,6 +157,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--fault-corrupt-received", action="store_true", help=argparse.SUPPRESS)
     srv.add_argument("--fault-corrupt-sent", action="store_true", help=argparse.SUPPRESS)
     srv.add_argument("--fault-scatter-pages", type=int, default=None, help=argparse.SUPPRESS)
+    srv.add_argument("--fault-model", default=None, choices=[f.value for f in ModelFault], help=argparse.SUPPRESS)
 
 
 def _agent_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -223,7 +224,8 @@ def _serve(args: argparse.Namespace) -> int:
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
             "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level", "stand_in_for")}
         flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received,
-                                       args.fault_corrupt_sent, args.fault_scatter_pages)
+                                       args.fault_corrupt_sent, args.fault_scatter_pages,
+                                       model=ModelFault(args.fault_model) if args.fault_model else None)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
     except (ConfigError, OptionsError) as e:

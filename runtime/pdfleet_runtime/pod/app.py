@@ -45,7 +45,7 @@ from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.http_guard import GuardedServer
 from pdfleet_runtime.protocol.keys import Keyring, load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, RequestKind, parse_wire
-from pdfleet_runtime.rank.pipe import LegReport, RankStats, StatsOp, Transport
+from pdfleet_runtime.rank.pipe import Generated, GenerateOp, LegReport, RankStats, StatsOp, Transport
 
 from .admin import start_admin
 from .compute_cost import warming
@@ -273,8 +273,17 @@ class PodServer:
         return await self.router.known(ep, self.resolver)
 
     async def pull(self, ep: Endpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                   retry_refused_s: float) -> SyntheticResult:
-        return await self.router.pull(ep, room, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s)
+                   retry_refused_s: float, prompt: tuple[int, ...] = ()) -> SyntheticResult:
+        return await self.router.pull(ep, room, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s,
+                                      prompt=prompt)
+
+    async def generate(self, op: GenerateOp, timeout_s: float) -> Generated:
+        if self.launcher is None:
+            raise RankCallError("rank processes are not up")
+        res = await self.launcher.call(0, op, timeout_s=timeout_s)
+        if not isinstance(res, Generated):
+            raise RankCallError(f"decode rank 0 answered {type(res).__name__} to GenerateOp")
+        return res
 
     # ------------------------------------------------------------------ HTTP
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pdfleet_runtime.model.state import RankShare
 from pdfleet_runtime.protocol.discovery import Endpoint, ResolveError, Resolver
 from pdfleet_runtime.protocol.messages import RequestKind
 from pdfleet_runtime.protocol.states import FailureReason
@@ -59,6 +60,10 @@ class SyntheticResult:
     """Under ``failure``: the failed prefill rank's kind (``SOURCE_FAILED``) or ``DRAINING`` (``REFUSED``)."""
     mismatched_buffers: tuple[str, ...] = ()
     """Under ``VERIFY``: the buffers whose bytes differ."""
+    shares: tuple[RankShare, ...] = ()
+    """A prompt request that succeeded: every decode rank's share of the model's state, in rank order."""
+    first_tokens: tuple[int, ...] = ()
+    """A prompt request that succeeded: the first tokens the prefill ranks carried (all must agree)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
@@ -152,18 +157,20 @@ class RequestRouter:
         return res
 
     async def pull(self, ep: Endpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                   retry_refused_s: float = 0.0) -> SyntheticResult:
+                   retry_refused_s: float = 0.0, prompt: tuple[int, ...] = ()) -> SyntheticResult:
         """One request whose state a prefill pod holds (``room``): from that pod only, ``seed`` as given.
 
         The prefill may not hold the room yet when a rank claims it: each rank sends its refused claim
         again, under the same id, for ``retry_refused_s`` (``TransferOp.wait_refused_s``), so the ranks
         of this decode (one pod or a group, whose member's ranks claim later) never split between the
-        room's id and a retry's."""
+        room's id and a retry's. ``prompt``: a model pod's request (the ranks answer their shares of the model's
+        state instead of checking seeded bytes)."""
         self.active += 1
         t0 = time.perf_counter()
         try:
             res = await self._through(ep, TransferOp(request_id, ep.host, ep.port, tokens, seed, timeout_s,
-                                                     wait_refused_s=retry_refused_s, kind=RequestKind.ROOM, room=room))
+                                                     wait_refused_s=retry_refused_s, prompt=prompt,
+                                                     kind=RequestKind.ROOM, room=room))
         finally:
             self.active -= 1
         res = dataclasses.replace(res, seconds=time.perf_counter() - t0)
@@ -211,7 +218,10 @@ class RequestRouter:
             return SyntheticResult(rid, False, FailureReason.VERIFY, f"{mismatched} bytes arrived different from the "
                                    f"seeded state in buffer {', '.join(names) or '?'}", moved, write_s, 0.0,
                                    mismatched, str(ep), mismatched_buffers=names)
-        return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep))
+        shares = tuple(o.share for o in outs if o.share is not None)
+        firsts = tuple(r.first_token for o in outs for r in o.reports if r.first_token is not None)
+        return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep), shares=shares,
+                               first_tokens=firsts)
 
     def endpoints_for_requests(self) -> list[Endpoint]:
         """Prefill pods whose canary passed first (round robin), then the others known, then those that

@@ -132,8 +132,10 @@ class ModelRunner:
         return Prefilled(int(logits.argmax()), logits.cpu().numpy(), state, time.perf_counter() - t0)
 
     @torch.inference_mode()
-    def decode(self, state: ModelState, first_token: int, steps: int) -> Generation:
-        """``steps`` greedy tokens after ``first_token``, continuing from ``state`` (rebuilt as a cache)."""
+    def decode(self, state: ModelState, first_token: int, steps: int, stop_ids: frozenset[int] = frozenset()
+               ) -> Generation:
+        """``steps`` greedy tokens after ``first_token``, continuing from ``state`` (rebuilt as a cache); a token in
+        ``stop_ids`` is the last."""
         t0 = time.perf_counter()
         cache = cache_from_state(state, self.model.config, self.layout)
         token, pos = first_token, state.length
@@ -146,6 +148,8 @@ class ModelRunner:
             token, pos = int(row.argmax()), pos + 1
             tokens.append(token)
             logits.append(row.cpu().numpy())
+            if token in stop_ids:
+                break
         arr = np.stack(logits) if logits else np.zeros((0, self.vocab_size), np.float32)
         return Generation(tuple(tokens), arr, time.perf_counter() - t0)
 

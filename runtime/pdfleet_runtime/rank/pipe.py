@@ -147,13 +147,16 @@ class TransferOp:
 @dataclass(frozen=True)
 class GenerateOp:
     """Decode, reference engine: rebuild a request's state from every decode rank's share (each read from that
-    rank's own pools) and continue greedily from ``first_token`` for ``steps`` tokens; answers ``Generated``."""
+    rank's own pools) and continue greedily from ``first_token`` for ``steps`` tokens; answers ``Generated``.
+    ``stop_ids``: a generated id among them ends the continuation early (a model pod's end of sequence; parity
+    runs give none: exactly ``steps``)."""
 
     request_id: str
     length: int
     first_token: int
     steps: int
     shares: tuple[RankShare, ...]
+    stop_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ class _Rank:
             case pipe.ArenaCheckOp() if isinstance(work, DecodeRequests) and work.arena is not None:
                 return await asyncio.to_thread(work.arena.check)
             case pipe.GenerateOp() if self.runner is not None and self.spec.config.role is Role.DECODE:
-                return await asyncio.to_thread(generate, self.runner, op, self.shape)
+                return await asyncio.to_thread(generate, self.runner, op, self.shape, self.spec.faults.model)
             case pipe.RequestStatesOp() if isinstance(work, SyntheticSource):
                 return pipe.RequestStates({rid: self.coord.outcome(rid) or RequestState.BOOTSTRAPPING
                                            for rid in op.request_ids})
