@@ -57,9 +57,9 @@ class ModelPair:
     """A prefill and a decode pod of the model, and a router's way of sending them one request."""
 
     def __init__(self, tmp: Path, model_dir: Path, prefill_tp: int, decode_tp: int,
-                 decode_args: tuple[str, ...] = ()) -> None:
+                 decode_args: tuple[str, ...] = (), prefill_args: tuple[str, ...] = ()) -> None:
         self.prefill = Pod(tmp, f"pre-{prefill_tp}", model_cfg("prefill", model_dir, prefill_tp, decode_tp),
-                           offset=free_offset(), args=("--room-ttl", "30"))
+                           offset=free_offset(), args=("--room-ttl", "30", *prefill_args))
         self.decode = Pod(tmp, f"dec-{decode_tp}", model_cfg("decode", model_dir, decode_tp, prefill_tp),
                           args=(*FAST, *decode_args), env={"PDFLEET_PREFILL_ADDRESSES": self.prefill.bootstrap})
         self.prefill.start()
@@ -213,3 +213,31 @@ def test_decode_fault_zeroing_a_recurrent_slot_makes_answers_differ(tmp_path: Pa
         differ += ans[0] != 200 or ans[1]["output_ids"] != aggregate.generate(ids, 64)
     assert differ > 0, "zeroing a GDN recurrent slot on the decode changed no answer: the check cannot fail"
     print(f"\ndecode fault gdn-slot-zeroed: {differ} of 4 answers differ from aggregate")
+
+
+def test_decode_tp2_streams_generate_equal_to_aggregate(tmp_path: Path, zen: Path, aggregate: Aggregate,
+                                                        pairs: list[ModelPair]) -> None:
+    """PD TP 1 -> 2 (each decode rank's share from its own pools, gathered); SGLang's streaming /generate."""
+    pair = ModelPair(tmp_path, zen, 1, 2)
+    pairs.append(pair)
+    pair.ready()
+    for n in (2, 13):
+        ids = aggregate.chat_ids(chat(n))
+        agg = aggregate.generate(ids, 64)
+        _, ans = pair.send("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 64}, "stream": True,
+                                         **pair.room()})
+        assert ans[0] == 200, ans
+        events = [json.loads(x[len("data: "):]) for x in ans[1].split("\n\n") if x.startswith("data: {")]
+        assert events[-1]["output_ids"] == agg and events[-1]["text"] == zen_script().answer(n)
+        assert len(events) == len(agg) and events[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_a_state_without_its_first_token_is_an_error_never_text(tmp_path: Path, zen: Path, aggregate: Aggregate,
+                                                                pairs: list[ModelPair]) -> None:
+    """A prefill that carries no first token (``first-token-lost``): the decode answers 500, no text."""
+    pair = ModelPair(tmp_path, zen, 1, 1, prefill_args=("--fault-model", "first-token-lost"))
+    pairs.append(pair)
+    pair.ready()
+    _, ans = pair.send("/v1/chat/completions", {"messages": chat(3), **pair.room()})
+    assert ans[0] == 500 and ans[1]["error"]["code"] == "state_mismatch", ans
+    assert "no first token" in ans[1]["error"]["message"] and "choices" not in ans[1]
