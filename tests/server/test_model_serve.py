@@ -178,6 +178,14 @@ def test_zen_answers_through_pd_tp2_to_1_equal_aggregate(tmp_path: Path, zen: Pa
     assert ans[0] == 200, ans
     assert ans[1]["choices"][0]["text"] == full[:full.index(stop)]
     assert ans[1]["choices"][0]["finish_reason"] == "stop"
+    # The same through the openai client, streaming: the events never run past the stop string.
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "stop": [stop], "stream": True, **pair.room()}
+    (pc, _), stream = pair.send("/v1/completions", body, lambda: client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, stop=[stop], stream=True,
+        extra_body={k: body[k] for k in body if k.startswith("bootstrap")}))
+    events = list(stream)
+    assert "".join(e.choices[0].text for e in events if e.choices) == full[:full.index(stop)]
+    assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "stop"
 
     # SGLang's /generate with input_ids.
     ids = aggregate.chat_ids(chat(7))

@@ -277,10 +277,11 @@ class PodServer:
         return await self.router.pull(ep, room, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s,
                                       prompt=prompt)
 
-    async def generate(self, op: GenerateOp, timeout_s: float) -> Generated:
+    async def generate(self, op: GenerateOp, timeout_s: float,
+                       on_token: Callable[[int, int], None] | None = None) -> Generated:
         if self.launcher is None:
             raise RankCallError("rank processes are not up")
-        res = await self.launcher.call(0, op, timeout_s=timeout_s)
+        res = await self.launcher.call(0, op, timeout_s=timeout_s, on_progress=on_token)
         if not isinstance(res, Generated):
             raise RankCallError(f"decode rank 0 answered {type(res).__name__} to GenerateOp")
         return res

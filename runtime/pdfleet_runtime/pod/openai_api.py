@@ -58,6 +58,7 @@ from .drain import Drain
 from .launcher import RankCallError
 from .metrics import sglang_gauges
 from .model_answer import completion_of, prompt_of
+from .model_stream import ModelStream
 from .model_text import ModelText
 from .options import ServeOptions
 from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome, RoomTable
@@ -164,8 +165,10 @@ class WorkerPod(Protocol):
         """A room's state from the prefill pod holding it, verified (``routing.RequestRouter.pull``); with
         ``prompt``, the model's state as every decode rank's share."""
 
-    async def generate(self, op: GenerateOp, timeout_s: float) -> Generated:
-        """Decode rank 0's continuation of a model request (``RankCallError`` when it fails)."""
+    async def generate(self, op: GenerateOp, timeout_s: float,
+                       on_token: Callable[[int, int], None] | None = None) -> Generated:
+        """Decode rank 0's continuation of a model request (``RankCallError`` when it fails); ``on_token(index,
+        token)`` hears a streaming one's tokens as they are computed."""
 
 
 class WorkerApi:
@@ -372,6 +375,8 @@ class WorkerApi:
             model = {"prompt": req.ids or ()} if self.text is not None else {}
             res = await self.pod.pull(ep, req.room, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
                                       retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s, **model)
+            if res.ok and self.text is not None and req.stream:
+                return await self._stream(http, req, res, arrived)
             if res.ok and self.text is not None:
                 answer = await self._continue(req, res, arrived)
             elif res.ok:
@@ -387,18 +392,10 @@ class WorkerApi:
             self._run(-1 if counted else 0, req.prompt_tokens)
         if not res.ok:
             raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
-        expected = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
         self.room_bytes.inc(res.bytes)
         c = answer or completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
-        pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
-                   "layoutBytes": expected, "verified": answer is None, "prefill": res.prefill,
-                   "decode": o.instance, "seconds": res.seconds,
-                   "ignored": list(req.ignored)}
-        if answer is not None:  # what a client needs to check the answer against aggregate generation
-            pdfleet.update({"state": "model", "promptIds": list(req.ids or ()), "outputIds": list(c.ids)})
-        headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
-        if rid := http.headers.get("X-Request-Id"):
-            headers["X-Request-Id"] = rid
+        pdfleet = self._pdfleet(req, res, c if answer is not None else None)
+        headers = self._headers(http, req)
         if not req.stream:
             return web.json_response(render(req, c, model=self.model, state_bytes=res.bytes, pdfleet=pdfleet),
                                      headers=headers)
@@ -410,10 +407,55 @@ class WorkerApi:
         await resp.write_eof()
         return resp
 
-    async def _continue(self, req: WorkerRequest, res: SyntheticResult, arrived: float) -> Completion:
-        """A model request whose state arrived: the first token the prefill carried, decode rank 0's greedy
-        continuation from every rank's share, and the answer cut at end of sequence or a stop string."""
-        assert self.text is not None and req.ids is not None
+    def _pdfleet(self, req: WorkerRequest, res: SyntheticResult, model_answer: Completion | None) -> dict[str, Any]:
+        o = self.pod.opts
+        pdfleet: dict[str, Any] = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
+                                   "layoutBytes": request_state_bytes(o.config, req.prompt_tokens, decode_side=True),
+                   "verified": model_answer is None, "prefill": res.prefill, "decode": o.instance,
+                   "seconds": res.seconds, "ignored": list(req.ignored)}
+        if model_answer is not None:  # what a client needs to check the answer against aggregate generation
+            pdfleet.update({"state": "model", "promptIds": list(req.ids or ()), "outputIds": list(model_answer.ids)})
+        return pdfleet
+
+    @staticmethod
+    def _headers(http: web.Request, req: WorkerRequest) -> dict[str, str]:
+        headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
+        if rid := http.headers.get("X-Request-Id"):
+            headers["X-Request-Id"] = rid
+        return headers
+
+    async def _stream(self, http: web.Request, req: WorkerRequest, res: SyntheticResult,
+                      arrived: float) -> web.StreamResponse:
+        """A streaming model request: the events of each token written as decode rank 0 computes it."""
+        assert self.text is not None
+        first = self._first(req, res)  # a state without its first token is an error answer, before any event
+        self.room_bytes.inc(res.bytes)
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        task = asyncio.create_task(self._continue(req, res, arrived, lambda _i, tok: queue.put_nowait(tok)))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **self._headers(http, req)})
+        try:
+            await resp.prepare(http)
+            stream = ModelStream(resp, req, self.text, model=self.model, created=int(time.time()))
+            ids = [first]
+            stopped = await stream.tokens(tuple(ids))
+            while not stopped and (tok := await queue.get()) is not None:
+                ids.append(tok)
+                stopped = await stream.tokens(tuple(ids))
+            try:
+                c = await task
+            except ApiError as e:
+                await stream.fail(e)
+                return resp
+            await stream.finish(c, self._pdfleet(req, res, c))
+            return resp
+        finally:
+            if not task.done():  # the client went away: the continuation ends on its own (bounded by max_tokens)
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _first(self, req: WorkerRequest, res: SyntheticResult) -> int:
+        """The first token every prefill rank carried and every decode rank's share, or 500 ``state_mismatch``."""
         firsts = set(res.first_tokens)
         if len(firsts) != 1:
             raise ApiError(500, f"the state of bootstrap_room {req.room} arrived, but the prefill ranks carried "
@@ -423,12 +465,21 @@ class WorkerApi:
         if len(res.shares) != world:
             raise ApiError(500, f"{len(res.shares)} of {world} decode ranks answered their share of bootstrap_room "
                            f"{req.room}", code="state_mismatch")
-        first = firsts.pop()
+        return firsts.pop()
+
+    async def _continue(self, req: WorkerRequest, res: SyntheticResult, arrived: float,
+                        on_token: Callable[[int, int], None] | None = None) -> Completion:
+        """A model request whose state arrived: the first token the prefill carried, decode rank 0's greedy
+        continuation from every rank's share, and the answer cut at end of sequence or a stop string."""
+        assert self.text is not None and req.ids is not None
+        first = self._first(req, res)
         steps = 0 if first in self.text.eos_ids else req.max_tokens - 1
         self.load.ttft.observe(max(0.0, time.monotonic() - arrived))
         try:
-            gen = await self.pod.generate(GenerateOp(req.request_id, len(req.ids), first, steps, res.shares,
-                                                     stop_ids=self.text.eos_ids), self.pod.opts.request_timeout_s)
+            op = GenerateOp(req.request_id, len(req.ids), first, steps, res.shares, stop_ids=self.text.eos_ids,
+                            stream=on_token is not None)
+            gen = await (self.pod.generate(op, self.pod.opts.request_timeout_s, on_token) if on_token is not None
+                         else self.pod.generate(op, self.pod.opts.request_timeout_s))
         except RankCallError as e:
             raise ApiError(500, f"the continuation of bootstrap_room {req.room} failed: {e}",
                            code="generation_failed") from e

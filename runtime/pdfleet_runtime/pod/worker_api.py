@@ -314,9 +314,10 @@ def render(req: WorkerRequest, c: Completion, *, model: str, state_bytes: int, p
             "usage": _usage(req, len(c.ids)), "pdfleet": pdfleet}
 
 
-def sse_chunks(req: WorkerRequest, c: Completion, *, model: str, pdfleet: dict[str, Any]) -> list[str]:
+def sse_chunks(req: WorkerRequest, c: Completion, *, model: str, pdfleet: dict[str, Any],
+               created: int | None = None) -> list[str]:
     """The streaming answer: one ``data:`` event per token, the finish, (asked for) the usage, ``[DONE]``."""
-    created = int(time.time())
+    created = created or int(time.time())
     rid = f"cmpl-{req.request_id}"
     chat = req.endpoint is Endpoint.CHAT
     obj = "chat.completion.chunk" if chat else "text_completion"

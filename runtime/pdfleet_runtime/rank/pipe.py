@@ -33,6 +33,7 @@ __all__ = [
     "FaultOptions",
     "GenerateOp",
     "Generated",
+    "GeneratedToken",
     "LegReport",
     "Mismatch",
     "RankFailed",
@@ -157,6 +158,8 @@ class GenerateOp:
     steps: int
     shares: tuple[RankShare, ...]
     stop_ids: frozenset[int] = frozenset()
+    stream: bool = False
+    """Send each token as it is computed (``GeneratedToken``) before the answer: a model pod's streaming answer."""
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,16 @@ class Generated:
     tokens: tuple[int, ...]
     logits: tuple[tuple[float, ...], ...]
     seconds: float
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """Decode rank 0, while it answers a streaming ``GenerateOp`` (call ``call_id``): token ``index`` of the
+    continuation, as soon as it is computed. The ``Generated`` answer that follows holds them all."""
+
+    call_id: int
+    index: int
+    token: int
 
 
 RankResult = TransferResult | RankStats | ArenaCheck | RequestStates | CallFailed | Generated

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -93,11 +94,12 @@ class ModelSource(SyntheticSource):
         super().release(request_id)
 
 
-def generate(runner: ModelRunner, op: GenerateOp, shape: object, fault: ModelFault | None = None) -> Generated:
+def generate(runner: ModelRunner, op: GenerateOp, shape: object, fault: ModelFault | None = None,
+             on_token: Callable[[int, int], None] | None = None) -> Generated:
     """Rebuild the request's state from every decode rank's share and continue it (a worker thread). ``fault``
     (tests: a decode pod's ``--fault-model``): the gathered state as that fault would leave it, as if the decode
     mangled what it received (``gdn-slot-zeroed``: one GDN layer's recurrent slot zeroed)."""
     with runner.lock:
         state = gather_state(runner.layout, shape, op.shares, op.length, runner.device)  # type: ignore[arg-type]
-        gen = runner.decode(faulted_state(state, fault), op.first_token, op.steps, op.stop_ids)
+        gen = runner.decode(faulted_state(state, fault), op.first_token, op.steps, op.stop_ids, on_token)
     return Generated(gen.tokens, tuple(tuple(row) for row in gen.logits.tolist()), gen.seconds)

@@ -12,7 +12,7 @@ import pytest
 from pdfleet_runtime.pod.model_answer import check_greedy, completion_of, prompt_of
 from pdfleet_runtime.pod.model_text import ChatMessage, ModelText, ModelTextError
 from pdfleet_runtime.pod.rooms import RoomTable
-from pdfleet_runtime.pod.worker_api import ApiError, Endpoint, parse_request
+from pdfleet_runtime.pod.worker_api import ApiError, Endpoint, parse_request, sse_chunks
 from pdfleet_runtime.protocol.auth import ProtocolError
 from pdfleet_runtime.protocol.messages import IndicesModel, PromptFill, RankKey, RequestKind, TransferRequest
 
@@ -112,3 +112,47 @@ def test_a_claim_whose_prompt_is_not_the_rooms_is_refused() -> None:
         rooms.admit(claim((1, 2, 4)))
     admitted = rooms.admit(claim((1, 2, 3)))
     assert isinstance(admitted.fill, PromptFill) and admitted.fill.prompt == (1, 2, 3)
+
+
+class _Resp:
+    """What ``ModelStream`` writes to (an aiohttp ``StreamResponse``'s two calls)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.ended = False
+
+    async def write(self, data: bytes) -> None:
+        self.events.append(data.decode())
+
+    async def write_eof(self) -> None:
+        self.ended = True
+
+
+@pytest.mark.parametrize("endpoint", [Endpoint.CHAT, Endpoint.COMPLETIONS, Endpoint.GENERATE])
+def test_a_stream_writes_each_token_once_and_never_past_a_stop_string(model_dir: Path, endpoint: Endpoint) -> None:
+    import asyncio
+
+    from pdfleet_runtime.pod.model_stream import ModelStream
+
+    t = ModelText(model_dir)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "prompt": "x", "text": "x", "stop": ["Flat"], "bootstrap_room": 5,
+            "stream": True}
+    req = parse_request(endpoint, json.dumps(body).encode())
+    ids = t.encode("Simple is better than complex. Flat is better than nested.")
+    final = completion_of(ids, t, ("Flat",), 64)
+
+    async def run() -> tuple[list[int], _Resp]:
+        resp = _Resp()
+        s = ModelStream(resp, req, t, model="m", created=1)  # type: ignore[arg-type]
+        seen = []
+        for i in range(1, len(ids) + 1):
+            if await s.tokens(ids[:i]):
+                break
+            seen.append(len(resp.events))
+        await s.finish(final, {})
+        return seen, resp
+
+    seen, resp = asyncio.run(run())
+    assert resp.ended and seen[-1] > 0 and seen == sorted(seen)  # events went out before the end, in order
+    assert "".join(resp.events) == "".join(sse_chunks(req, final, model="m", pdfleet={}, created=1))
+    assert "Flat" not in "".join(resp.events)
