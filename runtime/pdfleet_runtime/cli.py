@@ -78,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pods per replica, prefill,decode (engine backends; e.g. 1,2 spreads a decode replica "
                      "over two pods)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
+    gen = sub.add_parser("generate", help="a model's answer without PD (transformers, greedy): what a model pod's "
+                         "answer must equal")
+    gen.add_argument("--aggregate", action="store_true", required=True,
+                     help="aggregate generation in this process (the only kind so far)")
+    gen.add_argument("--model", type=Path, required=True, help="the model directory (Hugging Face layout)")
+    what = gen.add_mutually_exclusive_group(required=True)
+    what.add_argument("--chat", default=None, help="a user message, rendered with the model's chat template")
+    what.add_argument("--prompt", default=None, help="a text prompt")
+    what.add_argument("--prompt-ids", default=None, metavar="IDS", help="comma-separated token ids")
+    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens generated (default 64)")
+    gen.add_argument("--json", action="store_true", help="one JSON object: prompt_ids, output_ids, text, "
+                     "finish_reason")
     _serve_parser(sub)
     _agent_parser(sub)
     rl = sub.add_parser("router-launch", help="the router pod: sglang-router with its keys read from files")
@@ -449,6 +461,21 @@ def _model_parity(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from pdfleet_runtime.model.hf_config import ModelConfigError
+    from pdfleet_runtime.verify.aggregate import aggregate_answer
+
+    try:
+        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()] if args.prompt_ids else None
+        ans = aggregate_answer(args.model, chat=args.chat, prompt=args.prompt, prompt_ids=ids,
+                               max_tokens=args.max_tokens)
+    except (ModelConfigError, OSError, ValueError) as e:
+        print(f"pdfleet-runtime generate: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    print(ans.model_dump_json() if args.json else f"{ans.text!r} ({ans.finish_reason}, {len(ans.output_ids)} tokens)")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -459,6 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _parity(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "generate":
+        return _generate(args)
     if args.command == "agent":
         return _agent(args)
     if args.command == "synthetic":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -238,6 +240,14 @@ def test_decode_tp2_streams_generate_equal_to_aggregate(tmp_path: Path, zen: Pat
         events = [json.loads(x[len("data: "):]) for x in ans[1].split("\n\n") if x.startswith("data: {")]
         assert events[-1]["output_ids"] == agg and events[-1]["text"] == zen_script().answer(n)
         assert len(events) == len(agg) and events[-1]["meta_info"]["finish_reason"]["type"] == "stop"
+    # The same answer from aggregate generation in a process of its own, as the demo checks it.
+    out = subprocess.run([sys.executable, "-m", "pdfleet_runtime", "generate", "--aggregate", "--model", str(zen),
+                          "--chat", zen_script().QUESTION.format(n=13), "--max-tokens", "64", "--json"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    other = json.loads(out.stdout)
+    ids = aggregate.chat_ids(chat(13))
+    assert other["prompt_ids"] == ids and other["output_ids"] == aggregate.generate(ids, 64)
+    assert other["text"] == zen_script().answer(13) and other["finish_reason"] == "stop"
 
 
 def test_a_state_without_its_first_token_is_an_error_never_text(tmp_path: Path, zen: Path, aggregate: Aggregate,
