@@ -5,8 +5,9 @@ same model directory.
 
 Covers: chat (the ``openai`` client, streaming and not), completions, SGLang's ``/generate``; greedy only
 (sampling refused, OpenAI-shaped 400s); ``max_tokens`` (``length``), end of sequence and ``stop`` strings
-(``stop``), real ``usage``; prefill and decode of different TP (2 -> 1); a decode that zeroes one GDN recurrent
-slot of what it received answers differently from aggregate (the token check can fail).
+(``stop``), real ``usage``; prefill and decode of different TP (2 -> 1, 1 -> 2); the canary checks tokens, so
+every pair here is Ready only after a model canary equal to the prefill's aggregate; a decode that zeroes one
+GDN recurrent slot of what it received fails that canary (not Ready) and answers differently from aggregate.
 """
 
 from __future__ import annotations
@@ -210,11 +211,13 @@ def test_zen_answers_through_pd_tp2_to_1_equal_aggregate(tmp_path: Path, zen: Pa
           f"({time.monotonic() - t0:.1f}s)")
 
 
-def test_decode_fault_zeroing_a_recurrent_slot_makes_answers_differ(tmp_path: Path, zen: Path, aggregate: Aggregate,
+def test_decode_fault_zeroing_a_recurrent_slot_fails_the_canary_and_answers_differ(tmp_path: Path, zen: Path, aggregate: Aggregate,
                                                                     pairs: list[ModelPair]) -> None:
     pair = ModelPair(tmp_path, zen, 1, 1, decode_args=("--fault-model", "gdn-slot-zeroed"))
     pairs.append(pair)
-    pair.ready()  # the canary moves seeded bytes, which the fault leaves alone: the fault is in the model's state
+    # The canary checks tokens (the prefill's own aggregate continuation): this decode is never Ready.
+    body = pair.decode.wait_ready(False, 180, until=lambda b: b.get("problem") == "BytesMismatched")
+    assert "differs from the prefill's aggregate generation" in body["reason"], body
     differ = 0
     for n in (1, 3, 6, 9):
         ids = aggregate.chat_ids(chat(n))
@@ -255,7 +258,8 @@ def test_a_state_without_its_first_token_is_an_error_never_text(tmp_path: Path, 
     """A prefill that carries no first token (``first-token-lost``): the decode answers 500, no text."""
     pair = ModelPair(tmp_path, zen, 1, 1, prefill_args=("--fault-model", "first-token-lost"))
     pairs.append(pair)
-    pair.ready()
+    body = pair.decode.wait_ready(False, 180, until=lambda b: b.get("problem") == "BytesMismatched")
+    assert "first tokens []" in body["reason"], body  # the canary needs the first token too: never Ready
     _, ans = pair.send("/v1/chat/completions", {"messages": chat(3), **pair.room()})
     assert ans[0] == 500 and ans[1]["error"]["code"] == "state_mismatch", ans
     assert "no first token" in ans[1]["error"]["message"] and "choices" not in ans[1]

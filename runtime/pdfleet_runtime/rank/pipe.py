@@ -143,6 +143,8 @@ class TransferOp:
     kind: RequestKind = field(kw_only=True)
     room: int | None = field(default=None, kw_only=True)
     """The room a ``RequestKind.ROOM`` request claims."""
+    expect: int = field(default=0, kw_only=True)
+    """A model canary: tokens of the prompt's aggregate continuation the prefill computes and sends back."""
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,8 @@ class _Rank:
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
                                  release=source.release, synthetic=source.fill, on_report=self._on_report,
                                  staging=self.staging,
-                                 first_token=source.first_token if isinstance(source, ModelSource) else None)
+                                 first_token=source.first_token if isinstance(source, ModelSource) else None,
+                                 expected_tokens=source.expected_tokens if isinstance(source, ModelSource) else None)
         source.allocated = self.coord.prepare
         source.holding = self.coord.holding
         await self.coord.register()

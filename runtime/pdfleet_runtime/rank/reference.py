@@ -59,6 +59,7 @@ class ModelSource(SyntheticSource):
         super().__init__(pools, alloc, **kwargs)  # type: ignore[arg-type]
         self.runner, self.fault = runner, fault
         self._first: dict[str, int] = {}
+        self._expected: dict[str, tuple[int, ...]] = {}
 
     async def fill(self, request_id: str, fill: SyntheticFill | PromptFill) -> RequestIndices:
         if not isinstance(fill, PromptFill):
@@ -70,27 +71,38 @@ class ModelSource(SyntheticSource):
         if self.allocated is not None:
             self.allocated(request_id, idx)
         try:
-            first, seconds = await asyncio.to_thread(self._compute, fill.prompt, idx)
+            first, seconds, expected = await asyncio.to_thread(self._compute, fill.prompt, idx, fill.expect)
         except (ValueError, ShareError) as e:
             raise SyntheticError(FailureReason.RANK, f"prompt of {len(fill.prompt)} tokens: {e}") from None
         if self.fault is not ModelFault.FIRST_TOKEN_LOST:
             self._first[request_id] = first
+        if expected:
+            self._expected[request_id] = expected
         log.info("request %s: prefilled %d tokens in %.3fs, first token %d", request_id, len(fill.prompt), seconds,
                  first)
         return idx
 
-    def _compute(self, prompt: tuple[int, ...], idx: RequestIndices) -> tuple[int, float]:
+    def _compute(self, prompt: tuple[int, ...], idx: RequestIndices, expect: int
+                 ) -> tuple[int, float, tuple[int, ...]]:
+        """The forward and this rank's share written; with ``expect`` (a canary) also the prompt's aggregate
+        continuation, by the model's own cache (``ModelRunner.forward_reference``), never by the pools."""
         with self.runner.lock:
             pre = self.runner.prefill(prompt, conv_lag=conv_lag(self.fault))
             write_share(self.pools, faulted_state(pre.state, self.fault), idx)
-        return pre.first_token, pre.seconds
+            expected = self.runner.forward_reference(prompt, expect).tokens if expect else ()
+        return pre.first_token, pre.seconds, expected
 
     def first_token(self, request_id: str) -> int | None:
         """The first generated token of a prompt request (None for seeded state): ``PrefillRank(first_token=)``."""
         return self._first.get(request_id)
 
+    def expected_tokens(self, request_id: str) -> tuple[int, ...]:
+        """A canary's aggregate continuation (``PromptFill.expect``), empty otherwise."""
+        return self._expected.get(request_id, ())
+
     def release(self, request_id: str) -> None:
         self._first.pop(request_id, None)
+        self._expected.pop(request_id, None)
         super().release(request_id)
 
 
