@@ -30,7 +30,7 @@ import pytest
 from pdfleet_runtime.config import ModelSourceConfig, RuntimeConfig
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.model.hf_config import layout_for_model, read_config
-from tests.server.harness import Pod, config, free_offset, http
+from tests.server.harness import Pod, config, free_offset, http, metric
 from tests.zen import Aggregate, zen_model_dir, zen_script
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_zen_answers_through_pd_tp2_to_1_equal_aggregate(tmp_path: Path, zen: Pa
     pairs.append(pair)
     pair.ready()
     client = pair.client()
-    checked = differ = 0
+    checked = differ = prompt_total = gen_total = 0
     t0 = time.monotonic()
 
     # Chat, not streaming: the question, answered as trained, token-exact with aggregate.
@@ -146,6 +146,12 @@ def test_zen_answers_through_pd_tp2_to_1_equal_aggregate(tmp_path: Path, zen: Pa
         assert ans.choices[0].finish_reason == "stop"
         assert (ans.usage.prompt_tokens, ans.usage.completion_tokens) == (len(ids), len(agg))
         assert ans.usage.total_tokens == len(ids) + len(agg)
+        prompt_total, gen_total = prompt_total + len(ids), gen_total + len(agg)
+    # Both roles count the model's tokens under SGLang's names (the decode: generated; the prefill: prompts).
+    dec, pre = pair.decode.metrics(), pair.prefill.metrics()
+    assert metric(dec, "sglang:generation_tokens_total", model_name=MODEL) == gen_total
+    assert metric(dec, "sglang:time_to_first_token_seconds_count", model_name=MODEL) == 3
+    assert metric(pre, "sglang:prompt_tokens_total", model_name=MODEL) == prompt_total
 
     # Streaming through the openai client: one event per token, the text and usage as aggregate's.
     body = {"model": MODEL, "messages": chat(5), "max_tokens": 64, "stream": True,
