@@ -78,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pods per replica, prefill,decode (engine backends; e.g. 1,2 spreads a decode replica "
                      "over two pods)")
     par.add_argument("--json", action="store_true", help="print one JSON line")
+    gen = sub.add_parser("generate", help="a model's answer without PD (transformers, greedy): what a model pod's "
+                         "answer must equal")
+    gen.add_argument("--aggregate", action="store_true", required=True,
+                     help="aggregate generation in this process (the only kind so far)")
+    gen.add_argument("--model", type=Path, required=True, help="the model directory (Hugging Face layout)")
+    what = gen.add_mutually_exclusive_group(required=True)
+    what.add_argument("--chat", default=None, help="a user message, rendered with the model's chat template")
+    what.add_argument("--prompt", default=None, help="a text prompt")
+    what.add_argument("--prompt-ids", default=None, metavar="IDS", help="comma-separated token ids")
+    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens generated (default 64)")
+    gen.add_argument("--json", action="store_true", help="one JSON object: prompt_ids, output_ids, text, "
+                     "finish_reason")
     _serve_parser(sub)
     _agent_parser(sub)
     rl = sub.add_parser("router-launch", help="the router pod: sglang-router with its keys read from files")
@@ -157,6 +169,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--fault-corrupt-received", action="store_true", help=argparse.SUPPRESS)
     srv.add_argument("--fault-corrupt-sent", action="store_true", help=argparse.SUPPRESS)
     srv.add_argument("--fault-scatter-pages", type=int, default=None, help=argparse.SUPPRESS)
+    srv.add_argument("--fault-model", default=None, choices=[f.value for f in ModelFault], help=argparse.SUPPRESS)
 
 
 def _agent_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -223,7 +236,8 @@ def _serve(args: argparse.Namespace) -> int:
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
             "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level", "stand_in_for")}
         flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received,
-                                       args.fault_corrupt_sent, args.fault_scatter_pages)
+                                       args.fault_corrupt_sent, args.fault_scatter_pages,
+                                       model=ModelFault(args.fault_model) if args.fault_model else None)
         flags["config_path"] = args.config
         opts = ServeOptions.build(cfg, os.environ, **flags)
     except (ConfigError, OptionsError) as e:
@@ -447,6 +461,21 @@ def _model_parity(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_MISMATCH
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from pdfleet_runtime.model.hf_config import ModelConfigError
+    from pdfleet_runtime.verify.aggregate import aggregate_answer
+
+    try:
+        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()] if args.prompt_ids else None
+        ans = aggregate_answer(args.model, chat=args.chat, prompt=args.prompt, prompt_ids=ids,
+                               max_tokens=args.max_tokens)
+    except (ModelConfigError, OSError, ValueError) as e:
+        print(f"pdfleet-runtime generate: {e}", file=sys.stderr)
+        return EXIT_REJECTED
+    print(ans.model_dump_json() if args.json else f"{ans.text!r} ({ans.finish_reason}, {len(ans.output_ids)} tokens)")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -457,6 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _parity(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "generate":
+        return _generate(args)
     if args.command == "agent":
         return _agent(args)
     if args.command == "synthetic":

@@ -7,7 +7,9 @@ read once at start; the local-run overrides), ``launcher`` (one spawned process 
 ``readiness`` (the pure verdict), ``routing`` (which prefill pod a request goes to, what its outcome means),
 ``drain`` (the drain's phases), ``router_checks`` (the routers' health checks during a drain), ``metrics``,
 ``gate`` (the pod readiness-gate condition), ``worker_api`` (the worker requests and answers, pure),
-``rooms`` (a prefill pod's rooms held for a decode), ``openai_api`` (the worker API's endpoints, over the
+``rooms`` (a prefill pod's rooms held for a decode), ``model_text``, ``model_answer`` and ``model_stream`` (a
+model pod's tokenizer and chat template, greedy answers cut at end of sequence or a stop string, and its
+streaming events), ``openai_api`` (the worker API's endpoints, over the
 narrow ``WorkerPod`` interface the app hands it), ``worker_auth`` (the worker key and the port's bounds),
 ``admin``, ``app`` (HTTP, the canary loop, the operator's drain requests, SIGTERM; the entry module),
 ``group`` (a replica group's leader: every rank of the replica, its members' over the group channel) and

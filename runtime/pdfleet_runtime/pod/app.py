@@ -31,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
+from pdfleet_runtime.model.hf_config import read_config
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
 from pdfleet_runtime.protocol.discovery import (
@@ -45,7 +46,7 @@ from pdfleet_runtime.protocol.group import group_codec
 from pdfleet_runtime.protocol.http_guard import GuardedServer
 from pdfleet_runtime.protocol.keys import Keyring, load_secret, mounted_keys, new_rank_key
 from pdfleet_runtime.protocol.messages import WIRE, RequestKind, parse_wire
-from pdfleet_runtime.rank.pipe import LegReport, RankStats, StatsOp, Transport
+from pdfleet_runtime.rank.pipe import Generated, GenerateOp, LegReport, RankStats, StatsOp, Transport
 
 from .admin import start_admin
 from .compute_cost import warming
@@ -54,6 +55,7 @@ from .gate import GateWriter, NoGate
 from .group import GroupRanks
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .model_text import ChatMessage, ModelTextError
 from .openai_api import WorkerApi, request_items
 from .options import ServeOptions
 from .readiness import Readiness, pools_held
@@ -67,6 +69,12 @@ __all__ = ["GATE_REASSERT_S", "PodServer"]
 # The gate condition is written again this often with an unchanged verdict, so a value someone else
 # wrote (the pod's status is patchable by more than this runtime) does not stick.
 GATE_REASSERT_S = 30.0
+CANARY_CHAT = "Recite the Zen of Python."
+"""A model pod's canary question (any model answers something; the check is that PD's answer is aggregate's). The
+project's Zen model was not trained on it, and zeroing its first GDN layer's recurrent state changes the answer's
+second token."""
+CANARY_EXPECT = 16
+"""Tokens of the canary's continuation checked."""
 POOLS_S = 2.0
 """How often the pod reads its ranks' pool accounting (metrics and the ``PoolsHeld`` readiness fact)."""
 
@@ -109,6 +117,7 @@ class PodServer:
         self._rank_key = new_rank_key()
         """This incarnation's rank key: its bootstrap and its own rank processes (over the pipe) hold it."""
         self.launcher: RankLauncher | GroupRanks | None = None
+        self._canary: tuple[tuple[int, ...], int] | None = None
         self.http_port = opts.http_port
         self._runner: web.AppRunner | None = None
         self._http_server: asyncio.Server | None = None
@@ -273,8 +282,18 @@ class PodServer:
         return await self.router.known(ep, self.resolver)
 
     async def pull(self, ep: Endpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                   retry_refused_s: float) -> SyntheticResult:
-        return await self.router.pull(ep, room, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s)
+                   retry_refused_s: float, prompt: tuple[int, ...] = ()) -> SyntheticResult:
+        return await self.router.pull(ep, room, tokens, request_id, seed, timeout_s, retry_refused_s=retry_refused_s,
+                                      prompt=prompt)
+
+    async def generate(self, op: GenerateOp, timeout_s: float,
+                       on_token: Callable[[int, int], None] | None = None) -> Generated:
+        if self.launcher is None:
+            raise RankCallError("rank processes are not up")
+        res = await self.launcher.call(0, op, timeout_s=timeout_s, on_progress=on_token)
+        if not isinstance(res, Generated):
+            raise RankCallError(f"decode rank 0 answered {type(res).__name__} to GenerateOp")
+        return res
 
     # ------------------------------------------------------------------ HTTP
 
@@ -369,11 +388,12 @@ class PodServer:
                 self.readiness.forget_peers({str(e) for e in endpoints})
                 self.metrics.forget_peers({str(e) for e in endpoints})
                 tokens = min(o.canary_tokens, o.config.kv_tokens)
+                prompt, expect = self._canary_prompt()
                 for ep in list(endpoints):
                     if not self.drain.serving:
                         break
                     res = await self.router.run(RequestKind.CANARY, tokens, f"canary-{o.instance}-{tag}-{next(n)}",
-                                                0, o.canary_timeout_s, endpoint=ep)
+                                                0, o.canary_timeout_s, endpoint=ep, prompt=prompt, expect=expect)
                     canary = canary_result(res)
                     if canary is None:
                         continue  # pools full of real traffic: no verdict either way
@@ -384,6 +404,23 @@ class PodServer:
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)
+
+    def _canary_prompt(self) -> tuple[tuple[int, ...], int]:
+        """A model pod's canary: a fixed prompt (``CANARY_CHAT``, through the chat template when the model has one;
+        ids drawn over the vocabulary without a tokenizer) and the tokens of its continuation the prefill computes
+        itself and the decode's must equal. A seeded pod's canary moves seeded bytes: ``((), 0)``."""
+        if self._canary is None:
+            self._canary = (), 0
+            text, model = self.worker.text, self.opts.config.model
+            if text is not None and model is not None:
+                try:
+                    msg = [ChatMessage(role="user", content=CANARY_CHAT)]
+                    ids = text.encode(text.render_chat(msg) if text.template_source else CANARY_CHAT)
+                except ModelTextError:
+                    vocab = int(read_config(model.path).get("vocab_size") or 2)
+                    ids = tuple((7919 * i + 3) % vocab for i in range(16))
+                self._canary = ids[: self.opts.config.kv_tokens - CANARY_EXPECT], CANARY_EXPECT
+        return self._canary
 
     def _group_incomplete(self) -> bool:
         """A group leader whose members are not all joined (or one is lost): a canary would say nothing about

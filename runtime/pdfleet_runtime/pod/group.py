@@ -193,10 +193,12 @@ class GroupRanks:
             await self._close_server()
             raise
 
-    async def call(self, rank: int, op: RankOp, *, timeout_s: float) -> RankResult:
+    async def call(self, rank: int, op: RankOp, *, timeout_s: float,
+                   on_progress: Callable[[int, int], None] | None = None) -> RankResult:
+        """``on_progress``: a streaming ``GenerateOp``'s tokens, from a local rank (the leader's rank 0 computes)."""
         local = self.cfg.local_world
         if rank < local:
-            return await self.local.call(rank, op, timeout_s=timeout_s)
+            return await self.local.call(rank, op, timeout_s=timeout_s, on_progress=on_progress)
         member = self.members.get(rank // local)
         name = type(op).__name__
         if member is not None and member.lost:

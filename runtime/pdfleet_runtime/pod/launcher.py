@@ -30,6 +30,7 @@ from pdfleet_runtime.rank.pipe import (
     Call,
     CallFailed,
     Exit,
+    GeneratedToken,
     LegReport,
     RankFailed,
     RankOp,
@@ -92,6 +93,7 @@ class RankLauncher:
         self.handles: list[_Handle] = []
         self._calls: dict[int, asyncio.Future[RankResult]] = {}
         self._owner: dict[int, int] = {}
+        self._progress: dict[int, Callable[[int, int], None]] = {}
         self._ids = itertools.count(1)
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
@@ -128,8 +130,10 @@ class RankLauncher:
             await self.stop(5.0)
             raise LaunchError(f"rank processes did not start: {e or f'not ready after {timeout_s:.0f}s'}") from None
 
-    async def call(self, rank: int, op: RankOp, *, timeout_s: float) -> RankResult:
-        """The rank's answer to ``op`` (never ``CallFailed``: that raises ``RankCallError``)."""
+    async def call(self, rank: int, op: RankOp, *, timeout_s: float,
+                   on_progress: Callable[[int, int], None] | None = None) -> RankResult:
+        """The rank's answer to ``op`` (never ``CallFailed``: that raises ``RankCallError``); ``on_progress(index,
+        token)`` hears a streaming ``GenerateOp``'s tokens before it."""
         h = self.handles[rank]
         name = type(op).__name__
         if not h.proc.is_alive():
@@ -137,6 +141,8 @@ class RankLauncher:
         call_id = next(self._ids)
         fut: asyncio.Future[RankResult] = asyncio.get_running_loop().create_future()
         self._calls[call_id], self._owner[call_id] = fut, rank
+        if on_progress is not None:
+            self._progress[call_id] = on_progress
         try:
             h.conn.send(Call(call_id, op))
             async with asyncio.timeout(timeout_s):
@@ -148,6 +154,7 @@ class RankLauncher:
         finally:
             self._calls.pop(call_id, None)
             self._owner.pop(call_id, None)
+            self._progress.pop(call_id, None)
         if isinstance(reply, CallFailed):
             raise RankCallError(f"{h.spec.name}: {name} failed: {reply.error}")
         return reply
@@ -202,6 +209,10 @@ class RankLauncher:
                 fut = self._calls.get(msg.call_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg.result)
+            case GeneratedToken():
+                cb = self._progress.get(msg.call_id)
+                if cb is not None:
+                    cb(msg.index, msg.token)
             case LegReport():
                 if self._on_report is not None:
                     self._on_report(rank, msg)

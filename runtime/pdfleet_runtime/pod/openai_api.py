@@ -13,6 +13,13 @@ SGLang's router sends one body to a prefill and a decode worker at once (``POST 
   ``bootstrap_host:bootstrap_port`` (its own bootstrap port when null), verifies every byte, and
   answers with the completion derived from the verified state (``worker_api.completion``).
 
+With a model (``RuntimeConfig.model``: the reference engine) both roles encode the body into the model's ids
+(``model_answer.prompt_of``: its tokenizer and chat template, ``model_text``); the prefill's room holds them and
+its ranks compute the prompt's forward and the first token; the decode's ranks answer their shares of the
+state, decode rank 0 continues greedily (``GenerateOp``), and the answer is the model's text
+(``model_answer.completion_of``). A transfer that failed, a missing or disagreeing first token, or a failed
+continuation is an error answer, never text.
+
 Registration and load: ``GET /health``, ``/server_info``, ``/model_info``, ``/v1/models``, and the
 gauges SGLang exports (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:num_used_tokens``, ``sglang:token_usage``, label ``model_name``) on ``/metrics``.
@@ -44,18 +51,22 @@ from pdfleet_runtime.layouts import (
 from pdfleet_runtime.protocol.bootstrap import BootstrapState
 from pdfleet_runtime.protocol.discovery import Endpoint as PeerEndpoint
 from pdfleet_runtime.protocol.states import FailureReason
-from pdfleet_runtime.rank.pipe import RankStats
+from pdfleet_runtime.rank.pipe import Generated, GenerateOp, RankStats
 
 from .compute_cost import cost_from, decode_compute, prefill_compute
 from .drain import Drain
 from .launcher import RankCallError
 from .metrics import sglang_gauges
+from .model_answer import completion_of, prompt_of
+from .model_stream import ModelStream
+from .model_text import ModelText
 from .options import ServeOptions
 from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome, RoomTable
 from .routing import SyntheticResult
 from .seeded_load import LoadMetrics
 from .worker_api import (
     ApiError,
+    Completion,
     Endpoint,
     WorkerRequest,
     completion,
@@ -150,8 +161,14 @@ class WorkerPod(Protocol):
         """Whether ``ep`` is a prefill pod this pod's discovery names."""
 
     async def pull(self, ep: PeerEndpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                   retry_refused_s: float) -> SyntheticResult:
-        """A room's state from the prefill pod holding it, verified (``routing.RequestRouter.pull``)."""
+                   retry_refused_s: float, prompt: tuple[int, ...] = ()) -> SyntheticResult:
+        """A room's state from the prefill pod holding it, verified (``routing.RequestRouter.pull``); with
+        ``prompt``, the model's state as every decode rank's share."""
+
+    async def generate(self, op: GenerateOp, timeout_s: float,
+                       on_token: Callable[[int, int], None] | None = None) -> Generated:
+        """Decode rank 0's continuation of a model request (``RankCallError`` when it fails); ``on_token(index,
+        token)`` hears a streaming one's tokens as they are computed."""
 
 
 class WorkerApi:
@@ -162,6 +179,8 @@ class WorkerApi:
         cfg = pod.opts.config
         self.role = cfg.role
         self.model = cfg.served_model_name or cfg.deployment
+        self.text = ModelText(cfg.model.path) if cfg.model is not None else None
+        """A model pod's tokenizer and chat template (None: the seeded mode's derived answers)."""
         self.rooms = RoomTable(max_rooms=cfg.max_concurrent_requests * 4, max_bytes=_pool_bytes(cfg),
                                ttl_s=pod.opts.room_ttl_s, legs=cfg.peer_shape.world)
         self.running = 0
@@ -254,6 +273,8 @@ class WorkerApi:
             try:
                 req = parse_request(ep, await self.pod.read_body(request))
                 self._check(req)
+                if self.text is not None:
+                    req = prompt_of(req, self.text, self.pod.opts.config.kv_tokens)
                 if self.role is Role.PREFILL:
                     return await self._prefill(req, request.remote or "")
                 return await self._decode(request, req)
@@ -292,7 +313,8 @@ class WorkerApi:
         nbytes = request_state_bytes(cfg, req.prompt_tokens, decode_side=False)
         assert req.room is not None
         try:
-            room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes, source)
+            room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes, source, prompt=req.ids or ()
+                                   if self.text is not None else ())
         except RoomError as e:
             raise ApiError(e.status, str(e), code=e.code, param="bootstrap_room",
                            retry_after=1 if e.status == 503 else None) from e
@@ -348,10 +370,16 @@ class WorkerApi:
         counted = self.cost is None
         self._run(+1 if counted else 0, req.prompt_tokens)
         arrived = time.monotonic()
+        answer: Completion | None = None
         try:  # with a declared cost the prefill holds the room once computed: wait for it as long as a request
+            model = {"prompt": req.ids or ()} if self.text is not None else {}
             res = await self.pod.pull(ep, req.room, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
-                                      retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s)
-            if res.ok:
+                                      retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s, **model)
+            if res.ok and self.text is not None and req.stream:
+                return await self._stream(http, req, res, arrived)
+            if res.ok and self.text is not None:
+                answer = await self._continue(req, res, arrived)
+            elif res.ok:
                 self._run(0 if counted else +1, req.prompt_tokens)
                 counted, self.computing = True, self.computing + 1
                 try:
@@ -364,16 +392,10 @@ class WorkerApi:
             self._run(-1 if counted else 0, req.prompt_tokens)
         if not res.ok:
             raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
-        expected = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
         self.room_bytes.inc(res.bytes)
-        c = completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
-        pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
-                   "layoutBytes": expected, "verified": True, "prefill": res.prefill,
-                   "decode": o.instance, "seconds": res.seconds,
-                   "ignored": list(req.ignored)}
-        headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
-        if rid := http.headers.get("X-Request-Id"):
-            headers["X-Request-Id"] = rid
+        c = answer or completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
+        pdfleet = self._pdfleet(req, res, c if answer is not None else None)
+        headers = self._headers(http, req)
         if not req.stream:
             return web.json_response(render(req, c, model=self.model, state_bytes=res.bytes, pdfleet=pdfleet),
                                      headers=headers)
@@ -384,6 +406,89 @@ class WorkerApi:
             await resp.write(event.encode())
         await resp.write_eof()
         return resp
+
+    def _pdfleet(self, req: WorkerRequest, res: SyntheticResult, model_answer: Completion | None) -> dict[str, Any]:
+        o = self.pod.opts
+        pdfleet: dict[str, Any] = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
+                                   "layoutBytes": request_state_bytes(o.config, req.prompt_tokens, decode_side=True),
+                   "verified": model_answer is None, "prefill": res.prefill, "decode": o.instance,
+                   "seconds": res.seconds, "ignored": list(req.ignored)}
+        if model_answer is not None:  # what a client needs to check the answer against aggregate generation
+            pdfleet.update({"state": "model", "promptIds": list(req.ids or ()), "outputIds": list(model_answer.ids)})
+        return pdfleet
+
+    @staticmethod
+    def _headers(http: web.Request, req: WorkerRequest) -> dict[str, str]:
+        headers = {"X-Pdfleet-Ignored": ",".join(req.ignored)} if req.ignored else {}
+        if rid := http.headers.get("X-Request-Id"):
+            headers["X-Request-Id"] = rid
+        return headers
+
+    async def _stream(self, http: web.Request, req: WorkerRequest, res: SyntheticResult,
+                      arrived: float) -> web.StreamResponse:
+        """A streaming model request: the events of each token written as decode rank 0 computes it."""
+        assert self.text is not None
+        first = self._first(req, res)  # a state without its first token is an error answer, before any event
+        self.room_bytes.inc(res.bytes)
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        task = asyncio.create_task(self._continue(req, res, arrived, lambda _i, tok: queue.put_nowait(tok)))
+        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **self._headers(http, req)})
+        try:
+            await resp.prepare(http)
+            stream = ModelStream(resp, req, self.text, model=self.model, created=int(time.time()))
+            ids = [first]
+            stopped = await stream.tokens(tuple(ids))
+            while not stopped and (tok := await queue.get()) is not None:
+                ids.append(tok)
+                stopped = await stream.tokens(tuple(ids))
+            try:
+                c = await task
+            except ApiError as e:
+                await stream.fail(e)
+                return resp
+            await stream.finish(c, self._pdfleet(req, res, c))
+            return resp
+        finally:
+            if not task.done():  # the client went away: the continuation ends on its own (bounded by max_tokens)
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _first(self, req: WorkerRequest, res: SyntheticResult) -> int:
+        """The first token every prefill rank carried and every decode rank's share, or 500 ``state_mismatch``."""
+        firsts = set(res.first_tokens)
+        if len(firsts) != 1:
+            raise ApiError(500, f"the state of bootstrap_room {req.room} arrived, but the prefill ranks carried "
+                           + (f"different first tokens {sorted(firsts)}" if firsts else "no first token")
+                           + ": no answer can be computed", code="state_mismatch")
+        world = self.pod.opts.config.shape.world
+        if len(res.shares) != world:
+            raise ApiError(500, f"{len(res.shares)} of {world} decode ranks answered their share of bootstrap_room "
+                           f"{req.room}", code="state_mismatch")
+        return firsts.pop()
+
+    async def _continue(self, req: WorkerRequest, res: SyntheticResult, arrived: float,
+                        on_token: Callable[[int, int], None] | None = None) -> Completion:
+        """A model request whose state arrived: the first token the prefill carried, decode rank 0's greedy
+        continuation from every rank's share, and the answer cut at end of sequence or a stop string."""
+        assert self.text is not None and req.ids is not None
+        first = self._first(req, res)
+        steps = 0 if first in self.text.eos_ids else req.max_tokens - 1
+        self.load.ttft.observe(max(0.0, time.monotonic() - arrived))
+        try:
+            op = GenerateOp(req.request_id, len(req.ids), first, steps, res.shares, stop_ids=self.text.eos_ids,
+                            stream=on_token is not None)
+            gen = await (self.pod.generate(op, self.pod.opts.request_timeout_s, on_token) if on_token is not None
+                         else self.pod.generate(op, self.pod.opts.request_timeout_s))
+        except RankCallError as e:
+            raise ApiError(500, f"the continuation of bootstrap_room {req.room} failed: {e}",
+                           code="generation_failed") from e
+        c = completion_of((first, *gen.tokens), self.text, req.stop, req.max_tokens)
+        for _ in gen.tokens:
+            self.load.itl.observe(gen.seconds / max(1, len(gen.tokens)))
+        self.load.generation_tokens.inc(len(c.ids))
+        self.load.requests.inc()
+        return c
 
     def _hold(self, tokens: int) -> None:
         self.used_tokens += tokens

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from pdfleet_runtime.protocol.auth import ProtocolError
 from pdfleet_runtime.protocol.messages import (
+    PromptFill,
     RefusalCode,
     RequestKind,
     StatusReport,
@@ -102,6 +103,8 @@ class Room:
     moved: int = 0
     failed: LegFailed | None = None
     """The first failure a leg reported."""
+    prompt: tuple[int, ...] = ()
+    """A model pod's room: the prompt's ids, which the prefill ranks compute (``PromptFill``); empty: seeded."""
 
     @property
     def done(self) -> bool:
@@ -125,7 +128,8 @@ class RoomTable:
     def held_bytes(self) -> int:
         return sum(r.bytes for r in self.rooms.values() if not r.done)
 
-    def hold(self, room: int, seed: int, tokens: int, nbytes: int, source: str = "") -> Room:
+    def hold(self, room: int, seed: int, tokens: int, nbytes: int, source: str = "", prompt: tuple[int, ...] = ()
+             ) -> Room:
         """Hold a room for its decode; ``RoomError`` when it is held already or the bounds are reached (the
         pod's rooms and bytes, and the unclaimed rooms of ``source``)."""
         self.expire()
@@ -142,7 +146,7 @@ class RoomTable:
         if mine >= self.max_per_source:
             raise RoomError(f"{mine} rooms sent from {source or 'this source'} wait for their decode (the limit per "
                             "source): retry later", code="busy", status=503)
-        r = self.rooms[room] = Room(room, seed, tokens, nbytes, self._clock(), source=source)
+        r = self.rooms[room] = Room(room, seed, tokens, nbytes, self._clock(), source=source, prompt=prompt)
         return r
 
     def claim(self, room: int, instance: str = "", request_id: str = "") -> Room:
@@ -162,15 +166,22 @@ class RoomTable:
 
     def admit(self, msg: TransferRequest) -> TransferRequest:
         """The bootstrap's say on a decode rank's request (``BootstrapState.admit``): a room's claim gets the
-        room's state (seed, tokens) as its fill; a refused claim is ``ProtocolError`` (``unexpected``). Requests
-        of the other kinds pass as they are, whatever their id."""
+        room's state (seed, tokens; a model pod's room, its prompt) as its fill; a refused claim is
+        ``ProtocolError`` (``unexpected``), and so is a claim whose prompt is not the room's (the two roles
+        encoded different bodies: their state would not match). Requests of the other kinds pass as they are."""
         if msg.kind is not RequestKind.ROOM or msg.room is None:
             return msg
+        held = self.rooms.get(msg.room)
+        if held is not None and held.prompt and (not isinstance(msg.fill, PromptFill) or msg.fill.prompt != held.prompt):
+            got = len(msg.fill.prompt) if isinstance(msg.fill, PromptFill) else "no"
+            raise ProtocolError(RefusalCode.UNEXPECTED, f"bootstrap_room {msg.room}: the claim's prompt ({got} ids) is "
+                                f"not the room's ({len(held.prompt)} ids): prefill and decode got different bodies")
         try:
             room = self.claim(msg.room, msg.instance, msg.request_id)
         except RoomError as e:
             raise ProtocolError(RefusalCode.UNEXPECTED, str(e)) from e
-        return msg.model_copy(update={"fill": SyntheticFill(seed=room.seed, tokens=room.tokens)})
+        fill = PromptFill(prompt=room.prompt) if room.prompt else SyntheticFill(seed=room.seed, tokens=room.tokens)
+        return msg.model_copy(update={"fill": fill})
 
     def settle(self, msg: TransferRequest, reports: tuple[StatusReport, ...]) -> None:
         """``BootstrapState.settled``: one decode rank's request ended (every source reported). For a room's claim,

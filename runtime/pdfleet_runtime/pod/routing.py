@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pdfleet_runtime.model.state import RankShare
 from pdfleet_runtime.protocol.discovery import Endpoint, ResolveError, Resolver
 from pdfleet_runtime.protocol.messages import RequestKind
 from pdfleet_runtime.protocol.states import FailureReason
-from pdfleet_runtime.rank.pipe import TransferOp, TransferResult
+from pdfleet_runtime.rank.pipe import Generated, GenerateOp, TransferOp, TransferResult
 from pdfleet_runtime.seeded import request_seed
 
 from .group import GroupRanks
@@ -59,6 +60,12 @@ class SyntheticResult:
     """Under ``failure``: the failed prefill rank's kind (``SOURCE_FAILED``) or ``DRAINING`` (``REFUSED``)."""
     mismatched_buffers: tuple[str, ...] = ()
     """Under ``VERIFY``: the buffers whose bytes differ."""
+    shares: tuple[RankShare, ...] = ()
+    """A prompt request that succeeded: every decode rank's share of the model's state, in rank order."""
+    first_tokens: tuple[int, ...] = ()
+    """A prompt request that succeeded: the first tokens the prefill ranks carried (all must agree)."""
+    expected: tuple[tuple[int, ...], ...] = ()
+    """A model canary that succeeded: the aggregate continuations the prefill ranks carried (all must agree)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"requestId": self.request_id, "ok": self.ok, "failure": self.failure, "reason": self.reason,
@@ -118,10 +125,13 @@ class RequestRouter:
         self.shunned &= {str(e) for e in endpoints}
 
     async def run(self, kind: RequestKind, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                  verify: bool = True, endpoint: Endpoint | None = None, own_budget: bool = True) -> SyntheticResult:
+                  verify: bool = True, endpoint: Endpoint | None = None, own_budget: bool = True,
+                  prompt: tuple[int, ...] = (), expect: int = 0) -> SyntheticResult:
         """One request (a client's or a canary) through every rank of this decode pod; tries the next prefill pod
         (up to 3) when one refused it as draining or was unreachable before anything accepted it. ``own_budget``
-        False (a caller's shorter ``timeout_s``): its failures are no readiness fact and shun no prefill pod."""
+        False (a caller's shorter ``timeout_s``): its failures are no readiness fact and shun no prefill pod.
+        ``prompt`` and ``expect``: a model pod's canary (``check_tokens``), which moves the model's state of
+        ``prompt`` and checks its continuation's tokens instead of seeded bytes."""
         self.active += 1
         t0 = time.perf_counter()
         try:
@@ -129,8 +139,9 @@ class RequestRouter:
             res = SyntheticResult(request_id, False, FailureReason.NO_PEER, "no prefill pod known", 0, 0.0, 0.0, -1,
                                   None)
             for ep in candidates[:3]:
-                res = await self._through(ep, TransferOp(request_id, ep.host, ep.port, tokens,
-                                                         request_seed(request_id, seed), timeout_s, verify, kind=kind))
+                res = await self._through(ep, TransferOp(request_id, ep.host, ep.port, len(prompt) or tokens,
+                                                         request_seed(request_id, seed), timeout_s, verify, kind=kind,
+                                                         prompt=prompt, expect=expect))
                 problem = None if res.ok else classify(res.failure, res.cause)
                 # Another prefill pod may take it when this one refused it (draining) or never answered
                 # (gone: DNS still names a deleted pod for a while) and nothing accepted it.
@@ -143,6 +154,8 @@ class RequestRouter:
                 if problem is Problem.PEER_DRAINING:
                     res = SyntheticResult(request_id, False, FailureReason.DRAINING, res.reason, 0, 0.0, res.seconds,
                                           -1, str(ep))
+            if res.ok and prompt:
+                res = await self.check_tokens(res, prompt, expect, timeout_s)
         finally:
             self.active -= 1
         seconds = time.perf_counter() - t0
@@ -151,19 +164,49 @@ class RequestRouter:
         self._account(kind, res, tokens, own_budget=own_budget)
         return res
 
+    async def check_tokens(self, res: SyntheticResult, prompt: tuple[int, ...], expect: int,
+                           timeout_s: float) -> SyntheticResult:
+        """A model canary whose state arrived: decode rank 0 continues it from every rank's share; the tokens must
+        equal the aggregate continuation the prefill computed itself, else the canary failed as ``VERIFY`` (a
+        state path that corrupts meaning, not only bytes, is not Ready)."""
+        assert self.launcher is not None
+        firsts, expected = set(res.first_tokens), set(res.expected)
+
+        def failed(reason: str) -> SyntheticResult:
+            return dataclasses.replace(res, ok=False, failure=FailureReason.VERIFY, reason=reason,
+                                       mismatched_buffers=("tokens",))
+
+        if len(firsts) != 1 or len(expected) != 1 or len(want := expected.pop()) != expect:
+            return failed(f"the prefill carried first tokens {sorted(firsts)} and {len(res.expected)} aggregate "
+                          f"continuations: one of each ({expect} tokens) is the canary's answer")
+        first = firsts.pop()
+        try:
+            gen = await self.launcher.call(0, GenerateOp(res.request_id, len(prompt), first, expect - 1, res.shares),
+                                           timeout_s=timeout_s + 30.0)
+        except RankCallError as e:
+            return dataclasses.replace(res, ok=False, failure=FailureReason.RANK, reason=str(e))
+        got = (first, *gen.tokens) if isinstance(gen, Generated) else ()
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+            return failed(f"the canary's continuation differs from the prefill's aggregate generation at token {at}: "
+                          f"{list(got)} != {list(want)}")
+        return res
+
     async def pull(self, ep: Endpoint, room: int, tokens: int, request_id: str, seed: int, timeout_s: float, *,
-                   retry_refused_s: float = 0.0) -> SyntheticResult:
+                   retry_refused_s: float = 0.0, prompt: tuple[int, ...] = ()) -> SyntheticResult:
         """One request whose state a prefill pod holds (``room``): from that pod only, ``seed`` as given.
 
         The prefill may not hold the room yet when a rank claims it: each rank sends its refused claim
         again, under the same id, for ``retry_refused_s`` (``TransferOp.wait_refused_s``), so the ranks
         of this decode (one pod or a group, whose member's ranks claim later) never split between the
-        room's id and a retry's."""
+        room's id and a retry's. ``prompt``: a model pod's request (the ranks answer their shares of the model's
+        state instead of checking seeded bytes)."""
         self.active += 1
         t0 = time.perf_counter()
         try:
             res = await self._through(ep, TransferOp(request_id, ep.host, ep.port, tokens, seed, timeout_s,
-                                                     wait_refused_s=retry_refused_s, kind=RequestKind.ROOM, room=room))
+                                                     wait_refused_s=retry_refused_s, prompt=prompt,
+                                                     kind=RequestKind.ROOM, room=room))
         finally:
             self.active -= 1
         res = dataclasses.replace(res, seconds=time.perf_counter() - t0)
@@ -211,7 +254,11 @@ class RequestRouter:
             return SyntheticResult(rid, False, FailureReason.VERIFY, f"{mismatched} bytes arrived different from the "
                                    f"seeded state in buffer {', '.join(names) or '?'}", moved, write_s, 0.0,
                                    mismatched, str(ep), mismatched_buffers=names)
-        return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep))
+        shares = tuple(o.share for o in outs if o.share is not None)
+        firsts = tuple(r.first_token for o in outs for r in o.reports if r.first_token is not None)
+        expected = tuple(r.expected_tokens for o in outs for r in o.reports if r.expected_tokens)
+        return SyntheticResult(rid, True, None, "", moved, write_s, 0.0, 0, str(ep), shares=shares,
+                               first_tokens=firsts, expected=expected)
 
     def endpoints_for_requests(self) -> list[Endpoint]:
         """Prefill pods whose canary passed first (round robin), then the others known, then those that

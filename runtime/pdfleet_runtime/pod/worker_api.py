@@ -28,11 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdfleet_runtime.seeded import request_seed
 
+from .model_text import ChatMessage
 from .rooms import room_request_id
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "IGNORED",
+    "SAMPLING",
     "ApiError",
     "Completion",
     "Endpoint",
@@ -51,7 +53,13 @@ DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 4096
 IGNORED = ("temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty", "seed", "stop", "logprobs",
            "user", "sampling_params")
-"""Accepted and ignored: the completion is derived, not sampled (the ``X-Pdfleet-Ignored`` header names them)."""
+"""Accepted and ignored by the seeded mode: the completion is derived, not sampled (the ``X-Pdfleet-Ignored`` header
+names them). A model pod (``model_answer``) honours ``stop`` and refuses sampling that is not greedy."""
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+            "logprobs", "top_logprobs")
+"""Sampling settings a body may carry (top level, or in /generate's ``sampling_params``): ``WorkerRequest.sampling``."""
+MAX_STOP = 4
+"""Stop strings one request may carry (OpenAI's bound)."""
 _KNOWN = {"model", "messages", "prompt", "text", "input_ids", "max_tokens", "max_completion_tokens", "n", "stream",
           "stream_options", "bootstrap_host", "bootstrap_port", "bootstrap_room", "rid", *IGNORED}
 
@@ -96,6 +104,7 @@ class _Body(BaseModel):
     bootstrap_port: int | None = Field(None, ge=1, le=65535)
     bootstrap_room: int | None = Field(None, ge=0, lt=2**63)
     sampling_params: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
 
 
 class WorkerRequest(BaseModel):
@@ -114,6 +123,16 @@ class WorkerRequest(BaseModel):
     host: str | None
     port: int | None
     ignored: tuple[str, ...]
+    text: str | None = None
+    """The prompt as text (a completion's or /generate's), or None."""
+    ids: tuple[int, ...] | None = None
+    """The prompt as token ids, when the body gave ids (a model pod: also once it encoded the text)."""
+    messages: tuple[ChatMessage, ...] = ()
+    """A chat's messages (a model pod renders them with the model's chat template)."""
+    stop: tuple[str, ...] = ()
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """The sampling settings the body gave (``SAMPLING``'s names), as given: a model pod refuses any that is not
+    greedy; the seeded mode ignores them."""
 
     @property
     def request_id(self) -> str:
@@ -135,8 +154,8 @@ def _key(material: str) -> int:
     return int.from_bytes(hashlib.sha256(material.encode()).digest()[:8], "big") >> 1
 
 
-def _chat_text(messages: list[dict[str, Any]]) -> str:
-    lines = []
+def _chat_text(messages: list[dict[str, Any]]) -> tuple[str, tuple[ChatMessage, ...]]:
+    lines, parsed = [], []
     for i, m in enumerate(messages):
         content = m.get("content")
         if isinstance(content, list):
@@ -145,7 +164,8 @@ def _chat_text(messages: list[dict[str, Any]]) -> str:
             raise ApiError(400, f"messages[{i}] needs a string 'role' and a string or text-parts 'content'",
                            param=f"messages[{i}]")
         lines.append(f"{m['role']}: {content or ''}")
-    return "\n".join(lines)
+        parsed.append(ChatMessage(role=m["role"], content=content or ""))
+    return "\n".join(lines), tuple(parsed)
 
 
 MAX_JSON_DEPTH = 64
@@ -195,10 +215,11 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> WorkerRequest:
                        param="n", code="unsupported_n")
     ids: list[int] | None = None
     text: str | None = None
+    messages: tuple[ChatMessage, ...] = ()
     if endpoint is Endpoint.CHAT:
         if not b.messages:
             raise ApiError(400, "messages is required: a non-empty list of {role, content}", param="messages")
-        text = _chat_text(b.messages)
+        text, messages = _chat_text(b.messages)
     elif endpoint is Endpoint.COMPLETIONS:
         p = b.prompt
         if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
@@ -229,10 +250,18 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> WorkerRequest:
     material = ",".join(map(str, ids)) if ids is not None else (text or "")
     extra = sorted(set(data) - _KNOWN)
     ignored = tuple(k for k in (*IGNORED, *extra) if k in data)
+    sampling = {k: v for k, v in {**sp, **data}.items() if k in SAMPLING}
+    raw_stop = b.stop if b.stop is not None else sp.get("stop")
+    stop = (raw_stop,) if isinstance(raw_stop, str) else tuple(raw_stop or ())
+    if len(stop) > MAX_STOP or not all(isinstance(x, str) and x for x in stop):
+        raise ApiError(400, f"stop: at most {MAX_STOP} non-empty strings", param="stop")
     return WorkerRequest(endpoint=endpoint, model=b.model, prompt_tokens=prompt_tokens, prompt_key=_key(material),
                          max_tokens=max_tokens, stream=b.stream,
                          include_usage=bool((b.stream_options or {}).get("include_usage")), room=b.bootstrap_room,
-                         host=b.bootstrap_host, port=b.bootstrap_port, ignored=ignored)
+                         host=b.bootstrap_host, port=b.bootstrap_port, ignored=ignored,
+                         text=None if endpoint is Endpoint.CHAT else text,
+                         ids=tuple(ids) if ids is not None else None, messages=messages, stop=stop,
+                         sampling=sampling)
 
 
 class Completion(BaseModel):
@@ -241,10 +270,12 @@ class Completion(BaseModel):
     ids: tuple[int, ...]
     tokens: tuple[str, ...]
     finish_reason: str
+    sep: str = " "
+    """Between two tokens' texts: a space for the seeded mode's ``t<id>``; none for a model's text pieces."""
 
     @property
     def text(self) -> str:
-        return " ".join(self.tokens)
+        return self.sep.join(self.tokens)
 
 
 def completion(seed: int, prompt_tokens: int, state_bytes: int, max_tokens: int) -> Completion:
@@ -283,9 +314,10 @@ def render(req: WorkerRequest, c: Completion, *, model: str, state_bytes: int, p
             "usage": _usage(req, len(c.ids)), "pdfleet": pdfleet}
 
 
-def sse_chunks(req: WorkerRequest, c: Completion, *, model: str, pdfleet: dict[str, Any]) -> list[str]:
+def sse_chunks(req: WorkerRequest, c: Completion, *, model: str, pdfleet: dict[str, Any],
+               created: int | None = None) -> list[str]:
     """The streaming answer: one ``data:`` event per token, the finish, (asked for) the usage, ``[DONE]``."""
-    created = int(time.time())
+    created = created or int(time.time())
     rid = f"cmpl-{req.request_id}"
     chat = req.endpoint is Endpoint.CHAT
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -294,7 +326,7 @@ def sse_chunks(req: WorkerRequest, c: Completion, *, model: str, pdfleet: dict[s
         for i, t in enumerate(c.tokens):
             acc.append(t)
             last = i == len(c.tokens) - 1
-            out.append(json.dumps({"text": " ".join(acc), "output_ids": list(c.ids[:i + 1]),
+            out.append(json.dumps({"text": c.sep.join(acc), "output_ids": list(c.ids[:i + 1]),
                                    "meta_info": {"id": req.request_id, "prompt_tokens": req.prompt_tokens,
                                                  "completion_tokens": i + 1,
                                                  "finish_reason": ({"type": c.finish_reason} if last else None)}}))
@@ -310,7 +342,7 @@ def sse_chunks(req: WorkerRequest, c: Completion, *, model: str, pdfleet: dict[s
         return {"id": rid, "object": obj, "created": created, "model": model, "choices": [ch]}
 
     events = [chunk(None, None, first=True)] if chat else []
-    events += [chunk(t if i == 0 else f" {t}", None) for i, t in enumerate(c.tokens)]
+    events += [chunk(t if i == 0 else f"{c.sep}{t}", None) for i, t in enumerate(c.tokens)]
     events.append(chunk(None, c.finish_reason))
     if req.include_usage:
         events.append({"id": rid, "object": obj, "created": created, "model": model, "choices": [],

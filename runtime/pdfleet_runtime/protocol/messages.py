@@ -333,12 +333,19 @@ class SyntheticFill(_Msg):
     tokens: int = Field(ge=1, le=1 << 22)
 
 
+MAX_EXPECTED_TOKENS = 64
+"""Most tokens of aggregate continuation a canary asks the prefill for."""
+
+
 class PromptFill(_Msg):
     """A reference-engine request (docs/reference-engine.md): the prefill computes the prompt's forward, writes
     the model's cache into its pools and carries the first generated token in its status."""
 
     type: Literal["prompt"] = "prompt"
     prompt: tuple[Annotated[int, Field(ge=0, lt=2**31)], ...] = Field(min_length=1, max_length=1 << 16)
+    expect: int = Field(0, ge=0, le=MAX_EXPECTED_TOKENS)
+    """A canary: the prefill also computes this many tokens of the prompt's aggregate continuation and sends
+    them with its status (``StatusReport.expected_tokens``); the decode's continuation must equal them."""
 
 
 class RequestKind(StrEnum):
@@ -408,6 +415,8 @@ class StatusReport(_Msg):
     first_token: int | None = Field(None, ge=0, lt=2**31)
     """A prompt request (``PromptFill``): the first generated token, carried with the state as SGLang's prefill
     carries it; None for seeded state (and for a prefill that lost it: the decode then fails the request)."""
+    expected_tokens: tuple[Annotated[int, Field(ge=0, lt=2**31)], ...] = Field((), max_length=MAX_EXPECTED_TOKENS)
+    """A canary's prompt (``PromptFill.expect``): the prefill's own aggregate continuation, the first token first."""
     fenced: bool = False
     """No write of this source to this destination is in flight or will start: the decode may reuse the
     destination items. A Failed status sent while a write still runs is followed by the same status fenced."""

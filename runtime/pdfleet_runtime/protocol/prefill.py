@@ -162,6 +162,7 @@ class PrefillRank:
                  synthetic: Callable[[str, SyntheticFill | PromptFill], Awaitable[RequestIndices]] | None = None,
                  on_report: Callable[[TransferRequest, StatusReport], None] | None = None,
                  first_token: Callable[[str], int | None] | None = None,
+                 expected_tokens: Callable[[str], tuple[int, ...]] | None = None,
                  staging: PrefillStaging | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registration, self.engine, self.client = registration, engine, client
@@ -171,6 +172,7 @@ class PrefillRank:
         self._release, self._before_write = release, before_write
         self._synthetic, self._on_report = synthetic, on_report
         self._first_token = first_token
+        self._expected_tokens = expected_tokens
         self.staging = staging
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._clock = clock
@@ -637,7 +639,9 @@ class PrefillRank:
             descriptors=blocks.descriptors if blocks is not None else 0, bytes_by_state=by_state,
             descriptors_by_state=desc_by_state, plan_seconds=plan_s, write_seconds=write_s, fenced=not leg.writing,
             first_token=self._first_token(m.request_id) if self._first_token and state is RequestState.SUCCESS
-            else None)
+            else None,
+            expected_tokens=self._expected_tokens(m.request_id) if self._expected_tokens
+            and state is RequestState.SUCCESS else ())
         self._outbox.append(leg.report)
         self._outbox_event.set()
         if self._on_report is not None:

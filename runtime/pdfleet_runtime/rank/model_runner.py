@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,8 +133,10 @@ class ModelRunner:
         return Prefilled(int(logits.argmax()), logits.cpu().numpy(), state, time.perf_counter() - t0)
 
     @torch.inference_mode()
-    def decode(self, state: ModelState, first_token: int, steps: int) -> Generation:
-        """``steps`` greedy tokens after ``first_token``, continuing from ``state`` (rebuilt as a cache)."""
+    def decode(self, state: ModelState, first_token: int, steps: int, stop_ids: frozenset[int] = frozenset(),
+               on_token: Callable[[int, int], None] | None = None) -> Generation:
+        """``steps`` greedy tokens after ``first_token``, continuing from ``state`` (rebuilt as a cache); a token in
+        ``stop_ids`` is the last; ``on_token(index, token)`` hears each as it is computed."""
         t0 = time.perf_counter()
         cache = cache_from_state(state, self.model.config, self.layout)
         token, pos = first_token, state.length
@@ -146,6 +149,10 @@ class ModelRunner:
             token, pos = int(row.argmax()), pos + 1
             tokens.append(token)
             logits.append(row.cpu().numpy())
+            if on_token is not None:
+                on_token(len(tokens) - 1, token)
+            if token in stop_ids:
+                break
         arr = np.stack(logits) if logits else np.zeros((0, self.vocab_size), np.float32)
         return Generation(tuple(tokens), arr, time.perf_counter() - t0)
 

@@ -33,6 +33,7 @@ __all__ = [
     "FaultOptions",
     "GenerateOp",
     "Generated",
+    "GeneratedToken",
     "LegReport",
     "Mismatch",
     "RankFailed",
@@ -142,18 +143,25 @@ class TransferOp:
     kind: RequestKind = field(kw_only=True)
     room: int | None = field(default=None, kw_only=True)
     """The room a ``RequestKind.ROOM`` request claims."""
+    expect: int = field(default=0, kw_only=True)
+    """A model canary: tokens of the prompt's aggregate continuation the prefill computes and sends back."""
 
 
 @dataclass(frozen=True)
 class GenerateOp:
     """Decode, reference engine: rebuild a request's state from every decode rank's share (each read from that
-    rank's own pools) and continue greedily from ``first_token`` for ``steps`` tokens; answers ``Generated``."""
+    rank's own pools) and continue greedily from ``first_token`` for ``steps`` tokens; answers ``Generated``.
+    ``stop_ids``: a generated id among them ends the continuation early (a model pod's end of sequence; parity
+    runs give none: exactly ``steps``)."""
 
     request_id: str
     length: int
     first_token: int
     steps: int
     shares: tuple[RankShare, ...]
+    stop_ids: frozenset[int] = frozenset()
+    stream: bool = False
+    """Send each token as it is computed (``GeneratedToken``) before the answer: a model pod's streaming answer."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +332,16 @@ class Generated:
     tokens: tuple[int, ...]
     logits: tuple[tuple[float, ...], ...]
     seconds: float
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """Decode rank 0, while it answers a streaming ``GenerateOp`` (call ``call_id``): token ``index`` of the
+    continuation, as soon as it is computed. The ``Generated`` answer that follows holds them all."""
+
+    call_id: int
+    index: int
+    token: int
 
 
 RankResult = TransferResult | RankStats | ArenaCheck | RequestStates | CallFailed | Generated

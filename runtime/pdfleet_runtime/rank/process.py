@@ -21,6 +21,7 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
@@ -151,14 +152,14 @@ class _Rank:
     async def _call(self, call: pipe.Call) -> None:
         result: pipe.RankResult
         try:
-            result = await self._handle(call.op)
+            result = await self._handle(call.op, call.call_id)
         except Exception as e:  # a bad call must not kill the rank: the pod sees the error
             log.exception("call %s failed", type(call.op).__name__)
             result = pipe.CallFailed(f"{type(e).__name__}: {e}")
         with contextlib.suppress(OSError):
             self.conn.send(pipe.Reply(call.call_id, result))
 
-    async def _handle(self, op: pipe.RankOp) -> pipe.RankResult:
+    async def _handle(self, op: pipe.RankOp, call_id: int = 0) -> pipe.RankResult:
         work = self.work
         match op:
             case pipe.TransferOp() if isinstance(work, DecodeRequests):
@@ -170,11 +171,22 @@ class _Rank:
             case pipe.ArenaCheckOp() if isinstance(work, DecodeRequests) and work.arena is not None:
                 return await asyncio.to_thread(work.arena.check)
             case pipe.GenerateOp() if self.runner is not None and self.spec.config.role is Role.DECODE:
-                return await asyncio.to_thread(generate, self.runner, op, self.shape)
+                return await asyncio.to_thread(generate, self.runner, op, self.shape, self.spec.faults.model,
+                                               self._progress(call_id) if op.stream else None)
             case pipe.RequestStatesOp() if isinstance(work, SyntheticSource):
                 return pipe.RequestStates({rid: self.coord.outcome(rid) or RequestState.BOOTSTRAPPING
                                            for rid in op.request_ids})
         return pipe.CallFailed(f"a {self.spec.config.role.value} rank does not take {type(op).__name__} now")
+
+    def _progress(self, call_id: int) -> Callable[[int, int], None]:
+        """A streaming continuation's tokens, sent from the loop's thread (the pipe is not thread-safe)."""
+        loop = asyncio.get_running_loop()
+
+        def send(msg: pipe.GeneratedToken) -> None:
+            with contextlib.suppress(OSError):
+                self.conn.send(msg)
+
+        return lambda i, tok: loop.call_soon_threadsafe(send, pipe.GeneratedToken(call_id, i, tok))
 
     async def _seed_arena(self, op: pipe.SeededArenaOp) -> pipe.RankStats:
         """Parity: seeded background, a seeded allocator and the reserved requests' items (no request held)."""
@@ -207,7 +219,8 @@ class _Rank:
                                  settings=PrefillSettings(timeouts=timeouts, write_timeout_s=spec.write_timeout_s),
                                  release=source.release, synthetic=source.fill, on_report=self._on_report,
                                  staging=self.staging,
-                                 first_token=source.first_token if isinstance(source, ModelSource) else None)
+                                 first_token=source.first_token if isinstance(source, ModelSource) else None,
+                                 expected_tokens=source.expected_tokens if isinstance(source, ModelSource) else None)
         source.allocated = self.coord.prepare
         source.holding = self.coord.holding
         await self.coord.register()

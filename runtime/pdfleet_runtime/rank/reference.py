@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -60,6 +61,7 @@ class ModelSource(SyntheticSource):
         super().__init__(pools, alloc, **kwargs)  # type: ignore[arg-type]
         self.runner, self.fault = runner, fault
         self._first: dict[str, int] = {}
+        self._expected: dict[str, tuple[int, ...]] = {}
 
     async def fill(self, request_id: str, fill: SyntheticFill | PromptFill) -> RequestIndices:
         if not isinstance(fill, PromptFill):
@@ -71,33 +73,47 @@ class ModelSource(SyntheticSource):
         if self.allocated is not None:
             self.allocated(request_id, idx)
         try:
-            first, seconds = await asyncio.to_thread(self._compute, fill.prompt, idx)
+            first, seconds, expected = await asyncio.to_thread(self._compute, fill.prompt, idx, fill.expect)
         except (ValueError, ShareError) as e:
             raise SyntheticError(FailureReason.RANK, f"prompt of {len(fill.prompt)} tokens: {e}") from None
         if self.fault is not ModelFault.FIRST_TOKEN_LOST:
             self._first[request_id] = first
+        if expected:
+            self._expected[request_id] = expected
         log.info("request %s: prefilled %d tokens in %.3fs, first token %d", request_id, len(fill.prompt), seconds,
                  first)
         return idx
 
-    def _compute(self, prompt: tuple[int, ...], idx: RequestIndices) -> tuple[int, float]:
+    def _compute(self, prompt: tuple[int, ...], idx: RequestIndices, expect: int
+                 ) -> tuple[int, float, tuple[int, ...]]:
+        """The forward and this rank's share written; with ``expect`` (a canary) also the prompt's aggregate
+        continuation, by the model's own cache (``ModelRunner.forward_reference``), never by the pools."""
         with self.runner.lock:
             pre = self.runner.prefill(prompt, conv_lag=conv_lag(self.fault))
             write_share(self.pools, faulted_state(pre.state, self.fault), idx)
-        return pre.first_token, pre.seconds
+            expected = self.runner.forward_reference(prompt, expect).tokens if expect else ()
+        return pre.first_token, pre.seconds, expected
 
     def first_token(self, request_id: str) -> int | None:
         """The first generated token of a prompt request (None for seeded state): ``PrefillRank(first_token=)``."""
         return self._first.get(request_id)
 
+    def expected_tokens(self, request_id: str) -> tuple[int, ...]:
+        """A canary's aggregate continuation (``PromptFill.expect``), empty otherwise."""
+        return self._expected.get(request_id, ())
+
     def release(self, request_id: str) -> None:
         self._first.pop(request_id, None)
+        self._expected.pop(request_id, None)
         super().release(request_id)
 
 
-def generate(runner: ModelRunner, op: GenerateOp, shape: object) -> Generated:
-    """Rebuild the request's state from every decode rank's share and continue it (a worker thread)."""
+def generate(runner: ModelRunner, op: GenerateOp, shape: object, fault: ModelFault | None = None,
+             on_token: Callable[[int, int], None] | None = None) -> Generated:
+    """Rebuild the request's state from every decode rank's share and continue it (a worker thread). ``fault``
+    (tests: a decode pod's ``--fault-model``): the gathered state as that fault would leave it, as if the decode
+    mangled what it received (``gdn-slot-zeroed``: one GDN layer's recurrent slot zeroed)."""
     with runner.lock:
         state = gather_state(runner.layout, shape, op.shares, op.length, runner.device)  # type: ignore[arg-type]
-        gen = runner.decode(state, op.first_token, op.steps)
+        gen = runner.decode(faulted_state(state, fault), op.first_token, op.steps, op.stop_ids, on_token)
     return Generated(gen.tokens, tuple(tuple(row) for row in gen.logits.tolist()), gen.seconds)

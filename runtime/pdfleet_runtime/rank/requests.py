@@ -233,7 +233,8 @@ class DecodeRequests(_Items):
                                   reason=f"decode pools are full: {e}")
         self.in_flight += 1
         self._running.add(request_id)
-        fill = PromptFill(prompt=op.prompt) if op.prompt else SyntheticFill(seed=seed, tokens=op.tokens)
+        fill = (PromptFill(prompt=op.prompt, expect=op.expect) if op.prompt
+                else SyntheticFill(seed=seed, tokens=op.tokens))
         try:
             # From here the coordinator owns the items: it releases them (``release``) at once or after the
             # fence, on every path but a request it never took, whose items come back here.

@@ -13,4 +13,6 @@ Reading order:
 4. ``parity``: ``run_parity`` (every rank in this process, ``LocalCopyExecutor``) and ``run_parity_engine``.
 5. ``cases``, ``group``: a case's prefill and decode pods of serving rank processes, through a real
    engine and the protocol, seeded and checked over the rank pipe (``SeededArenaOp``, ``ArenaCheckOp``).
+6. ``aggregate``: a model's answer without PD in a process of its own (``pdfleet-runtime generate
+   --aggregate``), what a model pod's answer must equal (the demo's and end-to-end checks).
 """
