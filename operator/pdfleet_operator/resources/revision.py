@@ -3,7 +3,9 @@
 A role's revision covers every spec field that ends up in its pods or its runtime config,
 including the shared model and transfer settings and the other role's shape (the runtime
 plans with both). Replicas, the scaling adapter and rollout settings are excluded: scaling is not a new
-revision.
+revision. ``spec.scheduling`` counts only where it changes the role's pods (a gang's labels and Kueue's
+gate are set at creation; a topology key only on a multi-node role's groups), and only when not the default,
+so every earlier revision keeps its hash.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
     }
     if spec.engine is not None:  # absent (the built-in runtime) keeps every earlier revision's hash
         material["engine"] = spec.engine.model_dump(mode="json", by_alias=True, exclude_none=True)
+    scheduling = spec.scheduling.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                            exclude=None if mine.parallelism.nodes_per_replica > 1 else {"topology_key"})
+    if scheduling != {"gang": "none"}:  # the default keeps every earlier revision's hash
+        material["scheduling"] = scheduling
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]
 
