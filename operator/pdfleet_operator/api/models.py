@@ -511,7 +511,8 @@ class RoleRollout(ApiModel):
         None, max_length=4096, description="Why the spec's revision was marked failed (kept while it stays failed)."
     )
     progress: str | None = Field(
-        None, description="Target pods ready / pods of other revisions, as of the last pass; a change is progress."
+        None, description="Target pods ready / pods of other revisions (and the target's gangs Kueue has not "
+        "admitted), as of the last pass; a change is progress."
     )
     message: str | None = Field(None, max_length=32768, description="Why the role's rollout is where it is.")
 
