@@ -50,7 +50,7 @@ def test_every_scheduling_rule_is_a_cel_rule_with_its_reason_fix_and_an_invalid_
         (SINGLE, {"queueName": "q"}, "scheduling-queue-needs-kueue", "spec.scheduling.queueName"),
         (SINGLE, {"gang": "none", "queueName": "q"}, "scheduling-queue-needs-kueue", "spec.scheduling.queueName"),
         (MULTI, {"gang": "kueue"}, "scheduling-kueue-queue", "spec.scheduling.queueName"),
-        (SINGLE, {"topologyKey": "topology.kubernetes.io/rack"}, "scheduling-topology-multi-node",
+        (SINGLE, {"topologyKey": "topology.example.com/rack"}, "scheduling-topology-multi-node",
          "spec.scheduling.topologyKey"),
         (MULTI, {"topologyKey": "kubernetes.io/hostname"}, "scheduling-topology-hostname",
          "spec.scheduling.topologyKey"),
@@ -68,7 +68,7 @@ def test_each_rule_denies_at_its_field(base: dict, scheduling: dict, rule: str, 
     [
         (SINGLE, {}),
         (SINGLE, {"gang": "kueue", "queueName": "gpu-serving"}),  # one-node replicas are gangs of one
-        (MULTI, {"gang": "kueue", "queueName": "gpu-serving", "topologyKey": "topology.kubernetes.io/rack"}),
+        (MULTI, {"gang": "kueue", "queueName": "gpu-serving", "topologyKey": "topology.example.com/rack"}),
         (MULTI, {"topologyKey": "nvidia.com/gpu.clique"}),  # packing without a gang is allowed
     ],
 )
@@ -77,7 +77,7 @@ def test_consistent_settings_are_admitted(base: dict, scheduling: dict) -> None:
 
 
 def test_one_multi_node_role_is_enough_for_a_topology_key() -> None:
-    obj = with_scheduling(SINGLE, topologyKey="topology.kubernetes.io/rack")
+    obj = with_scheduling(SINGLE, topologyKey="topology.example.com/rack")
     obj["spec"]["decode"]["parallelism"]["nodesPerReplica"] = 2
     assert rules_of(obj) == {}
 

@@ -24,7 +24,7 @@ from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.revision import role_revision
 from tests.unit.operator.test_groups import OWNER, World, sglang_spec
 
-RACK = "topology.kubernetes.io/rack"
+RACK = "topology.example.com/rack"
 
 
 def spec_with(scheduling: dict | None = None, *, decode_nodes: int = 2, prefill_nodes: int = 2,
