@@ -5,6 +5,8 @@ it builds inside a small wrapper module (``go 1.25``: no newer toolchain is fetc
 ``cache_root()/kueue/<version>-<key>/bin``:
 
 * ``kueue``: Kueue's manager (``sigs.k8s.io/kueue/cmd/kueue``), for a local cluster that runs Kueue;
+* ``config/``: Kueue's CRDs (``bases/``) and webhook configurations (``manifests.yaml``) from the module, which
+  ``kueue_run`` applies to a local cluster before it starts the manager;
 * ``kueue-podcheck``: reads Pods (a JSON list on stdin) and answers, per pod, what Kueue's own code makes
   of it: its pod webhook's create validation, the queue, group name, total count and serving flag read
   through Kueue's constants, and the role hash that sorts a group's pods into Kueue pod sets. The tests
@@ -29,7 +31,7 @@ from pathlib import Path
 from pdfleet_devcluster.toolchain import cache_root, go_env
 from pdfleet_operator.cachedbuild import BuildError, ensure_built, is_complete, run_logged, say
 
-__all__ = ["KUEUE_PINS", "KueuePins", "ensure_kueue", "kueue_dir", "podcheck"]
+__all__ = ["CONFIG_FILES", "KUEUE_PINS", "KueuePins", "ensure_kueue", "kueue_dir", "podcheck"]
 
 MODULE = "sigs.k8s.io/kueue"
 
@@ -40,11 +42,14 @@ class KueuePins:
     go: str = "1.25.0"  # Kueue v0.17.0's go.mod asks for 1.25: the local Go (1.26) builds it as it is
 
     def key(self) -> str:
-        text = json.dumps(self.__dict__, sort_keys=True) + _PODCHECK
+        text = json.dumps(self.__dict__, sort_keys=True) + _PODCHECK + BUILD_REV
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 KUEUE_PINS = KueuePins()
+BUILD_REV = "2"  # bump when the recipe changes: 2 keeps Kueue's CRDs and webhook manifests beside the binaries
+# Kept from the module (the Go module zip holds Kueue's config/): what kueue_run applies to a local cluster.
+CONFIG_FILES = ("config/components/crd/bases", "config/components/webhook/manifests.yaml")
 
 # What the check program does is read Kueue's own names and run its own validation: nothing is restated here.
 _PODCHECK = """package main
@@ -128,6 +133,17 @@ def _build(pins: KueuePins, top: Path) -> None:
         start = time.monotonic()
         run_logged(cmd, log, step, env=env, cwd=work)
         say("kueue", f"  {step}: {time.monotonic() - start:.0f}s")
+    source = Path(json.loads(run_logged(["go", "mod", "download", "-json", f"{MODULE}@{pins.version}"], log,
+                                        "locate the module", env=env, cwd=work))["Dir"])
+    for rel in CONFIG_FILES:
+        dest = top / "config" / Path(rel).name
+        if (source / rel).is_dir():
+            shutil.copytree(source / rel, dest, dirs_exist_ok=True)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / rel, dest)
+        for p in [dest, *dest.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)  # the module cache is read-only
     start = time.monotonic()
     run_logged(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "kueue"), f"{MODULE}/cmd/kueue"],
                log, "build kueue", env=env, cwd=work)

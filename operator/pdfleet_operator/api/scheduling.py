@@ -27,7 +27,9 @@ __all__ = [
     "KUEUE_GROUP_NAME_LABEL",
     "KUEUE_GROUP_SERVING_ANNOTATION",
     "KUEUE_GROUP_TOTAL_COUNT_ANNOTATION",
+    "KUEUE_POD_INDEX_LABEL_ANNOTATION",
     "KUEUE_QUEUE_LABEL",
+    "KUEUE_REQUIRED_TOPOLOGY_ANNOTATION",
     "SCHEDULING_RULES",
     "GangScheduler",
     "SchedulingSpec",
@@ -40,6 +42,11 @@ KUEUE_GROUP_NAME_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 # A serving group never "finishes" when its pods end, and its pods' quota is not reclaimed one by one.
 KUEUE_GROUP_SERVING_ANNOTATION = "kueue.x-k8s.io/pod-group-serving"
+# Topology-aware scheduling (TAS): Kueue picks one domain of this node label with room for the whole group
+# before it ungates any member, and pins the members there (a nodeSelector); it needs a ResourceFlavor with a
+# Topology that has the label as a level. The index label tells it each pod's rank in the group.
+KUEUE_REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
 # Kueue's webhook adds this scheduling gate to the pods it manages and removes it from every pod of a
 # group at once, when the group's quota is admitted; TAS adds ``kueue.x-k8s.io/topology`` beside it.
 KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -78,8 +85,10 @@ class SchedulingSpec(ApiModel):
     topology_key: str | None = Field(
         None, min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN,
         description="A node label every member of a replica group must share, e.g. a rack or NVLink-domain "
-        "label: required pod affinity within the group, beside the one-member-per-node anti-affinity. "
-        "Needs a role with nodesPerReplica > 1; not kubernetes.io/hostname (members sit on distinct nodes).",
+        "label: required pod affinity within the group, beside the one-member-per-node anti-affinity; with gang "
+        "kueue also Kueue's topology-aware scheduling (podset-required-topology: the LocalQueue's ResourceFlavor "
+        "needs a Topology with this label as a level). Needs a role with nodesPerReplica > 1; not "
+        "kubernetes.io/hostname (members sit on distinct nodes).",
     )
 
 

@@ -11,7 +11,10 @@ groups a surge creates are whole new gangs, never members joining an old revisio
   controller ungates all pods of a group together once the group's quota is admitted.
 * A topology key: required pod affinity, on that node label, to the pods of the member's own group,
   beside the one-member-per-node anti-affinity. The first member to be placed matches its own term, so
-  the scheduler lets it go to any domain; the rest follow it there.
+  the scheduler lets it go to any domain; the rest follow it there, or pend when it has no room for them.
+  With Kueue the key is also Kueue's required topology (TAS): Kueue picks a domain with room for the whole
+  group before it ungates any member (tests/cluster/test_gang_kueue.py saw the pod affinity alone leave an
+  admitted gang half placed: its first member took the emptier rack of one node).
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from pdfleet_operator.api.scheduling import (
     KUEUE_GROUP_NAME_LABEL,
     KUEUE_GROUP_SERVING_ANNOTATION,
     KUEUE_GROUP_TOTAL_COUNT_ANNOTATION,
+    KUEUE_POD_INDEX_LABEL_ANNOTATION,
     KUEUE_QUEUE_LABEL,
+    KUEUE_REQUIRED_TOPOLOGY_ANNOTATION,
     GangScheduler,
 )
-from pdfleet_operator.resources.names import LABEL_GROUP
+from pdfleet_operator.resources.names import LABEL_GROUP, LABEL_MEMBER
 
 __all__ = ["KUEUE_ADMISSION_GATE", "gang_metadata", "kueue_gates", "with_topology"]
 
@@ -39,6 +44,11 @@ def gang_metadata(spec: PDDeploymentSpec, leader: str, nodes: int) -> tuple[dict
         return {}, {}
     labels = {KUEUE_QUEUE_LABEL: s.queue_name, KUEUE_GROUP_NAME_LABEL: leader}
     annotations = {KUEUE_GROUP_TOTAL_COUNT_ANNOTATION: str(nodes), KUEUE_GROUP_SERVING_ANNOTATION: "true"}
+    if s.topology_key is not None and nodes > 1:
+        # Kueue chooses the domain for the whole group before ungating it: pod affinity alone lets the first
+        # member placed choose, and a domain without room for the rest leaves the group half placed.
+        annotations[KUEUE_REQUIRED_TOPOLOGY_ANNOTATION] = s.topology_key
+        annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] = LABEL_MEMBER
     return labels, annotations
 
 

@@ -17,7 +17,9 @@ from pdfleet_operator.api.scheduling import (
     KUEUE_GROUP_NAME_LABEL,
     KUEUE_GROUP_SERVING_ANNOTATION,
     KUEUE_GROUP_TOTAL_COUNT_ANNOTATION,
+    KUEUE_POD_INDEX_LABEL_ANNOTATION,
     KUEUE_QUEUE_LABEL,
+    KUEUE_REQUIRED_TOPOLOGY_ANNOTATION,
 )
 from pdfleet_operator.plan import ActionKind, plan
 from pdfleet_operator.resources.pods import runtime_pod
@@ -63,8 +65,20 @@ def test_every_member_carries_its_gang_for_kueue() -> None:
             assert annotations[KUEUE_GROUP_TOTAL_COUNT_ANNOTATION] == "2"
             assert annotations[KUEUE_GROUP_SERVING_ANNOTATION] == "true"
             assert "schedulingGates" not in pod["spec"]  # Kueue's webhook adds its gate, not the operator
+            assert KUEUE_REQUIRED_TOPOLOGY_ANNOTATION not in annotations  # no topology key: no TAS request
         names.add(leader)
     assert len(names) == 2  # prefill and decode groups are separate gangs
+
+
+def test_with_kueue_the_topology_key_is_kueues_required_topology_for_multi_node_groups() -> None:
+    spec = spec_with(KUEUE | {"topologyKey": RACK}, prefill_nodes=1)
+    for pod in members(spec, Role.DECODE):
+        annotations = pod["metadata"]["annotations"]
+        assert annotations[KUEUE_REQUIRED_TOPOLOGY_ANNOTATION] == RACK
+        assert annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] == "pdfleet.io/group-member"
+        assert pod["metadata"]["labels"]["pdfleet.io/group-member"] in ("0", "1")
+    (prefill,) = members(spec, Role.PREFILL)  # a one-node replica has no domain to choose
+    assert KUEUE_REQUIRED_TOPOLOGY_ANNOTATION not in prefill["metadata"]["annotations"]
 
 
 def test_a_one_node_replica_is_a_gang_of_one() -> None:

@@ -1,0 +1,152 @@
+"""Gang admission with real Kueue (v0.17.0, built from Go modules: ``pdfleet_devcluster.kueue_run``) on the
+local cluster, kwok nodes in racks (2 + 1 nodes of 8 GPUs):
+
+* a ClusterQueue with GPUs for the prefill pod and one decode group only, two decode groups requested at
+  once: one gang is admitted whole and placed in one rack, the other waits whole (every member gated by
+  Kueue, none on a node, so none holds a GPU), and the status names it;
+* once capacity frees (the quota raised) the waiting gang is admitted and placed whole, in one rack.
+
+Opt-in like every Kueue test (it builds Kueue on first use, minutes cold): runs when Kueue was built
+already, or with ``PDFLEET_BUILD_KUEUE=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.client import CoreV1Api, CustomObjectsApi
+
+from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster.cluster import RACK_LABEL
+from pdfleet_devcluster.kueue import kueue_dir
+from pdfleet_operator.api.scheduling import KUEUE_ADMISSION_GATE, KUEUE_GROUP_NAME_LABEL
+from pdfleet_operator.cachedbuild import is_complete
+from tests.cluster.conftest import OperatorProcess
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.cluster
+
+NAME = "gang"
+QUEUE = "gpu-serving"
+KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    if not is_complete(kueue_dir()) and os.environ.get("PDFLEET_BUILD_KUEUE") != "1":
+        pytest.skip("Kueue is built on demand: PDFLEET_BUILD_KUEUE=1 (or python -m pdfleet_devcluster.kueue)")
+    from pdfleet_devcluster.kueue_run import start_kueue
+
+    proc = start_kueue(cluster, Path(tmp_path_factory.mktemp("kueue")))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _queues(custom: CustomObjectsApi, ns: str, gpus: int) -> None:
+    """A rack Topology (its lowest level the rack, so kube-scheduler still spreads a group's members over the
+    rack's nodes), a flavor on it, a ClusterQueue with ``gpus`` and the LocalQueue."""
+    group, version = KUEUE_API
+    custom.create_cluster_custom_object(group, version, "topologies", {
+        "apiVersion": f"{group}/{version}", "kind": "Topology", "metadata": {"name": f"{ns}-racks"},
+        "spec": {"levels": [{"nodeLabel": RACK_LABEL}]}})
+    custom.create_cluster_custom_object(group, version, "resourceflavors",
+                                        {"apiVersion": f"{group}/{version}", "kind": "ResourceFlavor",
+                                         "metadata": {"name": f"{ns}-gpu"},
+                                         "spec": {"nodeLabels": {"type": "kwok"}, "topologyName": f"{ns}-racks"}})
+    custom.create_cluster_custom_object(group, version, "clusterqueues", {
+        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": ns},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": f"{ns}-gpu", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
+    custom.create_namespaced_custom_object(group, version, ns, "localqueues", {
+        "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns},
+        "spec": {"clusterQueue": ns}})
+
+
+def manifest(ns: str) -> dict:
+    return {
+        "apiVersion": "pdfleet.io/v1alpha1", "kind": "PDDeployment",
+        "metadata": {"name": NAME, "namespace": ns},
+        "spec": {
+            "engine": {"kind": "sglang", "version": "0.5.23", "image": "lmsysorg/sglang:v0.5.23"},
+            "model": {"layout": {"preset": "qwen3.8-flash-next"},
+                      "source": {"huggingFace": {"id": "Qwen/Qwen3.8-Flash-Next"}}},
+            "transfer": {"backend": "mooncake", "protocol": "tcp"},
+            "prefill": {"replicas": 1, "parallelism": {"tensor": 2}, "image": "example.invalid/rt:1",
+                        "nodeSelector": {RACK_LABEL: "rack-1"}},
+            "decode": {"replicas": 2, "parallelism": {"tensor": 8, "nodesPerReplica": 2},
+                       "image": "example.invalid/rt:1"},
+            "rollout": {"maxSurge": 1, "maxUnavailable": 0, "drainTimeoutSeconds": 30},
+            "scheduling": {"gang": "kueue", "queueName": QUEUE, "topologyKey": RACK_LABEL},
+        },
+    }
+
+
+def _gangs(core: CoreV1Api, ns: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for p in core.list_namespaced_pod(ns, label_selector=f"pdfleet.io/deployment={NAME},pdfleet.io/role=decode").items:
+        if p.metadata.deletion_timestamp is None:
+            out.setdefault(p.metadata.labels[KUEUE_GROUP_NAME_LABEL], []).append(p)
+    return out
+
+
+def _gated(pod) -> bool:
+    return any(g.name == KUEUE_ADMISSION_GATE for g in pod.spec.scheduling_gates or ())
+
+
+def test_one_gang_runs_whole_the_other_waits_whole_and_starts_once_capacity_frees(
+        cluster: LocalCluster, operator: OperatorProcess, kueue: object, namespace: str) -> None:
+    from pdfleet_devcluster.kueue_run import NAMESPACE_LABEL
+
+    api = cluster.api_client()
+    core, custom = CoreV1Api(api), CustomObjectsApi(api)
+    racks = {n.metadata.name: n.metadata.labels[RACK_LABEL] for n in core.list_node().items}
+    cluster.kubectl("label", "namespace", namespace, f"{NAMESPACE_LABEL}=true")
+    _queues(custom, namespace, gpus=2 + 8)  # the prefill pod and one decode group of 2 x 4 GPUs
+    custom.create_namespaced_custom_object("pdfleet.io", "v1alpha1", namespace, "pddeployments", manifest(namespace))
+
+    def split() -> tuple[list, list] | None:
+        gangs = _gangs(core, namespace)
+        if len(gangs) != 2 or any(len(ms) != 2 for ms in gangs.values()):
+            return None
+        placed = [ms for ms in gangs.values() if all(p.spec.node_name for p in ms)]
+        waiting = [ms for ms in gangs.values() if all(_gated(p) for p in ms)]
+        return (placed[0], waiting[0]) if len(placed) == 1 and len(waiting) == 1 else None
+
+    placed, waiting = wait_until(split, what="one gang placed whole, the other gated whole", timeout=120)
+    assert {racks[p.spec.node_name] for p in placed} == {"rack-0"} and len({p.spec.node_name for p in placed}) == 2
+    assert not any(p.spec.node_name for p in waiting)  # no member of the waiting gang holds a GPU
+    gang = waiting[0].metadata.labels[KUEUE_GROUP_NAME_LABEL]
+
+    def pdd() -> dict:
+        return json.loads(cluster.kubectl("-n", namespace, "get", "pdd", NAME, "-o", "json").stdout)
+
+    status = wait_until(lambda: (s := pdd().get("status") or {}) and f"gang {gang}" in str(
+        (s.get("rollout") or {}).get("decode", {}).get("message")) and s, what="the status naming the gang", timeout=60)
+    assert f"LocalQueue {QUEUE}" in status["rollout"]["decode"]["message"]
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Progressing"] == "GangNotAdmitted"
+    workload = custom.get_namespaced_custom_object(*KUEUE_API, namespace, "workloads", gang)
+    assert [ps["count"] for ps in workload["spec"]["podSets"]] == [2]  # Kueue sees one gang of 2
+
+    # capacity frees: the waiting gang is admitted whole and placed in one rack
+    custom.patch_cluster_custom_object(*KUEUE_API, "clusterqueues", namespace, {"spec": {"resourceGroups": [{
+        "coveredResources": ["nvidia.com/gpu"],
+        "flavors": [{"name": f"{namespace}-gpu", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 18}]}]}]}})
+    try:
+        started = wait_until(lambda: (ms := _gangs(core, namespace).get(gang)) and all(
+            p.spec.node_name and not _gated(p) for p in ms) and ms, what="the waiting gang placed", timeout=120)
+    except AssertionError as exc:
+        wl = custom.get_namespaced_custom_object(*KUEUE_API, namespace, "workloads", gang)
+        pods = [(p.metadata.name, p.spec.node_name, [g.name for g in p.spec.scheduling_gates or ()],
+                 [(c.type, c.reason, c.message) for c in p.status.conditions or ()])
+                for p in _gangs(core, namespace).get(gang, [])]
+        raise AssertionError(f"{exc}; workload status {wl.get('status')}; pods {pods}; kueue log:\n"
+                             f"{kueue.tail(40)}") from None  # type: ignore[attr-defined]
+    assert {racks[p.spec.node_name] for p in started} == {"rack-0"}
+    assert len({p.spec.node_name for p in started}) == 2
