@@ -13,18 +13,13 @@ already, or with ``PDFLEET_BUILD_KUEUE=1``.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 
 from pdfleet_devcluster import LocalCluster
 from pdfleet_devcluster.cluster import RACK_LABEL
-from pdfleet_devcluster.kueue import kueue_dir
 from pdfleet_operator.api.scheduling import KUEUE_ADMISSION_GATE, KUEUE_GROUP_NAME_LABEL
-from pdfleet_operator.cachedbuild import is_complete
 from tests.cluster.conftest import OperatorProcess
 from tests.helpers import wait_until
 
@@ -35,30 +30,20 @@ QUEUE = "gpu-serving"
 KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 
 
-@pytest.fixture(scope="module")
-def kueue(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    if not is_complete(kueue_dir()) and os.environ.get("PDFLEET_BUILD_KUEUE") != "1":
-        pytest.skip("Kueue is built on demand: PDFLEET_BUILD_KUEUE=1 (or python -m pdfleet_devcluster.kueue)")
-    from pdfleet_devcluster.kueue_run import start_kueue
-
-    proc = start_kueue(cluster, Path(tmp_path_factory.mktemp("kueue")))
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-def _queues(custom: CustomObjectsApi, ns: str, gpus: int) -> None:
-    """A rack Topology (its lowest level the rack, so kube-scheduler still spreads a group's members over the
-    rack's nodes), a flavor on it, a ClusterQueue with ``gpus`` and the LocalQueue."""
+def kueue_queues(custom: CustomObjectsApi, ns: str, gpus: int, *, racks: bool = True) -> None:
+    """A flavor, a ClusterQueue with ``gpus`` and the LocalQueue; with ``racks`` the flavor is on a rack
+    Topology (its lowest level the rack, so kube-scheduler still spreads a group's members over the rack's
+    nodes), and Kueue then places every workload of the queue by topology, the unannotated ones too."""
     group, version = KUEUE_API
-    custom.create_cluster_custom_object(group, version, "topologies", {
-        "apiVersion": f"{group}/{version}", "kind": "Topology", "metadata": {"name": f"{ns}-racks"},
-        "spec": {"levels": [{"nodeLabel": RACK_LABEL}]}})
+    flavor: dict = {"nodeLabels": {"type": "kwok"}}
+    if racks:
+        custom.create_cluster_custom_object(group, version, "topologies", {
+            "apiVersion": f"{group}/{version}", "kind": "Topology", "metadata": {"name": f"{ns}-racks"},
+            "spec": {"levels": [{"nodeLabel": RACK_LABEL}]}})
+        flavor["topologyName"] = f"{ns}-racks"
     custom.create_cluster_custom_object(group, version, "resourceflavors",
                                         {"apiVersion": f"{group}/{version}", "kind": "ResourceFlavor",
-                                         "metadata": {"name": f"{ns}-gpu"},
-                                         "spec": {"nodeLabels": {"type": "kwok"}, "topologyName": f"{ns}-racks"}})
+                                         "metadata": {"name": f"{ns}-gpu"}, "spec": flavor})
     custom.create_cluster_custom_object(group, version, "clusterqueues", {
         "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": ns},
         "spec": {"namespaceSelector": {}, "resourceGroups": [{
@@ -108,7 +93,7 @@ def test_one_gang_runs_whole_the_other_waits_whole_and_starts_once_capacity_free
     core, custom = CoreV1Api(api), CustomObjectsApi(api)
     racks = {n.metadata.name: n.metadata.labels[RACK_LABEL] for n in core.list_node().items}
     cluster.kubectl("label", "namespace", namespace, f"{NAMESPACE_LABEL}=true")
-    _queues(custom, namespace, gpus=2 + 8)  # the prefill pod and one decode group of 2 x 4 GPUs
+    kueue_queues(custom, namespace, gpus=2 + 8)  # the prefill pod and one decode group of 2 x 4 GPUs
     custom.create_namespaced_custom_object("pdfleet.io", "v1alpha1", namespace, "pddeployments", manifest(namespace))
 
     def split() -> tuple[list, list] | None:

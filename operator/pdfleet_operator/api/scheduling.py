@@ -30,6 +30,7 @@ __all__ = [
     "KUEUE_POD_INDEX_LABEL_ANNOTATION",
     "KUEUE_QUEUE_LABEL",
     "KUEUE_REQUIRED_TOPOLOGY_ANNOTATION",
+    "KUEUE_WORKLOAD_API_VERSION",
     "SCHEDULING_RULES",
     "GangScheduler",
     "SchedulingSpec",
@@ -51,6 +52,10 @@ KUEUE_POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
 # group at once, when the group's quota is admitted; TAS adds ``kueue.x-k8s.io/topology`` beside it.
 KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"
 KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
+# Kueue names a group's Workload after the group. Deleting it is Kueue's documented way to end a plain-pod
+# group: Kueue then removes its finalizer from the group's pods (which it keeps until the group ends; a
+# serving group never ends by itself) and releases the quota.
+KUEUE_WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
 
 # A label key: an optional DNS-subdomain prefix and a name of at most 63 characters.
 LABEL_KEY_PATTERN = (

@@ -168,9 +168,18 @@ def test_a_surge_creates_whole_new_gangs_and_never_joins_an_old_one() -> None:
     w = World()
     w.apply(plan(OWNER, old, w.snapshot()), 0.0)
     w.tick()
+    old_gangs = {b["metadata"]["labels"][KUEUE_GROUP_NAME_LABEL] for b in w.pods.values()
+                 if b["metadata"]["labels"]["pdfleet.io/role"] == "decode"}
     seen: dict[str, set[str]] = {}
+    ended: list[str] = []
     for step in range(60):
         actions = plan(OWNER, new, w.snapshot(), now=float(step))
+        ends = [a for a in actions if a.object_kind == "Workload"]
+        for a in ends:  # a gang deleted as a unit ends with its Kueue Workload, in the pass deleting its pods
+            assert a.kind is ActionKind.DELETE and a.api_version == "kueue.x-k8s.io/v1beta2"
+            assert {x.name for x in actions if x.kind is ActionKind.DELETE and x.object_kind == "Pod"} == {
+                a.name, f"{a.name}-m1"}
+        ended += [a.name for a in ends]
         created = [a.body for a in actions if a.kind is ActionKind.CREATE and a.object_kind == "Pod"]
         per_gang = Counter(b["metadata"]["labels"][KUEUE_GROUP_NAME_LABEL] for b in created)
         for gang, count in per_gang.items():  # a gang is created whole, in one pass, and only once
@@ -186,3 +195,15 @@ def test_a_surge_creates_whole_new_gangs_and_never_joins_an_old_one() -> None:
     else:
         pytest.fail("the rollout did not converge")
     assert sum(role_revision(new, Role.DECODE) in revs for revs in seen.values()) == 2
+    assert sorted(ended) == sorted(old_gangs)  # each old gang's Workload deleted once
+
+
+def test_a_group_without_a_gang_deletes_no_workload() -> None:
+    w = World()
+    spec = spec_with()
+    w.apply(plan(OWNER, spec, w.snapshot()), 0.0)
+    w.tick()
+    member = next(n for n in w.pods if n.endswith("-m1") and "decode" in n)
+    del w.pods[member]  # a broken group restarts as a unit: no Kueue, nothing else to delete
+    actions = plan(OWNER, spec, w.snapshot(), now=1.0)
+    assert [a.name for a in actions if a.kind is ActionKind.DELETE] == [member.removesuffix("-m1")]
