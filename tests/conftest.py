@@ -73,7 +73,7 @@ def kueue(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     """Kueue's manager beside the cluster (``pdfleet_devcluster.kueue_run``) for a module's tests; opt-in, as its
     build takes minutes cold: skipped unless Kueue was built already or ``PDFLEET_BUILD_KUEUE=1``."""
     from pdfleet_devcluster.kueue import kueue_dir
-    from pdfleet_devcluster.kueue_run import start_kueue
+    from pdfleet_devcluster.kueue_run import release_pods, start_kueue
     from pdfleet_operator.cachedbuild import is_complete
 
     if not is_complete(kueue_dir()) and os.environ.get("PDFLEET_BUILD_KUEUE") != "1":
@@ -82,6 +82,7 @@ def kueue(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         yield proc
     finally:
+        release_pods(cluster)  # the module's pods must not outlive Kueue with its finalizer (GPUs held)
         proc.stop()
 
 

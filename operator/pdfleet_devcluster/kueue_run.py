@@ -37,7 +37,7 @@ from pdfleet_devcluster.kueue import ensure_kueue
 from pdfleet_operator.cachedbuild import die_with_parent
 from pdfleet_operator.certs import CertificateAuthority
 
-__all__ = ["KUEUE_NAMESPACE", "NAMESPACE_LABEL", "KueueProcess", "start_kueue"]
+__all__ = ["KUEUE_NAMESPACE", "NAMESPACE_LABEL", "KueueProcess", "release_pods", "start_kueue"]
 
 KUEUE_NAMESPACE = "kueue-system"
 NAMESPACE_LABEL = "pdfleet.io/kueue"  # namespaces whose pods Kueue manages: label them "true"
@@ -62,6 +62,21 @@ class KueueProcess:
 
     def tail(self, lines: int = 30) -> str:
         return "".join(self.log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+
+def release_pods(cluster: LocalCluster) -> list[str]:
+    """Drop Kueue's finalizer from every pod that still has it (before Kueue stops: without Kueue nothing
+    would, and deleted pods would hold their nodes' GPUs for the rest of the cluster's life). Returns them."""
+    listing = json.loads(cluster.kubectl("get", "pods", "-A", "-l", "kueue.x-k8s.io/managed=true", "-o", "json").stdout)
+    released = []
+    for pod in listing["items"]:
+        meta = pod["metadata"]
+        kept = [f for f in meta.get("finalizers") or () if not f.startswith("kueue.x-k8s.io/")]
+        if kept != (meta.get("finalizers") or []):
+            cluster.kubectl("-n", meta["namespace"], "patch", "pod", meta["name"], "--type=merge",
+                            "-p", json.dumps({"metadata": {"finalizers": kept or None}}), check=False)
+            released.append(f"{meta['namespace']}/{meta['name']}")
+    return released
 
 
 def _mounted(path: Path) -> bool:
