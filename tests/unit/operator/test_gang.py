@@ -21,6 +21,7 @@ from pdfleet_operator.api.scheduling import (
     KUEUE_QUEUE_LABEL,
     KUEUE_REQUIRED_TOPOLOGY_ANNOTATION,
 )
+from pdfleet_operator.placement import NodeFacts, Problem, check_placement
 from pdfleet_operator.plan import ActionKind, plan
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.revision import role_revision
@@ -207,3 +208,16 @@ def test_a_group_without_a_gang_deletes_no_workload() -> None:
     del w.pods[member]  # a broken group restarts as a unit: no Kueue, nothing else to delete
     actions = plan(OWNER, spec, w.snapshot(), now=1.0)
     assert [a.name for a in actions if a.kind is ActionKind.DELETE] == [member.removesuffix("-m1")]
+
+
+def test_placement_reports_a_topology_key_no_domain_can_hold_a_group_in() -> None:
+    def nodes(racks: list[str | None]) -> list[NodeFacts]:
+        return [NodeFacts(name=f"n{i}", labels={RACK: r} if r else {}, gpus=8) for i, r in enumerate(racks)]
+
+    spec = spec_with({"topologyKey": RACK})  # groups of 2 pods on both roles
+    assert check_placement(spec, nodes(["a", "a", "b"])) == []
+    for racks, seen in ((["a", "b", "c"], "the largest value has 1"), ([None, None, None], "no matching node")):
+        found = check_placement(spec, nodes(racks))
+        assert [p.problem for p in found] == [Problem.TOPOLOGY_DOMAIN_TOO_SMALL] * 2
+        assert seen in found[0].message and RACK in found[0].message
+    assert check_placement(spec_with(), nodes([None, None])) == []  # no key: any 2 nodes do
