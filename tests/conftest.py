@@ -68,6 +68,24 @@ def operator(
         op.stop()
 
 
+@pytest.fixture(scope="module")
+def kueue(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Kueue's manager beside the cluster (``pdfleet_devcluster.kueue_run``) for a module's tests; opt-in, as its
+    build takes minutes cold: skipped unless Kueue was built already or ``PDFLEET_BUILD_KUEUE=1``."""
+    from pdfleet_devcluster.kueue import kueue_dir
+    from pdfleet_devcluster.kueue_run import release_pods, start_kueue
+    from pdfleet_operator.cachedbuild import is_complete
+
+    if not is_complete(kueue_dir()) and os.environ.get("PDFLEET_BUILD_KUEUE") != "1":
+        pytest.skip("Kueue is built on demand: PDFLEET_BUILD_KUEUE=1 (or python -m pdfleet_devcluster.kueue)")
+    proc = start_kueue(cluster, Path(tmp_path_factory.mktemp("kueue")))
+    try:
+        yield proc
+    finally:
+        release_pods(cluster)  # the module's pods must not outlive Kueue with its finalizer (GPUs held)
+        proc.stop()
+
+
 # -- the private network namespace of each test process -------------------------------------------
 # Every test runs inside a network and mount namespace of its worker's own (devcluster.sandbox):
 # loopback and the cluster bridge only, so nothing a test starts reaches any other address. The

@@ -37,12 +37,15 @@ import yaml
 from pdfleet_devcluster import node, procs, sandbox, toolchain
 from pdfleet_operator.certs import CertificateAuthority, write_service_account_key
 
-__all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "StopReport", "gpu_node_manifest"]
+__all__ = ["RACK_LABEL", "ClusterError", "ClusterOptions", "LocalCluster", "StopReport", "gpu_node_manifest"]
 
 PID_FILE = "pids.json"
 KUBECONFIG = "kubeconfig.yaml"
 # Order matters: stop in reverse, so kwok and controllers go before the apiserver and etcd.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "coredns", "kube-proxy")
+
+
+RACK_LABEL = "topology.example.com/rack"
 
 
 class ClusterError(RuntimeError):
@@ -58,6 +61,9 @@ class ClusterOptions:
     gpu_product: str = "NVIDIA-H200"
     gpu_memory_mib: int = 143771
     node_prefix: str = "kwok-gpu"
+    # Nodes per rack (label RACK_LABEL: rack-<i // nodes_per_rack>), for topology packing (spec.scheduling);
+    # the default 3 nodes make racks of 2 and 1, so a 2-node group fits one rack only.
+    nodes_per_rack: int = 2
     start_timeout_s: float = 180.0
     sandbox_index: int = 0  # which pod and Service ranges (sandbox.Ranges): distinct per parallel cluster
 
@@ -90,8 +96,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gpu_node_manifest(name: str, opts: ClusterOptions) -> dict:
-    """A Node object that kwok will manage, with allocatable `nvidia.com/gpu`."""
+def gpu_node_manifest(name: str, opts: ClusterOptions, index: int = 0) -> dict:
+    """A Node object that kwok will manage, with allocatable `nvidia.com/gpu`; node ``index`` is in rack
+    ``index // nodes_per_rack``."""
     resources_ = {
         "cpu": "128",
         "memory": "2Ti",
@@ -115,6 +122,7 @@ def gpu_node_manifest(name: str, opts: ClusterOptions) -> dict:
                 "nvidia.com/gpu.product": opts.gpu_product,
                 "nvidia.com/gpu.count": str(opts.gpus_per_node),
                 "nvidia.com/gpu.memory": str(opts.gpu_memory_mib),
+                **({RACK_LABEL: f"rack-{index // opts.nodes_per_rack}"} if opts.nodes_per_rack > 0 else {}),
             },
         },
         "spec": {},
@@ -243,7 +251,8 @@ class LocalCluster:
             f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-lease-duration-seconds=40",
         ])
-        nodes = [gpu_node_manifest(f"{self.options.node_prefix}-{i}", self.options) for i in range(self.options.nodes)]
+        nodes = [gpu_node_manifest(f"{self.options.node_prefix}-{i}", self.options, i)
+                 for i in range(self.options.nodes)]
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
         self._wait_for(
             "nodes Ready",

@@ -40,6 +40,7 @@ __all__ = [
     "binary",
     "cache_root",
     "ensure_toolchain",
+    "go_env",
     "toolchain_dir",
 ]
 
@@ -112,7 +113,8 @@ def binary(name: str, pins: Pins = PINS) -> Path:
     return toolchain_dir(pins) / "bin" / name
 
 
-def _go_env() -> dict[str, str]:
+def go_env() -> dict[str, str]:
+    """The environment of every Go build here: the caches under ``cache_root()``, CGO off, the local Go only."""
     root = cache_root() / "go"
     env = dict(os.environ)
     env.update(
@@ -138,7 +140,7 @@ def _run(cmd: list[str], cwd: Path, logfile: Path, step: str) -> str:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.run(
-            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent
+            cmd, cwd=cwd, env=go_env(), stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent
         )
     if proc.returncode != 0:
         tail = "".join(logfile.read_text().splitlines(keepends=True)[-25:])

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from pdfleet_operator.api.constants import API_VERSION, KIND
 from pdfleet_operator.observed import Owner
@@ -93,7 +94,12 @@ class Writer:
             observed: Mapping[tuple[str, str], Mapping] | None = None) -> Outcome:
         if action.kind is ActionKind.HOLD:
             return Outcome(action, changed=False)
-        res = self._resource(action.api_version, action.object_kind)
+        try:
+            res = self._resource(action.api_version, action.object_kind)
+        except ResourceNotFoundError:
+            if action.kind is ActionKind.DELETE:  # a kind the cluster does not serve (Kueue uninstalled): none left
+                return Outcome(action, changed=False)
+            raise
         if action.kind is ActionKind.APPLY:
             key, digest = (namespace, action.object_kind, action.name), _digest(action.body)
             if observed is not None and self._applied.get(key) == (

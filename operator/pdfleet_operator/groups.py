@@ -3,7 +3,8 @@
 A group is the pods of one (role, revision, index), its size written on each pod (the identity's
 ``/member/nodes``; a single-node pod is a group of one, unchanged). The planner, the rollout
 bookkeeping and the status see each group as one unit: an ``ObservedPod`` with the leader's name,
-drain and gate, ready only when every member is, unscheduled while any member is.
+drain and gate, ready only when every member is, unscheduled while any member is, gated (Kueue's gang
+not yet admitted) while any member is.
 
 A group is broken when a member is missing or going (deleted, evicted, failed) while others live, or
 when its leader reports it lost a member (``Problem.GROUP_MEMBER_LOST``: the replica-group contract: the
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 from pdfleet_operator.observed import ObservedPod
 from pdfleet_runtime.readiness_problems import Problem
 
-__all__ = ["Group", "groups_of", "units"]
+__all__ = ["Group", "PlacementWait", "groups_of", "placement_wait", "units"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def _group(members: list[ObservedPod]) -> Group:
         ready=broken is None and len(live) == size and all(m.ready for m in live),
         deleting=not live or broken is not None,
         scheduled=all(m.scheduled for m in live) if live else base.scheduled,
+        gates=tuple(sorted({g for m in live for g in m.gates})),
         restarts=max(m.restarts for m in members),
     )
     return Group(unit, tuple(members), broken)
@@ -81,3 +83,26 @@ def groups_of(pods: Iterable[ObservedPod]) -> list[Group]:
 def units(pods: Iterable[ObservedPod]) -> list[ObservedPod]:
     """Each group as one unit (single-node pods as they are)."""
     return [g.unit for g in groups_of(pods)]
+
+
+@dataclass(frozen=True)
+class PlacementWait:
+    """Groups of one revision not yet placed: ``gated`` wait whole for Kueue (its scheduling gate on a
+    member: no member holds a GPU), ``partial`` have some members on nodes and others pending (no gang
+    scheduler: the placed members hold GPUs while the group serves nothing)."""
+
+    gated: tuple[Group, ...] = ()
+    partial: tuple[Group, ...] = ()
+
+
+def placement_wait(pods: Iterable[ObservedPod], revision: str) -> PlacementWait:
+    """Which live, unbroken groups of ``revision`` wait to be placed, and how."""
+    gated, partial = [], []
+    for g in groups_of(p for p in pods if p.revision == revision):
+        if g.broken or g.unit.deleting or g.unit.drain_started is not None:
+            continue
+        if g.unit.gates:
+            gated.append(g)
+        elif not g.unit.scheduled and any(m.scheduled for m in g.live):
+            partial.append(g)
+    return PlacementWait(tuple(gated), tuple(partial))

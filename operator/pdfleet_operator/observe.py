@@ -16,8 +16,10 @@ from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
+from pdfleet_operator.api.scheduling import KUEUE_GROUP_NAME_LABEL
 from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
 from pdfleet_operator.placement import NodeFacts, node_facts
+from pdfleet_operator.resources.gang import kueue_gates
 from pdfleet_operator.resources.names import (
     ANNOTATION_DRAIN,
     ANNOTATION_DRAIN_CANCELLED,
@@ -109,6 +111,8 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         created=_rfc3339(meta.get("creationTimestamp")) if meta.get("creationTimestamp") else None,
         ready_since=_rfc3339(ready_cond.get("lastTransitionTime")) if ready_cond and ready_cond.get(
             "lastTransitionTime") else None,
+        gates=kueue_gates(pod),
+        gang=labels.get(KUEUE_GROUP_NAME_LABEL, ""),
     )
 
 

@@ -63,6 +63,8 @@ class ObservedPod:
     ip: str | None = None  # status.podIP (the autoscaler reads its metrics there)
     created: float | None = None  # epoch seconds of metadata.creationTimestamp
     ready_since: float | None = None  # epoch seconds the Ready condition last became True (None: not ready)
+    gates: tuple[str, ...] = ()  # Kueue's scheduling gates still on it: its gang waits for admission
+    gang: str = ""  # its Kueue pod group (the kueue.x-k8s.io/pod-group-name label); "": not a Kueue gang
 
 
 @dataclass(frozen=True)

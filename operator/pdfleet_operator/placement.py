@@ -3,8 +3,9 @@
 Pods that can never be scheduled sit Pending with only a scheduler event to explain them. The
 operator checks the nodes it can see each reconcile and reports ``Degraded`` with the reason:
 no node matches the role's nodeSelector and tolerations; no matching node has enough GPUs for
-one replica (tensor x pipeline); or the role's pools per rank exceed the GPU memory that the
-matching nodes advertise (the ``nvidia.com/gpu.memory`` label of GPU feature discovery, MiB).
+one replica (tensor x pipeline); too few such nodes for a multi-node replica's group, or none sharing a
+value of ``spec.scheduling.topologyKey`` with enough of them; or the role's pools per rank exceed the GPU
+memory that the matching nodes advertise (the ``nvidia.com/gpu.memory`` label of GPU feature discovery, MiB).
 
 This checks capacity, not current free room: a full cluster is not Degraded, just busy (the
 pods are still created so a cluster autoscaler can react).
@@ -12,6 +13,7 @@ pods are still created so a cluster autoscaler can react).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -32,6 +34,7 @@ class Problem(StrEnum):
     INSUFFICIENT_GPUS_PER_NODE = "InsufficientGPUsPerNode"
     POOL_EXCEEDS_GPU_MEMORY = "PoolExceedsGPUMemory"
     TOO_FEW_NODES_FOR_GROUP = "TooFewNodesForGroup"
+    TOPOLOGY_DOMAIN_TOO_SMALL = "TopologyDomainTooSmall"
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,17 @@ def check_placement(spec: PDDeploymentSpec, nodes: Iterable[NodeFacts]) -> list[
                 f"one {role.value} replica spans {nodes_per_replica} nodes (one pod per node, {need} GPUs each), "
                 f"but only {fit} matching node(s) have {need} GPUs: its pods would pend; add nodes or lower "
                 f"spec.{role.value}.parallelism.nodesPerReplica"))
+            continue
+        key = spec.scheduling.topology_key
+        domains = Counter(n.labels[key] for n in candidates if key and n.gpus >= need and key in n.labels)
+        if key and nodes_per_replica > 1 and max(domains.values(), default=0) < nodes_per_replica:
+            seen = (f"the largest value has {max(domains.values())} such node(s)" if domains
+                    else "no matching node carries that label")
+            problems.append(PlacementProblem(
+                role, Problem.TOPOLOGY_DOMAIN_TOO_SMALL,
+                f"one {role.value} replica spans {nodes_per_replica} nodes ({need} GPUs each) that must share "
+                f"spec.scheduling.topologyKey {key}, but {seen}: its pods would pend; fix the key or the nodes' "
+                "labels, or remove the key"))
             continue
         pool = _pool_bytes(spec, rs)
         sizes = [m for n in candidates if n.gpus >= need and (m := n.gpu_memory_bytes) is not None]

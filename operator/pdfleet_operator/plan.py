@@ -23,6 +23,7 @@ from enum import StrEnum
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.scheduling import KUEUE_WORKLOAD_API_VERSION
 from pdfleet_operator.groups import groups_of, units
 from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.compat import compat_key
@@ -227,6 +228,7 @@ def _role_pod_actions(
         if g.broken:  # a half group holds GPUs and serves nothing: restart it as a unit
             actions += [Action(ActionKind.DELETE, "v1", "Pod", m.name, reason=f"group restart: {g.broken}")
                         for m in g.live]
+            actions += _end_gang(g.unit)
     views = [PodView(u.name, u.revision, u.index, u.ready and not _settling(u, now), u.deleting, u.drain_started,
                      u.drained, u.scheduled) for u in (g.unit for g in groups.values())]
     hold = _compat_hold(role, target_spec, units(pods), units(peers))
@@ -259,7 +261,17 @@ def _role_pod_actions(
             actions += [Action(ActionKind.DELETE, "v1", "Pod", m.name, reason=why if len(g.members) == 1
                                else f"{why}: group of {g.unit.name}")
                         for m in sorted(g.live, key=lambda m: -m.member)]
+            actions += _end_gang(g.unit)
     return actions
+
+
+def _end_gang(unit: ObservedPod) -> list[Action]:
+    """A Kueue gang deleted as a unit ends with its Workload: Kueue keeps a finalizer on every pod of a serving
+    group until the group's Workload goes, so the deleted pods would stay Terminating (holding surge room)."""
+    if not unit.gang:
+        return []
+    return [Action(ActionKind.DELETE, KUEUE_WORKLOAD_API_VERSION, "Workload", unit.gang,
+                   reason="the gang's Kueue Workload: releases its quota and its pods' finalizers")]
 
 
 def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedPod],

@@ -17,6 +17,11 @@ A replica group counts as one unit (``groups.units``: ready when every member is
 read from every member, except a leader's lost member (``Problem.GROUP_MEMBER_LOST``), which restarts its
 group rather than failing the revision.
 
+A gang Kueue has not admitted (its pods still carry Kueue's scheduling gate) holds the rollout: the message
+names the gang and the queue, and the progress deadline does not run while it waits (no member holds a GPU;
+waiting for quota is the cluster being busy, not the revision failing). A group that is partly placed
+(no gang scheduler) is named in the message too, and the deadline runs as for any pending pod.
+
 Failed revisions are remembered only while the spec still names them: a spec change clears the
 memory, so a revision is not tried again until the spec changes. The stable revision is never marked
 failed (there is no rollout towards it).
@@ -31,7 +36,7 @@ from datetime import UTC, datetime
 from pdfleet_operator.api.constants import Role, RolloutPhase
 from pdfleet_operator.api.models import Condition, PDDeploymentSpec, RoleRollout, RolloutStatus
 from pdfleet_operator.conditions import with_degraded
-from pdfleet_operator.groups import units
+from pdfleet_operator.groups import PlacementWait, placement_wait, units
 from pdfleet_operator.observed import ObservedPod, Snapshot
 from pdfleet_operator.plan import DRAIN_CANCEL_SETTLE_S
 from pdfleet_operator.resources.pods import role_spec
@@ -69,6 +74,7 @@ class RoleDecision:
     ready: int
     draining: int
     message: str
+    gang_hold: bool = False  # a gang of the target waits for Kueue: the progress deadline does not run
 
     def status(self, current: str) -> RoleRollout:
         """``status.rollout.<role>``: every field set, so a None clears a field the last pass wrote."""
@@ -111,9 +117,11 @@ def decide(
     canary: int | None,
     can_roll_back_to: set[str],
     members: Sequence[ObservedPod] | None = None,
+    queue: str | None = None,
 ) -> RoleDecision:
     """One role's bookkeeping for this pass; ``can_roll_back_to`` are revisions whose spec is stored.
-    ``pods`` are the role's replicas (groups as units); ``members`` every pod, for failures (default: pods)."""
+    ``pods`` are the role's replicas (groups as units); ``members`` every pod, for failures and placement
+    (default: pods); ``queue`` the Kueue LocalQueue of the gangs (spec.scheduling.queueName), for messages."""
     prev = previous or RoleRollout()
     stable = prev.stable_revision
     failed = tuple(r for r in prev.failed_revisions or () if r == spec_revision)
@@ -128,7 +136,9 @@ def decide(
     ready = sum(p.ready and p.drain_started is None for p in live)
     complete = (len(on_target) == replicas and updated_ready == replicas and not others and not draining)
 
-    mark = f"{updated_ready}/{len(others)}"
+    waiting = placement_wait(pods if members is None else members, target)
+    # a gang admitted (or newly gated) is progress too: the deadline starts afresh once Kueue lets it run
+    mark = f"{updated_ready}/{len(others)}" + (f", {len(waiting.gated)} gated" if waiting.gated else "")
     last_progress = (prev.last_progress_time.timestamp() if prev.last_progress_time is not None else None) or now
     if prev.target_revision != target or prev.progress != mark:
         last_progress = now  # the target changed, or a pod became ready or went: progress
@@ -139,7 +149,8 @@ def decide(
     if target == spec_revision and spec_revision != stable and spec_revision not in failed and not complete:
         failure = _failure(pods if members is None else members, spec_revision, now,
                            min(GATE_TIMEOUT_CAP, progress_deadline))
-        if failure is None and now - last_progress > progress_deadline:
+        # a gang waiting for Kueue's quota holds the rollout: no member holds a GPU, the deadline does not run
+        if failure is None and not waiting.gated and now - last_progress > progress_deadline:
             failure = f"no progress for {now - last_progress:.0f}s (progressDeadlineSeconds {progress_deadline:.0f})"
         if failure is not None:
             failed = (*failed, spec_revision)
@@ -165,11 +176,32 @@ def decide(
         message = f"rolling out {target}: {updated_ready}/{replicas} ready, {len(others)} old left"
     if failure_reason:
         message = f"{message}: {failure_reason}"
+    elif not complete and (wait := _wait_text(waiting, queue)):
+        message = f"{message}; {wait}"
     return RoleDecision(
         target=target, stable=stable, failed=failed, rolling_back=rolling_back, canary_hold=canary_hold,
         complete=complete, failure=failure, failure_reason=failure_reason, last_progress=last_progress, progress_mark=mark,
         updated=len(on_target), ready=ready, draining=draining, message=message,
+        gang_hold=bool(waiting.gated) and not complete,
     )
+
+
+def _wait_text(waiting: PlacementWait, queue: str | None) -> str:
+    """Why groups of the target are not running: Kueue's gate, or members left pending."""
+    parts = []
+    if waiting.gated:
+        names = ", ".join(g.unit.name for g in waiting.gated)
+        gates = ", ".join(sorted({x for g in waiting.gated for x in g.unit.gates}))
+        size = max(g.unit.group_size for g in waiting.gated)
+        gang = "gang" if len(waiting.gated) == 1 else "gangs"
+        where = f" in LocalQueue {queue}" if queue else ""
+        parts.append(f"holding: {gang} {names} ({size} pod(s) each) wait(s) for Kueue to admit them{where} "
+                     f"(scheduling gate {gates}): no member holds a GPU until the whole group is admitted")
+    for g in waiting.partial:
+        placed = sum(m.scheduled for m in g.live)
+        parts.append(f"group {g.unit.name}: {placed}/{g.unit.group_size} pods placed, the rest pending: its placed "
+                     "pods hold GPUs while it serves nothing (spec.scheduling.gang kueue admits groups whole)")
+    return "; ".join(parts)
 
 
 # -- glue for a reconcile pass (pure) ----------------------------------------------------------
@@ -191,6 +223,7 @@ def decide_rollouts(spec: PDDeploymentSpec, snapshot: Snapshot, previous: Rollou
             progress_deadline=float(spec.rollout.progress_deadline_seconds),
             canary=spec.rollout.canary_replicas,
             can_roll_back_to={rev for (r, rev) in snapshot.revisions if r is role},
+            queue=spec.scheduling.queue_name,
         )
     return out
 
@@ -211,7 +244,8 @@ def next_wake(spec: PDDeploymentSpec, snapshot: Snapshot, decisions: Mapping[Rol
             due.append(p.drain_cancelled + DRAIN_CANCEL_SETTLE_S)
         if p.gate != "True" and p.running_since is not None:
             due.append(p.running_since + gate_timeout)
-    due += [d.last_progress + deadline for d in decisions.values() if not d.complete and not d.failed]
+    due += [d.last_progress + deadline for d in decisions.values()
+            if not d.complete and not d.failed and not d.gang_hold]
     ahead = [t - now for t in due if t > now]
     return max(0.05, min(ahead) + 0.05) if ahead else None
 

@@ -91,12 +91,15 @@ def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> 
     return True, "MinimumReplicasReady", "enough pods of both roles passed the transfer-path gate"
 
 
-def _progress(counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:
+def _progress(counts: Mapping[Role, RoleCounts], gated: Sequence[str]) -> tuple[bool, str, str]:
     moving = [
         f"{role.value}: {c.updated_ready}/{c.desired} updated and ready, {c.replicas} pods"
         for role, c in counts.items()
         if c.updated_ready != c.desired or c.replicas != c.desired
     ]
+    if moving and gated:
+        return True, "GangNotAdmitted", "; ".join(moving) + f"; Kueue has not admitted {', '.join(gated)}: " \
+            "their pods carry its scheduling gate and hold no GPU until the whole group is admitted"
     if moving:
         return True, "Reconciling", "; ".join(moving)
     return False, "Complete", "every pod is on the current revision and ready"
@@ -115,7 +118,8 @@ def compute_status(
     """The whole status but the rollout; ``endpoint`` (the router Service's URL) needs the namespace."""
     counts = {role: role_counts(spec, role, pods) for role in Role}
     available, a_reason, a_msg = _availability(spec, counts)
-    progressing, p_reason, p_msg = _progress(counts)
+    gated = [u.name for u in units(pods) if u.gates and not u.deleting]
+    progressing, p_reason, p_msg = _progress(counts, gated)
     conditions = merge_conditions(
         (old_status.conditions if old_status is not None else None) or [],
         [

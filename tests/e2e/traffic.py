@@ -47,9 +47,11 @@ CONCURRENCY = 4  # client requests in flight at once: every decode pod has trans
 ROUTER_PORT, ROUTER_METRICS_PORT = 30000, 29000  # spec.router's defaults
 
 
-def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, nodes: int = 1, **rollout: Any) -> dict:
+def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, nodes: int = 1,
+             scheduling: dict | None = None, **rollout: Any) -> dict:
     """``decode`` pods carry ``ROLLOUT_MARK=mark`` (change it to roll them); ``rollout`` overrides the budgets;
-    ``nodes`` > 1: every replica is a group of that many pods (tensor ``nodes``, one rank per pod)."""
+    ``nodes`` > 1: every replica is a group of that many pods (tensor ``nodes``, one rank per pod);
+    ``scheduling``: spec.scheduling (gangs, topology key)."""
     parallelism = {"tensor": 1} if nodes == 1 else {"tensor": nodes, "nodesPerReplica": nodes}
     role = {"parallelism": parallelism, "image": IMAGE}
     pool = {"maxConcurrentRequests": 8, "kvTokensPerReplica": 2048}
@@ -66,6 +68,7 @@ def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, no
             "rollout": {"maxSurge": 1, "maxUnavailable": 0, "drainTimeoutSeconds": 60,
                         "progressDeadlineSeconds": 300, **rollout},
             "router": {"image": IMAGE, "prefillPolicy": "round_robin", "decodePolicy": "round_robin"},
+            **({"scheduling": scheduling} if scheduling else {}),
         },
     }
 

@@ -16,6 +16,7 @@ from pydantic import AwareDatetime, Field, StringConstraints
 from pdfleet_operator.api.autoscaling import AutoscalingSpec, AutoscalingStatus
 from pdfleet_operator.api.constants import API_VERSION, KIND, ConditionStatus, ConditionType, RolloutPhase
 from pdfleet_operator.api.kube import PRESERVE, ApiModel, EnvVar, ResourceRequirements, Toleration
+from pdfleet_operator.api.scheduling import SchedulingSpec
 from pdfleet_runtime.config import SERVED_NAME_PATTERN
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.links import Backend, LinkProtocol
@@ -44,6 +45,7 @@ __all__ = [
     "RouterKind",
     "RouterPolicy",
     "RouterSpec",
+    "SchedulingSpec",
     "TransferSpec",
     "shapes_text",
 ]
@@ -465,6 +467,13 @@ class PDDeploymentSpec(ApiModel):
         description="Autoscale both roles on PD signals within bounds, a prefill:decode ratio band and a GPU "
         "budget (docs/autoscaling.md). Absent: each role keeps spec.<role>.replicas.",
     )
+    # -- gang scheduling and topology packing of replica groups (issue 49; api/scheduling.py) --
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        json_schema_extra=_defaults_of(SchedulingSpec),
+        description="How replica groups are placed: gang admission (none, or Kueue with its LocalQueue) and a "
+        "node label every member of a group shares (docs/parallelism.md). Default: no gang, no topology key.",
+    )
 
 
 # -- status ----------------------------------------------------------------------------------------
@@ -513,7 +522,8 @@ class RoleRollout(ApiModel):
         None, max_length=4096, description="Why the spec's revision was marked failed (kept while it stays failed)."
     )
     progress: str | None = Field(
-        None, description="Target pods ready / pods of other revisions, as of the last pass; a change is progress."
+        None, description="Target pods ready / pods of other revisions (and the target's gangs Kueue has not "
+        "admitted), as of the last pass; a change is progress."
     )
     message: str | None = Field(None, max_length=32768, description="Why the role's rollout is where it is.")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdfleet_operator.api.autoscaling import AUTOSCALING_RULES
+from pdfleet_operator.api.scheduling import SCHEDULING_RULES
 
 __all__ = ["CEL_RULES", "CelRule"]
 
@@ -241,6 +242,58 @@ _AUTOSCALING_RULES: tuple[CelRule, ...] = (
     ),
 )
 
+# -- spec.scheduling (api/scheduling.py) ----------------------------------------------------------------
+
+_MULTI_NODE_CEL = "self.prefill.parallelism.nodesPerReplica > 1 || self.decode.parallelism.nodesPerReplica > 1"
+
+
+def _sched_rule(rule_id: str, at: tuple[str, ...], rule: str, message: str, check: Callable[[Obj], bool],
+                field_path: str | None = None) -> CelRule:
+    r = SCHEDULING_RULES[rule_id]
+    return CelRule(rule_id, at, rule, message, check, field_path, r.reason, r.fix)
+
+
+def _multi_node(o: Obj) -> bool:
+    return any(o[r]["parallelism"]["nodesPerReplica"] > 1 for r in ("prefill", "decode"))
+
+
+_SCHEDULING_RULES: tuple[CelRule, ...] = (
+    _sched_rule(
+        "scheduling-queue-needs-kueue",
+        ("spec.scheduling",),
+        "!has(self.queueName) || self.gang == 'kueue'",
+        "scheduling.queueName is read only by Kueue: set scheduling.gang: kueue, or remove queueName",
+        lambda o: "queueName" not in o or o["gang"] == "kueue",
+        ".queueName",
+    ),
+    _sched_rule(
+        "scheduling-kueue-queue",
+        ("spec.scheduling",),
+        "self.gang != 'kueue' || has(self.queueName)",
+        "scheduling.gang kueue needs scheduling.queueName: the LocalQueue the replica groups queue in",
+        lambda o: o["gang"] != "kueue" or "queueName" in o,
+        ".queueName",
+    ),
+    _sched_rule(
+        "scheduling-topology-multi-node",
+        ("spec",),
+        f"!has(self.scheduling.topologyKey) || {_MULTI_NODE_CEL}",
+        "scheduling.topologyKey packs the members of a multi-node replica into one domain, but both roles have "
+        "nodesPerReplica 1: remove topologyKey or set a role's nodesPerReplica > 1",
+        lambda o: "topologyKey" not in o["scheduling"] or _multi_node(o),
+        ".scheduling.topologyKey",
+    ),
+    _sched_rule(
+        "scheduling-topology-hostname",
+        ("spec.scheduling",),
+        "!has(self.topologyKey) || self.topologyKey != 'kubernetes.io/hostname'",
+        "scheduling.topologyKey kubernetes.io/hostname contradicts one member per node: use a label several "
+        "nodes share (rack, zone, NVLink domain)",
+        lambda o: o.get("topologyKey") != "kubernetes.io/hostname",
+        ".topologyKey",
+    ),
+)
+
 CEL_RULES: tuple[CelRule, ...] = (
     CelRule(
         "tp-divisible",
@@ -458,4 +511,5 @@ CEL_RULES: tuple[CelRule, ...] = (
         ".metricsPort",
     ),
     *_AUTOSCALING_RULES,
+    *_SCHEDULING_RULES,
 )

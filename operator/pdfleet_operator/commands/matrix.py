@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from pdfleet_operator.api.rules import CEL_RULES
 from pdfleet_runtime.engine_rules.registry import PARALLEL_CELLS
 from pdfleet_runtime.links import ENGINE_SETTINGS, Backend, LinkProtocol
 from pdfleet_runtime.matrix import (
@@ -146,8 +147,18 @@ def run_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explained_rules() -> dict[str, Rule]:
+    """The matrix's rules, and the CEL-only rules of the CRD that carry their own reason and fix
+    (spec.autoscaling's and spec.scheduling's): every rule id a denial can name."""
+    rules = dict(all_rules())
+    for c in CEL_RULES:
+        if c.id not in rules and c.reason:
+            rules[c.id] = Rule(c.id, c.message, c.reason, c.fix)
+    return rules
+
+
 def run_explain(args: argparse.Namespace) -> int:
-    rules = all_rules()
+    rules = _explained_rules()
     rule = rules.get(args.rule)
     if rule is None:
         near = [r for r in rules if args.rule in r or r in args.rule]

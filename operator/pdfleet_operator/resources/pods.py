@@ -14,6 +14,7 @@ from pdfleet_operator.api.constants import GROUP, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
 from pdfleet_operator.resources.compat import compat_key
 from pdfleet_operator.resources.engine import MODEL_VOLUME, with_engine
+from pdfleet_operator.resources.gang import gang_metadata, with_topology
 from pdfleet_operator.resources.names import (
     LABEL_COMPAT,
     LABEL_GROUP,
@@ -220,19 +221,21 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     if rs.affinity:
         pod_spec["affinity"] = copy.deepcopy(rs.affinity)
     labels = {**pod_labels(name, role, revision, index, member), LABEL_COMPAT: compat_key(spec, role)}
+    leader = group_pod_name(name, role, revision, index, 0)
     if nodes > 1:
-        leader = group_pod_name(name, role, revision, index, 0)
         labels[LABEL_GROUP] = leader
         _with_group(pod_spec, container, plugin, name, role, leader, member)
+        with_topology(pod_spec, leader, spec.scheduling.topology_key)
+    gang_labels, gang_annotations = gang_metadata(spec, leader, nodes)
     obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod,
             "namespace": namespace,
-            "labels": labels,
+            "labels": {**labels, **gang_labels},
             # Identity survives a user editing the labels away; observe restores them from it.
-            "annotations": {ANNOTATION_IDENTITY: identity(role, revision, index, member, nodes)},
+            "annotations": {ANNOTATION_IDENTITY: identity(role, revision, index, member, nodes), **gang_annotations},
         },
         "spec": pod_spec,
     }

@@ -5,7 +5,9 @@ shared model and transfer settings and the other role's shape (the runtime plans
 of what this operator renders from them (``rendering_digest``): an operator upgrade that changes a rendered
 pod (a flag, an env var, a probe) gives every fleet a new revision, so an ordinary rollout moves its pods
 (surge, drains, canary, rollback), and an upgrade that renders the same pods changes nothing. Replicas, the
-scaling adapter and rollout settings are excluded: scaling is not a new revision.
+scaling adapter and rollout settings are excluded: scaling is not a new revision. ``spec.scheduling``
+counts only where it changes the role's pods (a gang's labels and Kueue's gate are set at creation; a topology
+key only on a multi-node role's groups), and only when not the default, so every earlier revision keeps its hash.
 """
 
 from __future__ import annotations
@@ -60,5 +62,9 @@ def role_revision(spec: PDDeploymentSpec, role: Role) -> str:
     }
     if spec.engine is not None:  # absent (the built-in runtime) keeps every earlier revision's hash
         material["engine"] = spec.engine.model_dump(mode="json", by_alias=True, exclude_none=True)
+    scheduling = spec.scheduling.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                            exclude=None if mine.parallelism.nodes_per_replica > 1 else {"topology_key"})
+    if scheduling != {"gang": "none"}:  # the default keeps every earlier revision's hash
+        material["scheduling"] = scheduling
     text = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:REVISION_LEN]

@@ -10,7 +10,7 @@ import yaml
 from cryptography import x509
 
 from pdfleet_devcluster import toolchain
-from pdfleet_devcluster.cluster import ClusterOptions, gpu_node_manifest
+from pdfleet_devcluster.cluster import RACK_LABEL, ClusterOptions, gpu_node_manifest
 from pdfleet_operator.certs import CertificateAuthority
 
 
@@ -31,6 +31,8 @@ def test_gpu_node_manifest_advertises_gpus() -> None:
     node = gpu_node_manifest("kwok-gpu-0", ClusterOptions(gpus_per_node=4))
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "4"
     assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    racks = [gpu_node_manifest(f"n{i}", ClusterOptions(), i)["metadata"]["labels"][RACK_LABEL] for i in range(3)]
+    assert racks == ["rack-0", "rack-0", "rack-1"]  # a 2-node group fits in one rack only
 
 
 def test_pins_key_changes_with_versions() -> None:
