@@ -7,7 +7,7 @@ pod (a flag, an env var, a probe) gives every fleet a new revision, so an ordina
 (surge, drains, canary, rollback), and an upgrade that renders the same pods changes nothing. Replicas, the
 scaling adapter and rollout settings are excluded: scaling is not a new revision. ``spec.scheduling``
 counts only where it changes the role's pods (a gang's labels and Kueue's gate are set at creation; a topology
-key only on a multi-node role's groups), and only when not the default, so every earlier revision keeps its hash.
+key only on a multi-node role's groups), and only when not the default.
 """
 
 from __future__ import annotations
