@@ -11,7 +11,7 @@ from pdfleet_runtime.pod.readiness import Readiness
 from pdfleet_runtime.pod.routing import RequestRouter
 from pdfleet_runtime.protocol.discovery import Endpoint, ResolveError
 
-OLD, NEW, STRANGER = Endpoint("10.0.0.1", 8998), Endpoint("10.0.0.2", 8998), Endpoint("10.0.0.9", 8998)
+OLD, NEW, STRANGER = Endpoint("127.0.0.11", 8998), Endpoint("127.0.0.12", 8998), Endpoint("127.0.0.19", 8998)
 
 
 class LaggingDns:
