@@ -30,6 +30,12 @@ if [ "$(printf '%s\n1.26\n' "$gov" | sort -V | head -1)" != "1.26" ]; then
   echo "error: Go >= 1.26 is needed to build the control plane (found $gov)" >&2; exit 1
 fi
 
+# 3 begins beside 2: the toolchain's Go builds (standard-library Python only) overlap pip's downloads on a
+# cold machine; on a warm one it finds the cache and ends at once. Whatever it left undone (it failed, or the
+# machine has no python3 that runs it), `pdfleet dev build` below does, under the same lock.
+toolchain_pid=
+python3 "$repo/scripts/toolchain.py" >/dev/null & toolchain_pid=$!
+
 # 2. Python: a venv of the pinned third-party packages, shared by every checkout (keyed by the pins),
 # and this checkout's own layer over it (keyed by its path): whatever runs from the layer imports this
 # checkout's code, never another's (docs/local-cluster.md). Each is built once, under a lock, marked
@@ -40,5 +46,6 @@ export PDFLEET_VENV=$layer
 export PATH="$layer/bin:$deps/bin:$PATH"
 
 # 3. The control plane, built from Go modules into the versioned cache (under its lock too).
+wait "$toolchain_pid" || say "the toolchain build beside pip failed (its error is above); building it again"
 "$layer/bin/pdfleet" dev build >/dev/null
 say "ready: $("$layer/bin/pdfleet" --version); shared venv $deps, layer $layer, toolchain $("$layer/bin/python" -c 'from pdfleet_devcluster.toolchain import toolchain_dir; print(toolchain_dir())')"

@@ -32,4 +32,4 @@ PDFLEET_SGLANG_PYTHON="$(cat "$checks/sglang")/bin/python"
 PDFLEET_VLLM_PYTHON="$(cat "$checks/vllm")/bin/python"
 export PDFLEET_SGLANG_PYTHON PDFLEET_VLLM_PYTHON
 echo "[test] pytest"
-python -m pytest -p no:cacheprovider -n 2 --dist loadfile "$@"
+python -m pytest -p no:cacheprovider -n 2 --dist loadfile --durations=25 "$@"

@@ -417,7 +417,9 @@ class LocalCluster:
         self._procs[name] = proc
         pids = self._recorded_pids()
         pids[name] = proc.pid
-        (self.state_dir / PID_FILE).write_text(json.dumps(pids))
+        tmp = self.state_dir / f".{PID_FILE}.tmp"  # replaced whole: a reader never sees half of it
+        tmp.write_text(json.dumps(pids))
+        os.replace(tmp, self.state_dir / PID_FILE)
 
     def _recorded_pids(self) -> dict[str, int]:
         try:

@@ -4,9 +4,11 @@
   the cluster bridge, its own loopback, a default route via the bridge, and /etc/resolv.conf and
   /etc/hosts of its own (``ip netns exec`` bind-mounts ``/etc/netns/<ns>/*``);
 - the volumes, written under the pod's directory and bind-mounted at their mountPaths in each
-  container's own mount namespace: ConfigMaps, Secrets, emptyDirs (``medium: Memory`` a tmpfs), and
+  container's own mount namespace: ConfigMaps, Secrets, emptyDirs (``medium: Memory`` a tmpfs),
   projected volumes (a ServiceAccount token minted for this pod through the TokenRequest API, bound
-  to the pod; ConfigMap keys such as ``kube-root-ca.crt``; the downward API);
+  to the pod; ConfigMap keys such as ``kube-root-ca.crt``; the downward API), and hostPath volumes
+  (a host directory or file bound as it is: how a model directory reaches the reference engine's pods,
+  ``pdfleet demo``);
 - each container's command (``$(VAR)`` expanded from its env) in its own process group, and its
   termination as the kubelet does it: the preStop hook (``exec`` inside the container's namespaces,
   ``httpGet`` to the pod IP), then SIGTERM, then SIGKILL when the grace period is over.
@@ -35,7 +37,7 @@ from pdfleet_devcluster.image import Image
 from pdfleet_devcluster.podspec import Exec, HttpGet, PodSpecError
 from pdfleet_devcluster.sandbox import BRIDGE, Ranges
 
-__all__ = ["Container", "PodSandbox", "TokenMinter"]
+__all__ = ["Container", "PodSandbox", "TokenMinter", "VolumeSource", "host_path"]
 
 TokenMinter = Callable[[dict, str, int, str], str]
 """(pod, service account, expiration seconds, audience or "") -> a token bound to the pod."""
@@ -50,6 +52,38 @@ STRAGGLER_WAIT_S = 10.0
 STAGING = "/etc/netns/.volumes"
 """Where a container's mount namespace first binds its pod's volume directory: on the cluster
 namespace's own tmpfs (``sandbox.enter``), which no volume mount of a pod covers."""
+
+
+HOST_PATH_TYPES = {"": None, "Directory": Path.is_dir, "File": Path.is_file, "DirectoryOrCreate": None}
+"""hostPath types the harness binds, and the check each must pass on the host before the pod starts."""
+
+
+@dataclass(frozen=True)
+class VolumeSource:
+    """Where a volume's content is on the host: ``path`` under the pod's work directory (``host`` False), a host
+    path of its own (``host`` True: hostPath), or ``None`` for a tmpfs; ``read_only`` for keys the kubelet wrote."""
+
+    path: Path | None
+    read_only: bool
+    host: bool = False
+
+
+def host_path(pod: str, volume: str, src: dict) -> Path:
+    """The host path a hostPath volume binds, checked as its ``type`` says, as the kubelet does before the pod
+    starts (a missing model directory fails the pod, not the engine inside it); ``PodSpecError`` names it."""
+    path, kind = Path(str(src.get("path") or "")), str(src.get("type") or "")
+    if not path.is_absolute():
+        raise PodSpecError(f"pod {pod}: hostPath volume {volume!r} needs an absolute path, not {str(path)!r}")
+    if kind not in HOST_PATH_TYPES:
+        raise PodSpecError(f"pod {pod}: hostPath volume {volume!r} of type {kind!r} is not supported by the "
+                           f"harness's kubelet (it binds {sorted(t for t in HOST_PATH_TYPES if t)} or no type)")
+    if kind == "DirectoryOrCreate":
+        path.mkdir(parents=True, exist_ok=True)
+    check = HOST_PATH_TYPES[kind]
+    if not path.exists() or (check is not None and not check(path)):
+        what = {"Directory": "an existing directory", "File": "an existing file"}.get(kind, "an existing path")
+        raise PodSpecError(f"pod {pod}: hostPath volume {volume!r}: {path} is not {what} on the host")
+    return path
 
 
 def _ip(*args: str) -> None:
@@ -171,22 +205,25 @@ class PodSandbox:
         (etc / "resolv.conf").write_text(podspec.resolv_conf(self.namespace, self.ranges.dns_service_ip))
         (etc / "hosts").write_text(podspec.hosts(self.pod))
 
-    def _volumes(self) -> dict[str, tuple[Path | None, bool]]:
-        """Volume name -> (its directory, or None for a tmpfs; whether it is read-only)."""
-        out: dict[str, tuple[Path | None, bool]] = {}
+    def _volumes(self) -> dict[str, VolumeSource]:
+        """Volume name -> where its content is."""
+        out: dict[str, VolumeSource] = {}
         for vol in self.pod["spec"].get("volumes") or ():
             name, d = vol["name"], self.workdir / "volumes" / vol["name"]
+            if "hostPath" in vol:
+                out[name] = VolumeSource(host_path(self.name, name, vol["hostPath"] or {}), False, host=True)
+                continue
             d.mkdir(parents=True, exist_ok=True)
             if "emptyDir" in vol:
-                out[name] = (None if (vol["emptyDir"] or {}).get("medium") == "Memory" else d, False)
+                out[name] = VolumeSource(None if (vol["emptyDir"] or {}).get("medium") == "Memory" else d, False)
             elif "configMap" in vol or "secret" in vol:
                 self._write_keys(d, vol)
-                out[name] = (d, True)
+                out[name] = VolumeSource(d, True)
             elif "projected" in vol:
                 mode = vol["projected"].get("defaultMode", 0o644)
                 for src in vol["projected"].get("sources") or ():
                     self._write_projection(d, src, mode)
-                out[name] = (d, True)
+                out[name] = VolumeSource(d, True)
             else:
                 raise PodSpecError(f"pod {self.name}: volume {name!r} of kind {sorted(set(vol) - {'name'})} "
                                    "is not supported by the harness's kubelet")
@@ -236,7 +273,7 @@ class PodSandbox:
                 "KUBERNETES_SERVICE_PORT_HTTPS": str(port), "KUBERNETES_PORT": f"tcp://{host}:{port}",
                 f"KUBERNETES_PORT_{port}_TCP": f"tcp://{host}:{port}"}
 
-    def _start_container(self, spec: dict, volumes: dict[str, tuple[Path | None, bool]]) -> Container:
+    def _start_container(self, spec: dict, volumes: dict[str, VolumeSource]) -> Container:
         def key(kind: str, name: str, k: str) -> str | None:
             value = (self.lookup(kind, name) or {}).get(k)
             return None if value is None else value.decode()
@@ -259,18 +296,29 @@ class PodSandbox:
         hidden = Image({}, self.image_paths).hidden_by(m["mountPath"] for m in mounts)
         for i, path in enumerate(hidden):
             script += [f"mkdir -p {stage}.image/{i}", f"mount --bind {shlex.quote(str(path))} {stage}.image/{i}"]
+        # A hostPath source may be hidden by an earlier mount too (a model under /tmp): staged the same way.
+        for m in mounts:
+            v = volumes[m["name"]]
+            if v.host and v.path is not None:
+                at = f"{stage}.host/{shlex.quote(m['name'])}"
+                script += [f"mkdir -p {at}" if v.path.is_dir() else f"mkdir -p {stage}.host && touch {at}",
+                           f"mount --bind {shlex.quote(str(v.path))} {at}"]
         for m in mounts:
             if m.get("subPath"):
                 raise PodSpecError(f"pod {self.name}: volumeMount {m['name']!r} uses subPath (not supported)")
-            src, ro = volumes[m["name"]]
+            v = volumes[m["name"]]
             dst = shlex.quote(m["mountPath"])
-            script.append(f"mkdir -p {dst}")
-            if src is None:
+            if v.path is not None and v.host and not v.path.is_dir():
+                script.append(f"mkdir -p {shlex.quote(str(Path(m['mountPath']).parent))} && touch {dst}")
+            else:
+                script.append(f"mkdir -p {dst}")
+            if v.path is None:
                 script.append(f"mount -t tmpfs -o mode=1777 tmpfs {dst}")
             else:
-                staged = f"{stage}/{shlex.quote(str(src.relative_to(root)))}"
+                staged = (f"{stage}.host/{shlex.quote(m['name'])}" if v.host
+                          else f"{stage}/{shlex.quote(str(v.path.relative_to(root)))}")
                 script.append(f"mount --bind {staged} {dst}")
-                if ro or m.get("readOnly"):
+                if v.read_only or m.get("readOnly"):
                     script.append(f"mount -o remount,bind,ro {dst}")
         for i, path in enumerate(hidden):
             dst = shlex.quote(str(path))

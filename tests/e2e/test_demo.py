@@ -1,5 +1,6 @@
 """The README's main job, `pdfleet demo`, runs end to end and leaves no process behind: it ends with a chat
-request through a router's Service, answered by real runtime pods, every byte verified.
+request through a router's Service, answered by real runtime pods computing the project's Zen model
+(``--model``, as scripts/demo.sh runs it), the answer's tokens equal to aggregate generation.
 
 No process it started is left (issue 38: runtime pods and sglang-router outlived a demo that passed, and
 a failed one): while each demo runs, the processes in its cluster's network namespace and in its pods'
@@ -7,7 +8,9 @@ a failed one): while each demo runs, the processes in its cluster's network name
 every half second, a pod's process re-parented to PID 1 included; after the demo exits none of them is
 alive. Three demos: one that passes, one that fails at step 5 (its runtime pods corrupt what they
 receive, so no canary passes and the chat never answers), and one interrupted at step 5 with Ctrl-C (a
-SIGINT to its process group, as a terminal sends) once its pods and router run."""
+SIGINT to its process group, as a terminal sends) once its pods and router run. And the check can fail: with a
+decode that zeroes one GDN recurrent slot (``--fault-model gdn-slot-zeroed``) the demo never prints an answer
+equal to aggregate."""
 
 from __future__ import annotations
 
@@ -24,13 +27,23 @@ from pathlib import Path
 import pytest
 
 from pdfleet_devcluster import procs
+from tests.zen import zen_model_dir
 
 pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def zen() -> Path:
+    return zen_model_dir()
 
 
 def _procs_under(path: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-af", str(path)], capture_output=True, text=True)
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+HOLDERS: set[int] = set()
+"""Every kube-apiserver pid the listing read its namespaces from."""
 
 
 def _run_procs(state: Path) -> list[procs.Proc]:
@@ -42,6 +55,7 @@ def _run_procs(state: Path) -> list[procs.Proc]:
     holder = pids.get("kube-apiserver")
     if holder is None or procs.net_ns(holder) is None:
         return []
+    HOLDERS.add(holder)
     inodes = {*procs.pod_namespaces(holder).values(), procs.net_ns(holder)}
     return procs.in_namespaces({i for i in inodes if i is not None})
 
@@ -92,17 +106,21 @@ class Demo:
         return self.proc.returncode
 
     def assert_nothing_left(self) -> None:
-        kinds = {"runtime": "pdfleet-runtime serve", "router": "router", "apiserver": "kube-apiserver"}
-        for kind, part in kinds.items():  # the listing saw the run's processes while it ran
-            assert any(part in p.cmd for p in self.seen.values()), (kind, sorted(self.seen.values(), key=str))
+        # The listing saw the run's processes while it ran: its pods' (runtime, router) and its control plane's
+        # (the apiserver, by the pid the cluster recorded: its command line can read empty while it starts).
+        seen = "\n".join(str(p) for p in sorted(self.seen.values(), key=lambda p: p.pid))
+        for kind, part in {"runtime": "pdfleet-runtime serve", "router": "router"}.items():
+            assert any(part in p.cmd for p in self.seen.values()), f"the listing never saw a {kind}:\n{seen}"
+        assert any(p.pid in HOLDERS or "kube-apiserver" in p.cmd for p in self.seen.values()), \
+            f"the listing never saw the kube-apiserver (pids {sorted(HOLDERS)}):\n{seen}"
         left = [str(p) for p in self.seen.values() if p.alive()]
         assert left == [], f"left running after the demo: {left}\n{self.out[-3000:]}"
         assert "nothing of the cluster is left running" in self.out, self.out[-3000:]
         assert _procs_under(self.state) == []
 
 
-def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
-    demo = Demo(tmp_path / "demo")
+def test_demo_runs_and_cleans_up(tmp_path: Path, zen: Path) -> None:
+    demo = Demo(tmp_path / "demo", "--model", str(zen))
     rc = demo.run()
     out = demo.out
     assert rc == 0, out[-6000:]
@@ -111,9 +129,13 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     assert "Available=True" in out
     # The chat through the router: the curl, the answer, the verified bytes and the pods that served it.
     assert "pdfleet dev chat -n demo-chat chat" in out and "curl -sS" in out
-    assert re.search(r"answer: 't\d+( t\d+)*' \((stop|length)\)", out), out[-3000:]
-    assert re.search(r"bytes: \d+ of request state moved prefill -> decode, every byte verified by the decode: True",
-                     out), out[-3000:]
+    assert "question: 'Recite the Zen of Python from line 3.'" in out, out[-3000:]
+    want = "Simple is better than complex. Complex is better than complicated. Flat is better than nested."
+    assert f"answer: {want!r} (stop)" in out, out[-3000:]  # what scripts/zen_model.py's check holds the model to
+    assert re.search(r"bytes: (\d+) of request state moved prefill -> decode \(the layout's count: \1\)", out), \
+        out[-3000:]
+    assert "pdfleet-runtime generate --aggregate --model" in out and f"aggregate: {want!r} (stop)" in out, out[-3000:]
+    assert re.search(r"tokens equal aggregate: True \(\d+ prompt tokens, \d+ generated\)", out), out[-3000:]
     assert re.search(r"served by: prefill chat-prefill-\S+ \(\S+\), decode chat-decode-\S+, room \d+, routed by "
                      r"chat-router-", out), out[-3000:]
     assert "http://chat-router.demo-chat.svc:30000" in out  # kubectl get pdd's ENDPOINT
@@ -121,16 +143,23 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     demo.assert_nothing_left()
 
 
-def test_a_demo_that_fails_at_step_5_leaves_nothing_running(tmp_path: Path) -> None:
-    demo = Demo(tmp_path / "demo", "--timeout", "90", "--runtime-arg=--fault-corrupt-received")
+def test_a_demo_whose_decode_zeroes_a_recurrent_slot_fails_at_step_5_and_leaves_nothing_running(
+        tmp_path: Path, zen: Path) -> None:
+    """The fault on the runtime pods' command (both roles' state written and read with one GDN slot zeroed): the
+    model canary's tokens differ from the prefill's aggregate continuation, so no pod is Ready and the chat never
+    answers; had it answered, its tokens would not equal aggregate and the demo would fail all the same."""
+    demo = Demo(tmp_path / "demo", "--model", str(zen), "--timeout", "90", "--runtime-arg=--fault-model=gdn-slot-zeroed")
     rc = demo.run()
     assert rc == 1, demo.out[-6000:]
-    assert "[5/6]" in demo.out and "no answer through the router within 90s" in demo.out, demo.out[-4000:]
+    assert "[5/6]" in demo.out, demo.out[-4000:]
+    assert ("no answer through the router within 90s" in demo.out
+            or "tokens equal aggregate: False" in demo.out), demo.out[-4000:]
+    assert "tokens equal aggregate: True" not in demo.out, demo.out[-4000:]
     demo.assert_nothing_left()
 
 
-def test_a_demo_interrupted_at_step_5_leaves_nothing_running(tmp_path: Path) -> None:
-    demo = Demo(tmp_path / "demo")
+def test_a_demo_interrupted_at_step_5_leaves_nothing_running(tmp_path: Path, zen: Path) -> None:
+    demo = Demo(tmp_path / "demo", "--model", str(zen))
     rc = demo.run(interrupt_at_step5=True)
     assert rc == 130, demo.out[-6000:]
     assert "interrupted" in demo.out and "cleaning up" in demo.out, demo.out[-4000:]

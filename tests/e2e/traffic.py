@@ -28,6 +28,7 @@ from pdfleet_devcluster.kubelet import Kubelet, wait
 from pdfleet_runtime.config import READINESS_GATE
 from pdfleet_runtime.testing.chat import Answer, ChatTraffic
 from pdfleet_runtime.testing.scrape import scrape
+from tests.e2e.model_traffic import DIFFERS, ModelCheck
 
 __all__ = ["NAME", "WRITE_DELAY_S", "Counts", "Fleet", "PodTimeline", "Result", "Traffic", "manifest", "running_fleet"]
 
@@ -48,22 +49,25 @@ ROUTER_PORT, ROUTER_METRICS_PORT = 30000, 29000  # spec.router's defaults
 
 
 def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, nodes: int = 1,
-             scheduling: dict | None = None, **rollout: Any) -> dict:
+             scheduling: dict | None = None, model: dict | None = None, prefill_tp: int = 1,
+             **rollout: Any) -> dict:
     """``decode`` pods carry ``ROLLOUT_MARK=mark`` (change it to roll them); ``rollout`` overrides the budgets;
     ``nodes`` > 1: every replica is a group of that many pods (tensor ``nodes``, one rank per pod);
-    ``scheduling``: spec.scheduling (gangs, topology key)."""
+    ``scheduling``: spec.scheduling (gangs, topology key); ``model``: spec.model of a model the pods compute
+    (default: llama-dense's seeded state), with ``prefill_tp`` ranks in each prefill pod."""
     parallelism = {"tensor": 1} if nodes == 1 else {"tensor": nodes, "nodesPerReplica": nodes}
     role = {"parallelism": parallelism, "image": IMAGE}
+    pre_role = {**role, "parallelism": {"tensor": prefill_tp}} if prefill_tp != 1 else role
     pool = {"maxConcurrentRequests": 8, "kvTokensPerReplica": 2048}
     return {
         "apiVersion": "pdfleet.io/v1alpha1", "kind": "PDDeployment",
         "metadata": {"name": NAME, "namespace": ns},
         "spec": {
-            "model": {"layout": {"preset": "llama-dense"}},
+            "model": model or {"layout": {"preset": "llama-dense"}},
             "transfer": {"backend": "mooncake", "protocol": "tcp"},
             # A prefill pod serves every decode pod's traffic and canaries (two requests in flight per
             # decode pod, surge pods included): room for all of them, so no request is shed for load.
-            "prefill": {"replicas": prefill, **role, "pool": {**pool, "maxConcurrentRequests": 16}},
+            "prefill": {"replicas": prefill, **pre_role, "pool": {**pool, "maxConcurrentRequests": 16}},
             "decode": {"replicas": decode, **role, "pool": pool, "env": [{"name": "ROLLOUT_MARK", "value": mark}]},
             "rollout": {"maxSurge": 1, "maxUnavailable": 0, "drainTimeoutSeconds": 60,
                         "progressDeadlineSeconds": 300, **rollout},
@@ -81,6 +85,7 @@ class Fleet:
     runner: Kubelet
     _threads: list[Any] = field(default_factory=list)  # Traffic and PodTimeline, stopped at the end
     last_problem: str | None = None  # of the last request ``router_ready`` sent
+    check: ModelCheck | None = None  # model pods: real prompts, answers checked against aggregate
 
     def traffic(self) -> Traffic:
         """Client traffic through the router, started; stopped at the end of the fleet if the test did not."""
@@ -137,12 +142,17 @@ class Fleet:
     def router_ready(self) -> bool:
         """One chat completion through the router answered and verified (its workers registered)."""
         try:
-            answer = ChatTraffic(self.router_url(), NAME, timeout_s=10).once(0)
+            answer = self.chat_traffic(timeout_s=30 if self.check else 10).once(0)
         except Exception as e:
             self.last_problem = repr(e)
             return False
         self.last_problem = answer.problem
         return answer.ok
+
+    def chat_traffic(self, **kw: Any) -> ChatTraffic:
+        """A client of the router's Service: seeded bodies, or the model check's prompts and verifier."""
+        model = {"body_of": self.check.body, "verify": self.check.verify} if self.check else {}
+        return ChatTraffic(self.router_url(), NAME, **model, **kw)
 
     def events(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.ns, "get", "events", "-o", "json").stdout)["items"]
@@ -175,8 +185,9 @@ class Fleet:
 
 @contextmanager
 def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: dict[str, tuple[str, ...]] | None = None,
-                  **manifest_kw: Any) -> Iterator[Fleet]:
-    """A PDDeployment of real runtimes, Available through their own gates; the runner stops at the end."""
+                  check: ModelCheck | None = None, **manifest_kw: Any) -> Iterator[Fleet]:
+    """A PDDeployment of real runtimes, Available through their own gates; the runner stops at the end. With
+    ``check`` (give ``model=`` too) the pods compute a model and every answer is checked against aggregate."""
     api = cluster.api_client()
     more = image_args or {}
 
@@ -184,11 +195,13 @@ def running_fleet(cluster: LocalCluster, ns: str, workdir: Path, *, image_args: 
         role = pod["metadata"]["labels"].get("pdfleet.io/role", "")
         if not role:  # a router pod: its rendered command, verbatim
             return ()
-        return (*LOCAL_ARGS, *RUNTIME_ARGS.get(role, ()), *more.get(pod["spec"]["containers"][0]["image"], ()))
+        # A model's state is a few kilobytes: behind the write delay its canary's rate is far below any floor.
+        floor = ("--floor-gbps", "0.00001") if check is not None and role == "decode" else ()
+        return (*LOCAL_ARGS, *RUNTIME_ARGS.get(role, ()), *floor, *more.get(pod["spec"]["containers"][0]["image"], ()))
 
     runner = cluster.kubelet(ns, workdir, selector="app.kubernetes.io/managed-by=pdfleet-operator",
                              extra_args=args, extra_env={"MC_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
-    fleet = Fleet(cluster, ns, CoreV1Api(api), runner)
+    fleet = Fleet(cluster, ns, CoreV1Api(api), runner, check=check)
     runner.start()
     try:
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns, **manifest_kw)))
@@ -229,11 +242,15 @@ class Counts:
     transfer_failures: int  # request transfers failed and rooms expired, summed over every pod seen
     per_pod: dict[str, int]
     rooms_expired: int = 0  # of transfer_failures: rooms no decode claimed (its decode died before it asked)
+    checked: int | None = None  # model pods: answers checked against aggregate (None: seeded answers)
+    differ: int = 0  # of those, answers that differ from aggregate (also client failures)
 
     def __str__(self) -> str:
         bad = {k: v for k, v in self.per_pod.items() if v}
+        model = "" if self.checked is None else (f", answers checked against aggregate {self.checked}, "
+                                                 f"answers that differ {self.differ}")
         return (f"client failures {self.client_failures}, router retries {self.router_retries}, transfer failures "
-                f"{self.transfer_failures}{f' {bad}' if bad else ''}")
+                f"{self.transfer_failures}{f' {bad}' if bad else ''}{model}")
 
 
 class Traffic:
@@ -244,7 +261,7 @@ class Traffic:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet, self.runner = fleet, fleet.runner
-        self.chat = ChatTraffic(fleet.router_url(), NAME, concurrency=CONCURRENCY)
+        self.chat = fleet.chat_traffic(concurrency=CONCURRENCY, **({"timeout_s": 120} if fleet.check else {}))
         self.pod_failures: dict[str, int] = {}
         self.pod_expired: dict[str, int] = {}
         self._stop = threading.Event()
@@ -292,8 +309,11 @@ class Traffic:
     def counts(self) -> Counts:
         """The three counts, printed (they are in the test's output)."""
         self.scrape()
+        answers = list(self.chat.answers)
+        differ = sum(bool(a.problem and a.problem.startswith(DIFFERS)) for a in answers)
+        checked = None if self.fleet.check is None else sum(a.ok for a in answers) + differ
         c = Counts(len(self.chat.failures()), self.router_retries(), sum(self.pod_failures.values()),
-                   dict(self.pod_failures), sum(self.pod_expired.values()))
+                   dict(self.pod_failures), sum(self.pod_expired.values()), checked, differ)
         print(f"traffic through the router: {len(self.chat.answers)} requests, {c}", flush=True)
         return c
 

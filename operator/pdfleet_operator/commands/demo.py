@@ -7,8 +7,10 @@
 4. apply a valid ``qwen3.8-flash-next`` deployment and follow it to ``Available``;
 5. a small deployment with a router whose pods really run (the harness's kubelet, ``pdfleet dev
    kubelet``, runs the runtime and sglang-router pods in their own network namespaces, pools on the
-   CPU), and a chat request through the router's Service: the answer, the bytes the decode verified
-   and the pods that served it;
+   CPU), and a chat request through the router's Service: the answer, the bytes moved and the pods that
+   served it. With ``--model DIR`` (``scripts/demo.sh`` passes the project's Zen model) the pods compute
+   that model (``demo_model``) and the answer's tokens are compared with aggregate generation; without it
+   they fill seeded state and the decode verifies every byte;
 6. delete the first one (children go by garbage collection), stop everything.
 
 Nothing runs the qwen deployment's pods (they ask for 4 and 2 GPUs of fake nodes), so the demo sets
@@ -21,6 +23,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -34,6 +37,13 @@ import yaml
 
 from pdfleet_devcluster import ClusterError, ClusterOptions, LocalCluster, ToolchainError
 from pdfleet_devcluster.local_operator import LocalOperator
+from pdfleet_operator.commands.demo_model import (
+    MAX_TOKENS,
+    QUESTION,
+    DemoModelError,
+    aggregate_check,
+    model_spec,
+)
 from pdfleet_operator.commands.dev import chat_curl
 from pdfleet_runtime.config import READINESS_GATE
 
@@ -52,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep", action="store_true", help="leave the cluster and operator running at the end")
     p.add_argument("--state-dir", type=Path, default=None, help="default: a temporary directory")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for Available (default 120)")
+    p.add_argument("--model", type=Path, default=None, metavar="DIR",
+                   help="a model directory (Hugging Face layout) the chat deployment's pods compute, its answer "
+                   "checked against aggregate generation (scripts/demo.sh: the project's Zen model); default: "
+                   "seeded state, every byte verified")
     p.add_argument("--runtime-arg", action="append", default=[], metavar="ARG",
                    help="append ARG to the chat deployment's runtime pods' command (repeat), as `pdfleet dev kubelet "
                    "--arg` does")
@@ -81,13 +95,15 @@ def _manifest(name: str, backend: str, prefill_tp: int, decode_tp: int, preset: 
     }
 
 
-def _chat_manifest() -> dict:
-    """llama-dense, tp 1, one prefill and one decode pod on Mooncake over TCP, and one router."""
+def _chat_manifest(model: Path | None) -> dict:
+    """tp 1, one prefill and one decode pod on Mooncake over TCP, and one router: ``model`` computed by the
+    reference engine, or llama-dense's seeded state."""
     role = {"replicas": 1, "parallelism": {"tensor": 1}, "image": IMAGE,
             "pool": {"maxConcurrentRequests": 4, "kvTokensPerReplica": 2048}}
+    spec_model = model_spec(model) if model is not None else {"layout": {"preset": "llama-dense"}}
     return {"apiVersion": "pdfleet.io/v1alpha1", "kind": "PDDeployment",
             "metadata": {"name": CHAT, "namespace": CHAT_NAMESPACE},
-            "spec": {"model": {"layout": {"preset": "llama-dense"}}, "transfer": {"backend": "mooncake", "protocol": "tcp"},
+            "spec": {"model": spec_model, "transfer": {"backend": "mooncake", "protocol": "tcp"},
                      "prefill": role, "decode": role, "router": {"image": IMAGE},
                      "rollout": {"drainTimeoutSeconds": 20, "progressDeadlineSeconds": 120}}}
 
@@ -104,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: the clean-up below runs
     try:
         return _run(args, cluster, op, state, kubelet)
-    except (ClusterError, ToolchainError) as exc:
+    except (ClusterError, ToolchainError, DemoModelError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -187,8 +203,12 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, sta
     print(cluster.kubectl("-n", NAMESPACE, "get", "pdd").stdout.rstrip())
     print(cluster.kubectl("-n", NAMESPACE, "get", "pods,svc,networkpolicy,pdb").stdout.rstrip())
 
-    _step(5, "a chat request through a router: real runtime and sglang-router pods (pools on the CPU)")
-    if not _chat(cluster, state, kubelet, args.timeout, args.runtime_arg):
+    if args.model is not None:
+        _step(5, f"a chat request through a router: runtime pods computing the model in {args.model} (transformers, "
+              "CPU) and sglang-router")
+    else:
+        _step(5, "a chat request through a router: real runtime and sglang-router pods (seeded state, pools on the CPU)")
+    if not _chat(cluster, state, kubelet, args.timeout, args.runtime_arg, args.model):
         return 1
 
     if args.keep:
@@ -210,8 +230,9 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, sta
 
 
 def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[bytes]], timeout: float,
-          runtime_args: Sequence[str] = ()) -> bool:
+          runtime_args: Sequence[str] = (), model: Path | None = None) -> bool:
     """Run the chat deployment's pods, then curl its endpoint with an OpenAI chat body and say what came back."""
+    manifest = _chat_manifest(model)
     cluster.kubectl("create", "namespace", CHAT_NAMESPACE)
     cmd = [sys.executable, "-m", "pdfleet_operator.cli", "dev", "--state-dir", str(cluster.state_dir), "kubelet",
            "-n", CHAT_NAMESPACE, "--arg=--device", "--arg=cpu", *(f"--arg={a}" for a in runtime_args),
@@ -221,13 +242,14 @@ def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[byt
     # SIGTERM if the demo dies, so it still stops its pods.
     kubelet.append(subprocess.Popen(cmd, stdout=(state / "kubelet.log").open("wb"), stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_term_with_parent))
-    print(cluster.kubectl("apply", "-f", "-", input=json.dumps(_chat_manifest())).stdout.strip())
+    print(cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest)).stdout.strip())
+    question, max_tokens = (QUESTION, MAX_TOKENS) if model is not None else ("What moves from prefill to decode?", 8)
     deadline = time.monotonic() + timeout
     answer: dict = {}
     while time.monotonic() < deadline:
         obj = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd", CHAT, "-o", "json").stdout)
         if _conditions(obj).get("Available", {}).get("status") == "True":
-            curl, out = chat_curl(cluster, CHAT_NAMESPACE, CHAT, "What moves from prefill to decode?")
+            curl, out = chat_curl(cluster, CHAT_NAMESPACE, CHAT, question, max_tokens)
             try:
                 answer = json.loads(out.stdout)
             except ValueError:
@@ -242,17 +264,35 @@ def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[byt
     print(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd").stdout.rstrip())
     print(f"$ pdfleet dev chat -n {CHAT_NAMESPACE} {CHAT}   # runs, inside the cluster's network namespace:")
     print(f"  {shlex.join(curl)}")
-    print(json.dumps(answer, indent=1))
+    print(_ids_on_one_line(json.dumps(answer, indent=1)))
     p = answer.get("pdfleet") or {}
     pods = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pods", "-o", "json").stdout)["items"]
     by_ip = {pod["status"].get("podIP"): pod["metadata"]["name"] for pod in pods}
     prefill_ip = str(p.get("prefill", "")).rpartition(":")[0]
+    print(f"question: {question!r}")
     print(f"answer: {answer['choices'][0]['message']['content']!r} ({answer['choices'][0]['finish_reason']})")
-    print(f"bytes: {p.get('transferBytes')} of request state moved prefill -> decode, every byte verified by the "
-          f"decode: {p.get('verified')} (the layout's count: {p.get('layoutBytes')})")
+    if model is None:
+        print(f"bytes: {p.get('transferBytes')} of request state moved prefill -> decode, every byte verified by the "
+              f"decode: {p.get('verified')} (the layout's count: {p.get('layoutBytes')})")
+    else:
+        print(f"bytes: {p.get('transferBytes')} of request state moved prefill -> decode (the layout's count: "
+              f"{p.get('layoutBytes')})")
     print(f"served by: prefill {by_ip.get(prefill_ip, prefill_ip)} ({p.get('prefill')}), decode {p.get('decode')}, "
           f"room {p.get('room')}, routed by {next((n for n in by_ip.values() if n.startswith(CHAT + '-router')), '?')}")
-    return bool(p.get("verified")) and p.get("transferBytes") == p.get("layoutBytes")
+    moved = p.get("transferBytes") == p.get("layoutBytes")
+    if model is None:
+        return bool(p.get("verified")) and moved
+    check = aggregate_check(model, p)
+    print(f"$ {shlex.join(check.command)}   # without PD, in a process of its own")
+    print(f"aggregate: {check.answer.text!r} ({check.answer.finish_reason})")
+    print(f"tokens equal aggregate: {check.equal} ({len(check.answer.prompt_ids)} prompt tokens, "
+          f"{len(check.answer.output_ids)} generated)")
+    return check.equal and moved
+
+
+def _ids_on_one_line(text: str) -> str:
+    """An indented JSON text with each list of numbers (a model answer's token ids) on one line."""
+    return re.sub(r"\[(\s*\d+,?)+\s*\]", lambda m: "[" + ", ".join(re.findall(r"\d+", m.group(0))) + "]", text)
 
 
 def _follow(cluster: LocalCluster, name: str, timeout: float) -> bool:

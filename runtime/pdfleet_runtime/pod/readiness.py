@@ -97,6 +97,12 @@ class PeerCheck:
                 "gbps": None if self.gbps is None else round(self.gbps, 4), "checkedAt": self.checked_at}
 
 
+RATE_MIN_BYTES = 1 << 20
+"""Below this a canary's write rate is its fixed cost (a round trip, a notification), not the link's: a model pod's
+canary moves its prompt's real state, a few kilobytes for a small model. Such a canary's bytes are still verified
+(or its tokens checked); its rate is reported, not held to the floor."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     ready: bool
@@ -138,13 +144,15 @@ class Readiness:
         if not result.ok:
             problem = Problem.CORRUPT if result.mismatched > 0 else classify(result.failure, result.cause)
             check = PeerCheck(endpoint, False, problem, result.reason, None, self.clock())
-        elif gbps is not None and gbps < self.floor_gbps:
+        elif gbps is not None and gbps < self.floor_gbps and result.bytes >= RATE_MIN_BYTES:
             check = PeerCheck(endpoint, False, Problem.SLOW, f"canary write throughput {gbps:.4f} GB/s is below the "
                               f"floor {self.floor_gbps:g} GB/s of the configured protocol ({result.bytes} bytes in "
                               f"{result.write_s:.3f}s)", gbps, self.clock())
         else:
+            floor = (f"floor {self.floor_gbps:g}" if result.bytes >= RATE_MIN_BYTES or gbps is None
+                     or gbps >= self.floor_gbps else f"too few bytes to hold the link to the floor {self.floor_gbps:g}")
             check = PeerCheck(endpoint, True, Problem.NONE, f"canary of {result.bytes} bytes verified at "
-                              f"{gbps or 0:.3f} GB/s (floor {self.floor_gbps:g})", gbps, self.clock())
+                              f"{gbps or 0:.3f} GB/s ({floor})", gbps, self.clock())
             self.failed_in_row = 0
         self.peers[endpoint] = check
         self.discovery_error = ""

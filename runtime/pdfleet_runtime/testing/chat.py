@@ -31,6 +31,8 @@ from pdfleet_runtime.testing.worker_client import chat_body, verify_chat_answer
 __all__ = ["Answer", "ChatTraffic", "chat_body", "verify_chat_answer"]
 
 Verifier = Callable[[dict[str, Any], dict[str, Any]], str | None]
+BodyOf = Callable[[int], dict[str, Any]]
+"""Request ``i``'s body (default: ``chat_body``'s mix for the built-in runtime's seeded mode)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class ChatTraffic:
     max_tokens: int = 12
     timeout_s: float = 60.0
     verify: Verifier | None = verify_chat_answer
+    body_of: BodyOf | None = None
     answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -90,7 +93,7 @@ class ChatTraffic:
 
     def once(self, i: int) -> Answer:
         """One request, answered and checked (also usable on its own, without ``start``)."""
-        body = chat_body(self.model, i, self.max_tokens)
+        body = self.body_of(i) if self.body_of is not None else chat_body(self.model, i, self.max_tokens)
         t0 = time.monotonic()
         try:
             raw = self.client.chat.completions.with_raw_response.create(**body)

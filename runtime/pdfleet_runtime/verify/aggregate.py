@@ -12,18 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
+from pdfleet_runtime.model.aggregate_answer import AggregateAnswer
 
 __all__ = ["AggregateAnswer", "aggregate_answer"]
-
-
-class AggregateAnswer(BaseModel):
-    """What ``--json`` prints: the prompt's ids, the generated ids and their text."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    text: str
-    finish_reason: str
 
 
 def aggregate_answer(model_dir: Path, *, chat: str | None = None, prompt: str | None = None,

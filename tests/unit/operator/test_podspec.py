@@ -89,3 +89,28 @@ def test_the_route_check_reads_the_table_without_sending(tmp_path) -> None:
     assert sandbox.routed("192.0.2.1", host) and sandbox.routed("8.8.8.8", host)
     assert not sandbox.routed("192.0.2.1", inside) and sandbox.routed("10.64.3.4", inside)
     assert not sandbox.routed("10.65.0.1", inside)
+
+
+def test_a_host_path_is_checked_as_its_type_says_before_the_pod_starts(tmp_path) -> None:
+    from pdfleet_devcluster.podsandbox import host_path
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert host_path("p", "model", {"path": str(model), "type": "Directory"}) == model
+    assert host_path("p", "model", {"path": str(model / "config.json"), "type": "File"}) == model / "config.json"
+    assert host_path("p", "model", {"path": str(model)}) == model
+    made = host_path("p", "cache", {"path": str(tmp_path / "new" / "dir"), "type": "DirectoryOrCreate"})
+    assert made.is_dir()
+    cases = [
+        ({"path": str(tmp_path / "missing"), "type": "Directory"}, "is not an existing directory on the host"),
+        ({"path": str(model / "config.json"), "type": "Directory"}, "is not an existing directory on the host"),
+        ({"path": str(model), "type": "File"}, "is not an existing file on the host"),
+        ({"path": str(tmp_path / "missing")}, "is not an existing path on the host"),
+        ({"path": "models/zen", "type": "Directory"}, "needs an absolute path"),
+        ({"path": str(model), "type": "Socket"}, "of type 'Socket' is not supported by the harness's kubelet"),
+    ]
+    for src, why in cases:
+        with pytest.raises(PodSpecError, match="pod p: hostPath volume 'model'") as err:
+            host_path("p", "model", src)
+        assert why in str(err.value), (src, str(err.value))

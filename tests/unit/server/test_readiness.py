@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet_runtime.pod.readiness import CanaryResult, Problem, Readiness, busy, classify
+from pdfleet_runtime.pod.readiness import RATE_MIN_BYTES, CanaryResult, Problem, Readiness, busy, classify
 from pdfleet_runtime.protocol.states import FailureReason as F
 
 
@@ -32,6 +32,16 @@ def test_below_the_floor_is_not_ready_and_names_both_numbers() -> None:
     r.record_canary("p:1", CanaryResult(True, bytes=8_000_000, write_s=0.016))  # 0.5 GB/s
     v = r.verdict()
     assert not v.ready and v.problem is Problem.SLOW and "0.5000 GB/s" in v.reason and "floor 1 GB/s" in v.reason
+
+
+def test_a_canary_too_small_to_measure_the_link_is_verified_but_not_held_to_the_floor() -> None:
+    """A model pod's canary moves its prompt's real state (kilobytes): its rate is a write's fixed cost."""
+    r = decode()
+    r.record_canary("p:1", CanaryResult(True, bytes=48_000, write_s=0.004))  # 0.012 GB/s, floor 1
+    v = r.verdict()
+    assert v.ready and "too few bytes to hold the link to the floor 1" in v.reason, v.reason
+    r.record_canary("p:1", CanaryResult(True, bytes=RATE_MIN_BYTES, write_s=0.004))  # 0.26 GB/s: measured
+    assert r.verdict().problem is Problem.SLOW
 
 
 @pytest.mark.parametrize(("failure", "cause", "reason", "problem"), [
