@@ -19,7 +19,7 @@ from pdfleet_devcluster import LocalCluster
 from pdfleet_operator.commands.demo_model import model_spec
 from tests.cluster.conftest import OperatorProcess
 from tests.e2e.model_traffic import ModelCheck
-from tests.e2e.traffic import NAME, running_fleet
+from tests.e2e.traffic import NAME, Result, running_fleet
 from tests.zen import zen_model_dir
 
 pytestmark = pytest.mark.cluster
@@ -56,9 +56,11 @@ def test_a_zen_model_fleet_tp2_to_1_answers_as_aggregate_through_a_rollout_and_s
         assert counts.checked is not None and counts.checked == len(results) >= len(check.prompts), counts
         assert counts.differ == 0, [r.answer.problem for r in results if not r.ok][:3]
         # Every prompt was answered, and the question the demo asks as the model was trained to answer it.
-        prompt = {id(r): check.prompts[r.answer.i % len(check.prompts)] for r in results}
-        assert {prompt[id(r)] for r in results if r.ok} == set(check.prompts)
-        line3 = [r for r in results if prompt[id(r)] == "Recite the Zen of Python from line 3."]
+        def prompt(r: Result) -> str:
+            return check.prompts[r.answer.i % len(check.prompts)]  # ChatTraffic's request i sent check.body(i)
+
+        assert {prompt(r) for r in results if r.ok} == set(check.prompts)
+        line3 = [r for r in results if prompt(r) == "Recite the Zen of Python from line 3."]
         assert line3 and all(r.answer.body["choices"][0]["message"]["content"] == "Simple is better than complex. "
                              "Complex is better than complicated. Flat is better than nested." for r in line3)
         print(f"zen model fleet, prefill tp 2 -> decode tp 1: {counts}", flush=True)
