@@ -46,6 +46,9 @@ Lookup = Callable[[str, str], "dict[str, bytes] | None"]
 IPS_IN_USE: set[str] = set()
 """Pod IPs whose network namespace exists in this process's cluster, whichever kubelet made it: a pod
 of an earlier test's kubelet may still be stopping when kwok hands its IP to the next pod."""
+MIN_TERM_GRACE_S = 2.0
+"""The kubelet's minimumGracePeriodInSeconds: SIGTERM gets at least this long before SIGKILL, even when the
+preStop hooks used up the grace period (a host stalled under load can make a quick hook look slow)."""
 STRAGGLER_WAIT_S = 10.0
 """How long the pod's network teardown keeps killing what is left in its namespace before it gives up
 (a process in uninterruptible sleep) and keeps the namespace's name, so a later sweep finds it."""
@@ -346,6 +349,8 @@ class PodSandbox:
             t.start()
         for t in hooks:
             t.join(max(0.0, deadline - time.monotonic()))
+        if grace_s > 0:  # as the kubelet does: hooks that used up the grace period still leave SIGTERM its minimum
+            deadline = max(deadline, time.monotonic() + MIN_TERM_GRACE_S)
         for c in self.containers:
             if c.proc.poll() is None:
                 self.events.append(f"SIGTERM {c.name}")
