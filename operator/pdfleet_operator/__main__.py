@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reconcile passes at once, across PDDeployments (default 4)")
     p.add_argument("--metrics-listen", default="0.0.0.0:8081", metavar="HOST:PORT",
                    help="Prometheus /metrics endpoint (default 0.0.0.0:8081; empty disables)")
+    p.add_argument("--hub-endpoint", default="https://huggingface.co", metavar="URL",
+                   help="the Hugging Face Hub that resolves a huggingFace.revision branch or tag to its commit "
+                   "(once per name; a mirror, or a test's stand-in)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG (default INFO)")
     add_arguments(p)
     return p

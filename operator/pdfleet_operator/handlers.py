@@ -21,6 +21,7 @@ import kopf
 from pdfleet_operator import reconcile
 from pdfleet_operator.admission import handlers as admission_handlers
 from pdfleet_operator.autoscale import runner as autoscale_runner
+from pdfleet_operator.model_ref import HubClient
 from pdfleet_operator.settings import OperatorSettings
 from pdfleet_operator.watched import WatchedState
 from pdfleet_runtime.kubeapi import in_cluster_or_kubeconfig
@@ -53,7 +54,8 @@ def register(
         state.bind(kwargs)  # kopf hands its indices to startup handlers, still empty; it fills them later
         holder["r"] = reconcile.Reconciler(_api_client(), admission_handlers.status_hook(verdicts), state,
                                            workers=settings.max_parallel_reconciles,
-                                           secret_recheck_s=settings.resync_seconds)
+                                           secret_recheck_s=settings.resync_seconds,
+                                           hub=HubClient(settings.hub_endpoint))
         scalers["a"] = autoscale_runner.Autoscaler(_api_client(), state, wakeups.wake)
 
     @kopf.on.cleanup(registry=registry, id="autoscaler-close")

@@ -12,6 +12,7 @@ at most ``workers`` run at once, each in a thread (the kubernetes client blocks)
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import threading
@@ -48,6 +49,7 @@ from pdfleet_operator.autoscale.rolescale import (
     rolescale_status,
 )
 from pdfleet_operator.metrics import METRICS
+from pdfleet_operator.model_ref import HubClient, ModelRefError, resolve_model
 from pdfleet_operator.observe import observe, observe_nodes, secret_exists, snapshot_of, with_group_secrets
 from pdfleet_operator.observed import Owner, Snapshot
 from pdfleet_operator.placement import check_placement, node_facts
@@ -59,6 +61,7 @@ from pdfleet_operator.plan import (
     plan,
     pods_running,
 )
+from pdfleet_operator.resources.engine import HF_TOKEN_KEY
 from pdfleet_operator.resources.names import router_secret_name, secret_name, worker_secret_name
 from pdfleet_operator.resources.secret import (
     AUTH_SECRET_MISSING,
@@ -83,6 +86,9 @@ from pdfleet_operator.watched import (
 )
 
 __all__ = ["PassResult", "Reconciler", "register"]
+
+UNRESOLVED_RETRY_S = 30.0
+"""A Hub branch or tag that could not be resolved is tried again this often."""
 
 # obj -> (Admitted/Degraded conditions, the matrix version that judged it or None)
 AdmissionStatus = Callable[[dict], tuple[list[Condition], str | None]]
@@ -141,8 +147,9 @@ class Reconciler:
     without it (tests, tools) it lists from the API as the pass did before watched state existed."""
 
     def __init__(self, api: ApiClient, admission_status: AdmissionStatus, state: WatchedState | None = None,
-                 *, workers: int = 4, secret_recheck_s: float = 60.0) -> None:
+                 *, workers: int = 4, secret_recheck_s: float = 60.0, hub: HubClient | None = None) -> None:
         self._api = api
+        self._hub = hub or HubClient()
         self._calls = _count_calls(api)
         self._custom = CustomObjectsApi(api)
         self._writer = Writer(api)
@@ -294,6 +301,13 @@ class Reconciler:
             msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             self._write_status(owner, raw_status, spec_unreadable_status(admission, msg, meta.get("generation", 0)))
             return PassResult(body=obj, skipped=f"spec unreadable: {msg}")
+        # A Hub branch or tag: the commit recorded for it in status.model (resolved once), or resolved now.
+        try:
+            spec, model_record = resolve_model(spec, old_status.model,
+                                               lambda model_id, ref: self._hub.commit_of(
+                                                   model_id, ref, self._hub_token(namespace, spec)))
+        except ModelRefError as exc:
+            return self._unresolved(owner, obj, raw_status, old_status, admission, str(exc))
         # The count each role runs: the autoscaler's, a PDRoleScale's or the spec's (autoscale.replicas).
         declared, scales = spec, self._role_scales(owner, view)
         spec = with_replicas(spec, replicas_in_effect(spec, old_status, external_counts(declared, owner, scales)))
@@ -330,6 +344,7 @@ class Reconciler:
             [a.reason for a in actions if a.kind is ActionKind.HOLD], datetime.now(UTC), namespace=owner.namespace,
             matrix_version=matrix_version,
         )
+        status = status.model_copy(update={"model": model_record})
         if declared.autoscaling is None and old_status.autoscaling is not None:
             status = status.model_copy(update={"autoscaling": None})  # spec.autoscaling removed: clear its record
         conditions = status.conditions or []
@@ -346,6 +361,37 @@ class Reconciler:
         self._write_scales(owner, declared, scales, status)
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=conditions,
                           requeue_after=next_wake(spec, snapshot, decisions, now))
+
+    def _hub_token(self, namespace: str, spec: PDDeploymentSpec) -> str | None:
+        """The Hub token of ``huggingFace.tokenSecret`` (key ``token``), read by name; None without one."""
+        hub = spec.model.source.hugging_face if spec.model.source is not None else None
+        if hub is None or hub.token_secret is None:
+            return None
+        try:
+            secret = CoreV1Api(self._api).read_namespaced_secret(hub.token_secret, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ModelRefError(f"huggingFace.tokenSecret {hub.token_secret!r} does not exist in namespace "
+                                    f"{namespace!r}: create it with the key {HF_TOKEN_KEY!r}") from None
+            raise
+        raw = (secret.data or {}).get(HF_TOKEN_KEY)
+        if not raw:
+            raise ModelRefError(f"huggingFace.tokenSecret {hub.token_secret!r} has no key {HF_TOKEN_KEY!r}")
+        return base64.b64decode(raw).decode().strip()
+
+    def _unresolved(self, owner: Owner, obj: dict, raw_status: dict, old_status: PDDeploymentStatus,
+                    admission: list[Condition], why: str) -> PassResult:
+        """A branch or tag that could not be resolved: nothing is rendered from it (pods would load whatever
+        the branch holds), what runs keeps running, ``Degraded`` says why, and the pass comes back."""
+        generation = obj["metadata"].get("generation", 0)
+        conditions = with_degraded(admission, "ModelRevisionUnresolved", why, generation)
+        status = old_status.model_copy(update={"conditions": conditions, "observed_generation": generation})
+        self._write_status(owner, raw_status, status)
+        before = {c.type: c.status for c in old_status.conditions or ()}
+        transitions = [(c.type.value, c.status.value, c.reason or "", c.message or "")
+                       for c in conditions if before.get(c.type) is not c.status]
+        return PassResult(body=obj, transitions=transitions, conditions=conditions, skipped=why,
+                          requeue_after=UNRESOLVED_RETRY_S)
 
     def _role_scales(self, owner: Owner, view: View | None) -> list[dict]:
         """The deployment's PDRoleScale objects: watched, or listed (a Reconciler without watched state);

@@ -185,6 +185,11 @@ class OperatorSettings(_Frozen):
         "thread; a deployment's passes never overlap). A slow pass holds one slot, never another "
         "deployment's turn."
     )
+    hub_endpoint: str = Field(
+        "https://huggingface.co", pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="The Hugging Face Hub the operator asks to resolve a huggingFace.revision branch or tag to "
+        "its commit (once per name; docs/model-source.md); a mirror or a test's stand-in."
+    )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     recheck: RecheckSettings = Field(default_factory=RecheckSettings)
 
@@ -220,6 +225,7 @@ class OperatorSettings(_Frozen):
             autoscale_interval_seconds=getattr(args, "autoscale_interval_seconds", 15.0),
             max_parallel_reconciles=args.max_parallel_reconciles,
             metrics_listen=args.metrics_listen or None,
+            hub_endpoint=getattr(args, "hub_endpoint", "https://huggingface.co"),
             admission=AdmissionSettings.model_validate(admission),
             recheck=RecheckSettings.model_validate(recheck),
         )

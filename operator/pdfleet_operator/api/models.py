@@ -32,6 +32,7 @@ __all__ = [
     "HuggingFaceSource",
     "ModelSource",
     "ModelSpec",
+    "ModelStatus",
     "PDDeployment",
     "PDDeploymentSpec",
     "PDDeploymentStatus",
@@ -136,9 +137,11 @@ class HuggingFaceSource(ApiModel):
     )
     revision: str | None = Field(
         None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
-        description="The commit every pod loads (a full 40-hex commit hash; the engines' --revision): prefill "
-        "and decode load the same weights, and a new commit is a rollout of both roles. Unset: each pod loads "
-        "whatever the default branch holds when it starts (admitted with a warning).",
+        description="The commit every pod loads (the engines' --revision): a full 40-hex commit hash, or a "
+        "branch or tag that the operator resolves once to a commit recorded in status.model and never "
+        "re-resolves while this field keeps its value. Prefill and decode load the same weights, and a new "
+        "commit is a rollout of both roles. Unset: each pod loads whatever the default branch holds when it "
+        "starts (admitted with a warning).",
     )
 
 
@@ -540,6 +543,15 @@ class RolloutStatus(ApiModel):
     decode: RoleRollout | None = Field(None, description="The decode role's rollout.")
 
 
+class ModelStatus(ApiModel):
+    """The commit a Hub branch or tag was resolved to, once (model_ref.py): what every pod renders."""
+
+    id: str = Field(description="huggingFace.id it was resolved for.")
+    requested: str = Field(description="huggingFace.revision as written (a branch or tag).")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="The commit the pods load (--revision).")
+    resolved_at: str = Field(description="When the Hub was asked (RFC 3339).")
+
+
 class PDDeploymentStatus(ApiModel):
     """Observed state, written by the operator through the status subresource."""
 
@@ -568,6 +580,10 @@ class PDDeploymentStatus(ApiModel):
     autoscaling: AutoscalingStatus | None = Field(
         None, description="The autoscaler's latest decision per role: desired, reason, the signal values "
         "(spec.autoscaling set only; docs/autoscaling.md)."
+    )
+    model: ModelStatus | None = Field(
+        None, description="The commit spec.model.source.huggingFace.revision (a branch or tag) was resolved to; "
+        "unset for a commit, a path source, or a name not resolved yet."
     )
 
 

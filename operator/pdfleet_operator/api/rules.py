@@ -484,16 +484,6 @@ CEL_RULES: tuple[CelRule, ...] = (
         ".model.source.digest",
     ),
     CelRule(
-        "model-revision-commit",
-        ("spec.model.source.huggingFace",),
-        "!has(self.revision) || self.revision.matches('^[0-9a-f]{40}$')",
-        "huggingFace.revision must be a full 40-hex commit hash: a branch or tag moves, so pods started at "
-        "different times could load different weights (find the commit with `git ls-remote "
-        "https://huggingface.co/ID BRANCH`)",
-        lambda o: "revision" not in o or re.fullmatch(r"[0-9a-f]{40}", str(o["revision"])) is not None,
-        ".revision",
-    ),
-    CelRule(
         "rdma-device-map",
         ("spec.transfer",),
         "!has(self.rdmaDeviceMap) || (!has(self.rdmaDevices) && self.rdmaDeviceMap.all(k, "

@@ -8,7 +8,8 @@ import sys
 
 from pdfleet_operator import __version__
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION
-from pdfleet_operator.api.models import PDDeploymentSpec
+from pdfleet_operator.api.models import PDDeploymentSpec, PDDeploymentStatus
+from pdfleet_operator.model_ref import pinned
 from pdfleet_operator.upgrade_diff import RoleDiff, role_diffs
 from pdfleet_runtime.kubeapi import api_client
 
@@ -35,7 +36,11 @@ def run_diff(name: str, namespace: str, output: str) -> int:
     try:
         api = api_client()
         obj = CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        spec = PDDeploymentSpec.model_validate((obj if isinstance(obj, dict) else {}).get("spec") or {})
+        body = obj if isinstance(obj, dict) else {}
+        spec = PDDeploymentSpec.model_validate(body.get("spec") or {})
+        # A Hub branch or tag renders as the commit the operator resolved it to (status.model), as the pods do.
+        stored = PDDeploymentStatus.model_validate(body.get("status") or {})
+        spec = pinned(spec, stored.model) or spec
         core = CoreV1Api(api)
         selector = f"{LABEL_DEPLOYMENT}={name}"
         pods = api.sanitize_for_serialization(core.list_namespaced_pod(namespace, label_selector=selector).items)

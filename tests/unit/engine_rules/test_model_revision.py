@@ -1,7 +1,7 @@
 """``spec.model.source.huggingFace.revision`` (issue 47): one commit for every pod of both roles.
 
-A branch or tag is denied with the reason (it moves); an unpinned Hub model is admitted with a warning; a
-pinned one renders ``--revision`` for SGLang and vLLM (whose own parsers check it: tests/sglang and
+A branch or tag is admitted and resolved once by the operator to a commit (tests/unit/operator/test_model_ref.py);
+an unpinned Hub model is admitted with a warning; a pinned one renders ``--revision`` for SGLang and vLLM (whose own parsers check it: tests/sglang and
 tests/vllm generate pinned specs), owns that flag, and enters both roles' revision and compatibility key.
 """
 
@@ -44,10 +44,16 @@ def _engine_cmd(obj: dict, role: Role) -> list[str]:
 
 @pytest.mark.parametrize("kind", BUILDERS)
 @pytest.mark.parametrize("ref", ["main", "v1.0", "a" * 39, "A" * 40, "refs/pr/3"])
-def test_a_branch_or_tag_is_denied_with_the_reason(kind: str, ref: str) -> None:
+def test_a_branch_or_tag_is_admitted_for_the_operator_to_resolve(kind: str, ref: str) -> None:
     v = validate_object(_hub(kind, ref))
-    assert [x.rule for x in v.violations] == ["model-revision-commit"], v.violations
-    assert "40-hex commit" in v.violations[0].message and "git ls-remote" in v.violations[0].message
+    assert v.admitted, v.violations
+    assert "warn-engine-model-revision" not in [w.rule for w in v.warnings]
+
+
+@pytest.mark.parametrize("ref", ["-main", "a b", "x" * 129])
+def test_a_revision_that_is_no_git_name_is_denied_by_the_schema(ref: str) -> None:
+    v = validate_object(_hub("sglang", ref))
+    assert not v.admitted and any(p.endswith("huggingFace.revision") for x in v.violations for p in x.paths), v
 
 
 @pytest.mark.parametrize("kind", BUILDERS)
