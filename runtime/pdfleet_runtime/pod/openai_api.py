@@ -64,6 +64,7 @@ from .options import ServeOptions
 from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome, RoomTable
 from .routing import SyntheticResult
 from .seeded_load import LoadMetrics
+from .vllm_contract import LegError, LegKind, VllmLeg, engine_id, leg_of, nixl_prefill_params, query_answer
 from .worker_api import (
     ApiError,
     Completion,
@@ -204,6 +205,9 @@ class WorkerApi:
         self.computing = 0  # requests in their declared compute: a drain waits for them
         self.load = LoadMetrics(r, self.model, self.role.value, cfg.kv_tokens, prefill_compute(self.cost),
                                 decode_compute(self.cost))
+        self.engine_id = engine_id(pod.opts.instance)
+        """vLLM's engine id for this start (fresh at every start, as vLLM's): ``GET /query`` and NIXL answers."""
+        self._background: set[asyncio.Task[None]] = set()
 
     def add_routes(self, app: web.Application) -> None:
         for ep in Endpoint:
@@ -262,6 +266,11 @@ class WorkerApi:
         return web.json_response({"model_path": self.model, "tokenizer_path": None, "is_generation": True,
                                   "served_model_name": self.model, "model_type": "pdfleet-synthetic"})
 
+    def vllm_query(self) -> dict[str, Any]:
+        """The prefill bootstrap's ``GET /query`` (vLLM's Mooncake contract): this start's engine id."""
+        o, cfg = self.pod.opts, self.pod.opts.config
+        return query_answer(self.engine_id, cfg.shape.tp, cfg.shape.pp, f"{o.advertise_host}:{o.bootstrap_port}")
+
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                               "owned_by": "pdfleet", "root": self.model}]})
@@ -271,10 +280,12 @@ class WorkerApi:
     def _handler(self, ep: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
-                req = parse_request(ep, await self.pod.read_body(request))
+                req, leg = self._vllm_leg(parse_request(ep, await self.pod.read_body(request)))
                 self._check(req)
                 if self.text is not None:
                     req = prompt_of(req, self.text, self.pod.opts.config.kv_tokens)
+                if leg is not None and leg.kind in (LegKind.NIXL_PREFILL, LegKind.MOONCAKE_PREFILL):
+                    return await self._prefill_step(req, leg, request.remote or "")
                 if self.role is Role.PREFILL:
                     return await self._prefill(req, request.remote or "")
                 return await self._decode(request, req)
@@ -282,6 +293,19 @@ class WorkerApi:
                 headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else {}
                 return web.json_response(error_body(e), status=e.status, headers=headers)
         return handle
+
+    def _vllm_leg(self, req: WorkerRequest) -> tuple[WorkerRequest, VllmLeg | None]:
+        """vLLM's contract (``kv_transfer_params``, vllm-router): the room and the prefill to pull from."""
+        if req.kv is None:
+            return req, None
+        if req.room is not None:
+            raise ApiError(400, "send either SGLang's bootstrap_room (sglang-router) or vLLM's kv_transfer_params "
+                           "(vllm-router), not both", param="kv_transfer_params", code="conflicting_pd_fields")
+        try:
+            leg = leg_of(req.kv, self.role)
+        except LegError as e:
+            raise ApiError(400, str(e), param="kv_transfer_params", code="invalid_kv_transfer_params") from None
+        return req.model_copy(update={"room": leg.room, "host": leg.host, "port": leg.port}), leg
 
     def _check(self, req: WorkerRequest) -> None:
         if req.model is not None and req.model != self.model:
@@ -301,8 +325,8 @@ class WorkerApi:
                            f"{self.pod.opts.config.kv_tokens} (kvTokens): send a shorter prompt", param="prompt",
                            code="context_length_exceeded")
 
-    async def _prefill(self, req: WorkerRequest, source: str) -> web.Response:
-        cfg = self.pod.opts.config
+    async def _hold_room(self, req: WorkerRequest, source: str) -> tuple[Room, int]:
+        """The request's compute turn (seeded_load), then its room held: (the room, its bytes on this side)."""
         self.queued += 1  # waits for its turn and its compute (seeded_load; none without a declared cost)
         self.computing += 1
         try:
@@ -310,7 +334,7 @@ class WorkerApi:
         finally:
             self.queued -= 1
             self.computing -= 1
-        nbytes = request_state_bytes(cfg, req.prompt_tokens, decode_side=False)
+        nbytes = request_state_bytes(self.pod.opts.config, req.prompt_tokens, decode_side=False)
         assert req.room is not None
         try:
             room = self.rooms.hold(req.room, req.seed, req.prompt_tokens, nbytes, source, prompt=req.ids or ()
@@ -318,6 +342,38 @@ class WorkerApi:
         except RoomError as e:
             raise ApiError(e.status, str(e), code=e.code, param="bootstrap_room",
                            retry_after=1 if e.status == 503 else None) from e
+        return room, nbytes
+
+    async def _prefill_step(self, req: WorkerRequest, leg: VllmLeg, source: str) -> web.Response:
+        """vLLM's prefill: the room held and answered at once, as vLLM's prefill answers once its blocks are
+        computed and pinned (vllm-router sends the decode only after that answer, with NIXL and with Mooncake).
+        The room waits for the decode's claim as vLLM's blocks wait ``kv_lease_duration``; its outcome is
+        counted when it ends. NIXL's answer carries the room in ``kv_transfer_params``; Mooncake's carries none
+        (the ``transfer_id`` names the room on both sides), as vLLM's."""
+        o, cfg = self.pod.opts, self.pod.opts.config
+        room, nbytes = await self._hold_room(req, source)
+        task = asyncio.create_task(self._settle(req, room, nbytes))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        body = prefill_answer(req, model=self.model, moved=0, layout_bytes=nbytes)
+        body["kv_transfer_params"] = nixl_prefill_params(
+            leg, engine=self.engine_id, host=o.advertise_host, port=o.bootstrap_port, tp=cfg.shape.tp,
+            pp=cfg.shape.pp, tokens=req.prompt_tokens) if leg.kind is LegKind.NIXL_PREFILL else None
+        return web.json_response(body)
+
+    async def _settle(self, req: WorkerRequest, room: Room, nbytes: int) -> None:
+        outcome = await self._outcome(room)
+        if outcome.failure is not None:
+            log.warning("room %d (vLLM contract): %s", room.room, room_error(room.room, outcome.failure,
+                                                                               self.rooms.ttl_s).message)
+            return
+        self.room_bytes.inc(outcome.moved)
+        log.info("room %d (vLLM contract): %d tokens, %d bytes written (layout %d)", room.room, room.tokens,
+                 outcome.moved, nbytes)
+
+    async def _prefill(self, req: WorkerRequest, source: str) -> web.Response:
+        assert req.room is not None
+        room, nbytes = await self._hold_room(req, source)
         outcome = await self._outcome(room)
         if outcome.failure is not None:
             raise room_error(req.room, outcome.failure, self.rooms.ttl_s)

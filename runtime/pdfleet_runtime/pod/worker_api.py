@@ -30,6 +30,7 @@ from pdfleet_runtime.seeded import request_seed
 
 from .model_text import ChatMessage
 from .rooms import room_request_id
+from .vllm_contract import KvTransferParams
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -61,7 +62,8 @@ SAMPLING = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "pres
 MAX_STOP = 4
 """Stop strings one request may carry (OpenAI's bound)."""
 _KNOWN = {"model", "messages", "prompt", "text", "input_ids", "max_tokens", "max_completion_tokens", "n", "stream",
-          "stream_options", "bootstrap_host", "bootstrap_port", "bootstrap_room", "rid", *IGNORED}
+          "stream_options", "bootstrap_host", "bootstrap_port", "bootstrap_room", "rid", "kv_transfer_params",
+          *IGNORED}
 
 
 class Endpoint(StrEnum):
@@ -105,6 +107,7 @@ class _Body(BaseModel):
     bootstrap_room: int | None = Field(None, ge=0, lt=2**63)
     sampling_params: dict[str, Any] | None = None
     stop: str | list[str] | None = None
+    kv_transfer_params: KvTransferParams | None = None
 
 
 class WorkerRequest(BaseModel):
@@ -133,6 +136,8 @@ class WorkerRequest(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)
     """The sampling settings the body gave (``SAMPLING``'s names), as given: a model pod refuses any that is not
     greedy; the seeded mode ignores them."""
+    kv: KvTransferParams | None = None
+    """vLLM's ``kv_transfer_params`` (vllm-router's PD contract, ``vllm_contract``): the room comes from them."""
 
     @property
     def request_id(self) -> str:
@@ -261,7 +266,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> WorkerRequest:
                          host=b.bootstrap_host, port=b.bootstrap_port, ignored=ignored,
                          text=None if endpoint is Endpoint.CHAT else text,
                          ids=tuple(ids) if ids is not None else None, messages=messages, stop=stop,
-                         sampling=sampling)
+                         sampling=sampling, kv=b.kv_transfer_params)
 
 
 class Completion(BaseModel):

@@ -36,6 +36,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -439,6 +440,9 @@ class BootstrapServer:
         self.refused: dict[RefusalCode, int] = {}
         self.rank_peers: Callable[[], set[str]] = set
         """Addresses besides loopback this replica's ranks speak from (a group leader's joined members)."""
+        self.query: Callable[[], dict[str, Any]] | None = None
+        """``GET /query``'s answer (vLLM's Mooncake bootstrap contract: the engine id vllm-router reads), or None:
+        no such route."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -448,7 +452,13 @@ class BootstrapServer:
         app = web.Application(client_max_size=self.codec.max_bytes)
         app.router.add_post(MESSAGES_PATH, self._messages)
         app.router.add_get("/v1/healthz", self._healthz)
+        if self.query is not None:
+            app.router.add_get("/query", self._query)
         return app
+
+    async def _query(self, _: web.Request) -> web.Response:
+        assert self.query is not None
+        return web.json_response(self.query())
 
     async def start(self) -> Endpoint:
         self._cond = asyncio.Condition()

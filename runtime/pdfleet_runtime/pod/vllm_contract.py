@@ -1,0 +1,151 @@
+"""vLLM's PD worker contract on the built-in runtime: ``kv_transfer_params`` in, a room of pdfleet's protocol out.
+
+vllm-router (0.1.17, ``--vllm-pd-disaggregation``) drives vLLM 0.33's PD connectors in one of two ways
+(docs/vllm.md, ../shared/vllm.md):
+
+- **NIXL, two steps.** The prefill gets the request with ``max_tokens: 1``, ``stream: false`` and
+  ``kv_transfer_params: {do_remote_decode: true, ...}``; vLLM answers once its prefill ran, its blocks pinned
+  for the decode, with ``kv_transfer_params`` naming them (``remote_engine_id``, ``remote_request_id``,
+  ``remote_block_ids``, ``remote_host``, ``remote_port``, ``tp_size``). The router sends those verbatim to the
+  decode with the original request; the decode pulls the blocks from ``remote_host:remote_port``.
+- **Mooncake, one step.** The router makes a ``transfer_id`` and sends both at once: the prefill
+  ``{do_remote_decode: true, transfer_id}``, the decode ``{do_remote_prefill: true, transfer_id,
+  remote_bootstrap_addr: "http://<prefill>:<bootstrap port>", remote_engine_id}`` (the engine id read from the
+  prefill bootstrap's ``GET /query`` when the router started).
+
+In both, vllm-router sends the decode only once the prefill answered (seen with Mooncake too: a prefill that
+waited for the decode's claim timed out), so vLLM's prefill answers when its blocks are computed and pinned,
+not when they moved.
+
+Here each becomes a room (``rooms.RoomTable``) moved over pdfleet's own protocol, so the state is verified as
+in SGLang's flow: the prefill holds the room and answers at once (the room waits for the claim, as vLLM's
+blocks wait ``kv_lease_duration``); NIXL's room is new and travels in ``remote_request_id`` with the prefill's
+own bootstrap endpoint as ``remote_host``/``remote_port``; Mooncake's ``transfer_id`` names the room on both
+sides. Parameters that name no transfer are a 400 naming the missing keys, never a silent recompute (vLLM logs
+"will not utilize KVTransfer" and recomputes).
+
+Each pod start draws a fresh engine id, as vLLM does (``GET /query``, NIXL's ``remote_engine_id``). Not built
+yet: the decode checking the id it was handed against the prefill's current one (vllm-router's Mooncake
+hazard: it caches ids at start), and a handshake refusing a peer of another compatibility key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pdfleet_runtime.config import Role
+
+__all__ = ["KvTransferParams", "LegKind", "VllmLeg", "engine_id", "leg_of", "nixl_prefill_params", "query_answer",
+           "room_of_transfer"]
+
+
+class KvTransferParams(BaseModel):
+    """``kv_transfer_params`` as vllm-router sends them and vLLM's connectors read them (unknown keys kept)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = Field(None, max_length=256)
+    remote_request_id: str | None = Field(None, max_length=256)
+    remote_block_ids: list[Any] | None = None
+    remote_host: str | None = Field(None, max_length=253)
+    remote_port: int | None = Field(None, ge=1, le=65535)
+    transfer_id: str | None = Field(None, min_length=1, max_length=256)
+    remote_bootstrap_addr: str | None = Field(None, max_length=512)
+    tp_size: int | None = Field(None, ge=1)
+
+
+class LegKind(StrEnum):
+    NIXL_PREFILL = "nixl-prefill"
+    """Hold a new room, answer at once with it in ``kv_transfer_params``."""
+    NIXL_DECODE = "nixl-decode"
+    MOONCAKE_PREFILL = "mooncake-prefill"
+    MOONCAKE_DECODE = "mooncake-decode"
+
+
+class VllmLeg(BaseModel):
+    """What one vLLM-contract request means for this pod: the room, and where the decode pulls it from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: LegKind
+    room: int = Field(ge=0, lt=2**63)
+    host: str | None = None
+    port: int | None = None
+    engine_id: str | None = None
+    """The prefill's engine id the decode was handed (checked against the prefill's current one)."""
+
+
+class LegError(ValueError):
+    """Parameters that name no transfer for this pod's role; the message names the keys and the fix."""
+
+
+def engine_id(instance: str) -> str:
+    """A fresh engine id per pod start (vLLM draws a new one at every start)."""
+    return f"{instance}-{uuid.uuid4().hex[:12]}"
+
+
+def room_of_transfer(transfer_id: str) -> int:
+    """The room both pods derive from a router-made ``transfer_id`` (63 bits of its sha256)."""
+    return int.from_bytes(hashlib.sha256(transfer_id.encode()).digest()[:8], "big") >> 1
+
+
+def leg_of(params: KvTransferParams, role: Role) -> VllmLeg:
+    """The leg this pod runs, or ``LegError``."""
+    if role is Role.PREFILL:
+        if not params.do_remote_decode:
+            raise LegError("kv_transfer_params.do_remote_decode must be true on a prefill worker (vllm-router sets "
+                           "it): without it the prefill would answer the whole request and nothing would move")
+        if params.transfer_id is not None:
+            return VllmLeg(kind=LegKind.MOONCAKE_PREFILL, room=room_of_transfer(params.transfer_id))
+        return VllmLeg(kind=LegKind.NIXL_PREFILL, room=secrets.randbits(63))
+    if not params.do_remote_prefill:
+        raise LegError("kv_transfer_params.do_remote_prefill must be true on a decode worker: without it the decode "
+                       "would recompute the prompt and nothing would move (send the request through vllm-router)")
+    if params.transfer_id is not None:
+        missing = [k for k in ("remote_bootstrap_addr", "remote_engine_id") if getattr(params, k) is None]
+        if missing:
+            raise LegError(f"kv_transfer_params with transfer_id (Mooncake) also needs {', '.join(missing)}")
+        assert params.remote_bootstrap_addr is not None
+        url = urlsplit(params.remote_bootstrap_addr)
+        if url.scheme not in ("http", "https") or not url.hostname or url.port is None:
+            raise LegError(f"kv_transfer_params.remote_bootstrap_addr {params.remote_bootstrap_addr!r} is not "
+                           "http://HOST:PORT")
+        return VllmLeg(kind=LegKind.MOONCAKE_DECODE, room=room_of_transfer(params.transfer_id), host=url.hostname,
+                       port=url.port, engine_id=params.remote_engine_id)
+    missing = [k for k in ("remote_request_id", "remote_host", "remote_port", "remote_engine_id")
+               if getattr(params, k) is None]
+    if missing:
+        raise LegError(f"kv_transfer_params (NIXL) needs {', '.join(missing)}: pass the prefill's answer's "
+                       "kv_transfer_params to the decode verbatim")
+    assert params.remote_request_id is not None
+    if not params.remote_request_id.isdigit() or int(params.remote_request_id) >= 2**63:
+        raise LegError(f"kv_transfer_params.remote_request_id {params.remote_request_id!r} is not a room this "
+                       "runtime's prefill handed out")
+    return VllmLeg(kind=LegKind.NIXL_DECODE, room=int(params.remote_request_id), host=params.remote_host,
+                   port=params.remote_port, engine_id=params.remote_engine_id)
+
+
+def nixl_prefill_params(leg: VllmLeg, *, engine: str, host: str, port: int, tp: int, pp: int,
+                        tokens: int) -> dict[str, Any]:
+    """The prefill's answer's ``kv_transfer_params`` (NIXL): vLLM's keys, this runtime's meaning. The room is
+    ``remote_request_id``; ``remote_host:remote_port`` is the prefill's bootstrap (where the decode claims it);
+    ``remote_block_ids`` stays empty (pdfleet's protocol plans the items)."""
+    return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [], "remote_engine_id": engine,
+            "remote_request_id": str(leg.room), "remote_host": host, "remote_port": port, "tp_size": tp,
+            "pp_size": pp, "remote_num_tokens": tokens}
+
+
+def query_answer(engine: str, tp: int, pp: int, addr: str) -> dict[str, Any]:
+    """The bootstrap's ``GET /query`` as vLLM's Mooncake bootstrap answers it (``{dp: {engine_id, worker_addr:
+    {tp: {pp: addr}}}}``; one DP rank here)."""
+    return {"0": {"engine_id": engine,
+                  "worker_addr": {str(t): {str(p): addr for p in range(pp)} for t in range(tp)}}}
