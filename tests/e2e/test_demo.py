@@ -159,8 +159,10 @@ def test_a_demo_whose_decode_zeroes_a_recurrent_slot_fails_at_step_5_and_leaves_
 
 
 def test_a_demo_interrupted_at_step_5_leaves_nothing_running(tmp_path: Path, zen: Path) -> None:
-    demo = Demo(tmp_path / "demo", "--model", str(zen))
-    rc = demo.run(interrupt_at_step5=True)
+    # A long step-5 deadline: the test interrupts as soon as the pods run, and on a loaded host model pods can
+    # take longer than the demo's 120 s to start (seen: the demo gave up before the test could interrupt it).
+    demo = Demo(tmp_path / "demo", "--model", str(zen), "--timeout", "400")
+    rc = demo.run(interrupt_at_step5=True, timeout=800.0)
     assert rc == 130, demo.out[-6000:]
     assert "interrupted" in demo.out and "cleaning up" in demo.out, demo.out[-4000:]
     demo.assert_nothing_left()
