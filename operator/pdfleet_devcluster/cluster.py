@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -91,9 +92,31 @@ class StopReport:
 
 
 def free_port() -> int:
+    """A loopback port free now, drawn below the kernel's ephemeral range: a port the kernel hands out (bind to
+    0) is one any process's next outgoing connection may take before the caller binds it (seen: an operator's
+    webhook port taken that way under CI's load, "address already in use"). Random, so concurrent tests rarely
+    draw the same; the kernel's choice only when nothing below is free."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux's default when unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def gpu_node_manifest(name: str, opts: ClusterOptions, index: int = 0) -> dict:

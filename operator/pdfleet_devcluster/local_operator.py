@@ -55,6 +55,17 @@ class LocalOperator:
         return f"https://127.0.0.1:{self.port}"
 
     def start(self, *args: str, timeout: float = 60.0) -> None:
+        """Start it and wait until its webhook is published. A port taken between its choice and the operator's
+        bind ("address already in use") is a start on other ports, at most three in all."""
+        for attempt in range(3):
+            try:
+                return self._start(*args, timeout=timeout)
+            except ClusterError:
+                if attempt == 2 or "address already in use" not in self.log_text():
+                    raise
+                interrupt(self.proc)
+
+    def _start(self, *args: str, timeout: float) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
         self.port, self.metrics_port, self.args = free_port(), free_port(), args
