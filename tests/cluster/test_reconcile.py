@@ -124,10 +124,13 @@ def test_scale_subresource_scales_decode(cluster: LocalCluster, fleet: str) -> N
     cluster.kubectl("-n", ns, "scale", "pdd/llama-dense", "--replicas=1")
     # Scale-down drains first: the surplus pods turn unroutable and wait for the runtime to report
     # drained; here the test reports it in the runtime's place.
-    draining = wait_until(lambda: [p for p in _pods(cluster, ns, "decode")
-                                   if p["metadata"]["labels"].get("pdfleet.io/routable") == "false"],
-                          what="surplus decode pods draining", timeout=30)
-    assert len(draining) == 2 and all("pdfleet.io/drain-started" in p["metadata"]["annotations"] for p in draining)
+    # The operator patches the surplus pods one after the other: wait for both.
+    def unroutable() -> list[dict] | None:
+        pods = [p for p in _pods(cluster, ns, "decode") if p["metadata"]["labels"].get("pdfleet.io/routable") == "false"]
+        return pods if len(pods) == 2 else None
+
+    draining = wait_until(unroutable, what="both surplus decode pods draining", timeout=30)
+    assert all("pdfleet.io/drain-started" in p["metadata"]["annotations"] for p in draining)
     assert len(_pods(cluster, ns, "decode")) == 3  # nothing deleted before it is drained
     for pod in draining:  # stamped with the drain it reports, as the runtime does
         message = drained_message(pod["metadata"]["annotations"]["pdfleet.io/drain-started"], "no transfer in flight")

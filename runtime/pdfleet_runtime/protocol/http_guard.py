@@ -7,6 +7,11 @@ closed at accept, and a connection that spends ``idle_s`` outside a handler (hea
 or kept alive with nothing to say) is closed. A handler marks its connection busy (``busy``) while
 it runs; a long poll is busy, so it is never cut. Body reads inside a handler have their own
 deadline (``BootstrapServer``).
+
+A request's first bytes after an idle stretch start its own ``idle_s`` for the rest of its headers (once
+per request, so trickling cannot stretch it further). Without that, a server whose loop stalled a few
+seconds (a loaded host) ran the idle deadline of a kept-alive connection before the handler of the
+request that had meanwhile arrived on it, and reset a request the client had rightly sent.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class _Guarded(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._counted = False
+        self._between = True  # no byte of a request yet since the last arming
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -55,7 +61,7 @@ class _Guarded(asyncio.Protocol):
             return
         self._counted = True
         self._guard._conns[transport] = self
-        self._arm()
+        self._arm(between=True)
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -69,8 +75,12 @@ class _Guarded(asyncio.Protocol):
         self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._counted:
-            self._inner.data_received(data)
+        if not self._counted:
+            return
+        if self._between and self._timer is not None:  # a request begins: its headers get their own deadline
+            self._arm()
+            self._between = False
+        self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received() if self._counted else None
@@ -84,8 +94,9 @@ class _Guarded(asyncio.Protocol):
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def _arm(self) -> None:
+    def _arm(self, between: bool = False) -> None:
         self._disarm()
+        self._between = between
         self._timer = asyncio.get_running_loop().call_later(self._guard.limits.idle_s, self._idle)
 
     def _disarm(self) -> None:
@@ -142,7 +153,7 @@ class GuardedServer:
             yield
         finally:
             if conn is not None and conn._counted:
-                conn._arm()
+                conn._arm(between=True)
 
 
 def is_loopback(peer: str) -> bool:
