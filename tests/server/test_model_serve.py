@@ -152,6 +152,14 @@ def test_zen_answers_through_pd_tp2_to_1_equal_aggregate(tmp_path: Path, zen: Pa
     assert metric(dec, "sglang:generation_tokens_total", model_name=MODEL) == gen_total
     assert metric(dec, "sglang:time_to_first_token_seconds_count", model_name=MODEL) == 3
     assert metric(pre, "sglang:prompt_tokens_total", model_name=MODEL) == prompt_total
+    # ... and under vLLM's (the pods speak its PD contract too), from the same calls.
+    assert metric(dec, "vllm:generation_tokens_total", model_name=MODEL, engine="0") == gen_total
+    assert metric(dec, "vllm:time_to_first_token_seconds_count", model_name=MODEL, engine="0") == 3
+    itl = metric(dec, "vllm:inter_token_latency_seconds_count", model_name=MODEL, engine="0")
+    assert itl > 0 and itl == metric(dec, "sglang:inter_token_latency_seconds_count", model_name=MODEL)
+    assert metric(pre, "vllm:prompt_tokens_total", model_name=MODEL, engine="0") == prompt_total
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert dec[f"{name}{{engine=0,model_name={MODEL}}}"] == 0.0, name  # exported; nothing in flight now
 
     # Streaming through the openai client: one event per token, the text and usage as aggregate's.
     body = {"model": MODEL, "messages": chat(5), "max_tokens": 64, "stream": True,

@@ -20,8 +20,9 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 
 from pdfleet_runtime.protocol.messages import RequestKind
 
-__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "SGLANG_INFLIGHT", "SGLANG_QUEUED", "SGLANG_RUNNING", "ServerMetrics",
-           "StagedCollector", "sglang_gauges"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "SGLANG_INFLIGHT", "SGLANG_QUEUED", "SGLANG_RUNNING", "VLLM_ENGINE",
+           "VLLM_LABELS", "VLLM_RUNNING", "VLLM_WAITING", "ServerMetrics", "StagedCollector", "Twin", "sglang_gauges",
+           "vllm_gauges"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # SGLang 0.5.23's names (python/sglang/srt/observability/metrics_collector.py): the agent's drain reads
@@ -29,6 +30,14 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SGLANG_RUNNING = "sglang:num_running_reqs"
 SGLANG_QUEUED = "sglang:num_queue_reqs"
 SGLANG_INFLIGHT = "sglang:num_prefill_inflight_queue_reqs"
+# vLLM 0.33's names and labels (vllm/v1/metrics/loggers.py, PrometheusStatLogger): the built-in runtime speaks
+# vLLM's PD contract too (pod.vllm_contract), so a dashboard or autoscaler written for vLLM reads its pods.
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
+VLLM_LABELS = ("model_name", "engine")
+VLLM_ENGINE = "0"
+"""The ``engine`` label's value: a pod is one engine (vLLM numbers its data-parallel engines)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -192,3 +201,29 @@ def sglang_gauges(registry: CollectorRegistry, model: str, role: str, running: C
     if role == "prefill":
         Gauge(SGLANG_INFLIGHT, "The number of requests in the prefill inflight queue (transfers in flight).",
               list(labels), registry=registry).labels(**labels).set_function(inflight)
+
+
+def vllm_gauges(registry: CollectorRegistry, model: str, running: Callable[[], float], waiting: Callable[[], float],
+                kv_usage: Callable[[], float]) -> None:
+    """The load gauges under vLLM's names and labels, read at scrape time (the same values as SGLang's)."""
+    for name, doc, fn in ((VLLM_RUNNING, "Number of requests in model execution batches.", running),
+                          (VLLM_WAITING, "Number of requests waiting to be processed (held rooms on a prefill "
+                           "pod).", waiting),
+                          (VLLM_KV_USAGE, "KV-cache usage. 1 means 100 percent usage.", kv_usage)):
+        Gauge(name, doc, list(VLLM_LABELS), registry=registry).labels(model, VLLM_ENGINE).set_function(fn)
+
+
+class Twin:
+    """One counter or histogram kept under two engines' names (SGLang's, vLLM's): every call goes to both, so
+    the two can never disagree."""
+
+    def __init__(self, *children: Any) -> None:
+        self.children = children
+
+    def inc(self, amount: float = 1) -> None:
+        for c in self.children:
+            c.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for c in self.children:
+            c.observe(value)

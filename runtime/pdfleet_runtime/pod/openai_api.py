@@ -22,7 +22,9 @@ continuation is an error answer, never text.
 
 Registration and load: ``GET /health``, ``/server_info``, ``/model_info``, ``/v1/models``, and the
 gauges SGLang exports (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
-``sglang:num_used_tokens``, ``sglang:token_usage``, label ``model_name``) on ``/metrics``.
+``sglang:num_used_tokens``, ``sglang:token_usage``, label ``model_name``) and vLLM's
+(``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, labels
+``model_name`` and ``engine``) on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from pdfleet_runtime.rank.pipe import Generated, GenerateOp, RankStats
 from .compute_cost import cost_from, decode_compute, prefill_compute
 from .drain import Drain
 from .launcher import RankCallError
-from .metrics import sglang_gauges
+from .metrics import sglang_gauges, vllm_gauges
 from .model_answer import completion_of, prompt_of
 from .model_stream import ModelStream
 from .model_text import ModelText
@@ -194,6 +196,8 @@ class WorkerApi:
               registry=r).labels(*m).set_function(lambda: self.used_tokens)
         Gauge("sglang:token_usage", "The token usage.", ["model_name"],
               registry=r).labels(*m).set_function(lambda: self.used_tokens / max(1, cfg.kv_tokens))
+        vllm_gauges(r, self.model, lambda: self.running, lambda: self.queued,
+                    lambda: self.used_tokens / max(1, cfg.kv_tokens))
         self.expired = Counter("pdfleet_rooms_expired", "Rooms (bootstrap_room) no decode claimed in time: their "
                                "reservation was freed (prefill pods)", registry=r)
         self._expired_seen = 0

@@ -5,7 +5,10 @@ reads, under SGLang's names (``sglang:prompt_tokens_total``, ``sglang:generation
 ``sglang:inter_token_latency_seconds``, ``sglang:max_total_num_tokens``) plus two of pdfleet's own
 that SGLang lacks (``pdfleet_queued_prompt_tokens``, ``pdfleet_prefill_busy_seconds_total``: the
 backlog and the measured prefill rate). They are registered on the pod's registry, beside the gauges
-of ``server.metrics`` (running, queued, token usage), with or without a declared cost.
+of ``server.metrics`` (running, queued, token usage), with or without a declared cost. The tokens and the
+latency histograms are kept under vLLM's names too (``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``, ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
+labels ``model_name`` and ``engine``), from the same calls (``metrics.Twin``).
 
 What a pod counts: a prefill pod a request once its prompt is computed (TTFT: arrival to then); a
 decode pod once its last token is out (TTFT: arrival to its first token, ITL per token).
@@ -21,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from .compute_cost import DecodeCompute, PrefillCompute
+from .metrics import VLLM_ENGINE, VLLM_LABELS, Twin
 
 __all__ = ["ITL_BUCKETS", "TTFT_BUCKETS", "LoadMetrics"]
 
@@ -51,16 +55,26 @@ class LoadMetrics:
                  clock: Callable[[], float] = time.monotonic) -> None:
         lab, r = ["model_name"], registry
         self.role, self.prefill, self.decode, self.clock = role, prefill, decode, clock
-        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", lab,
-                                     registry=r).labels(model)
-        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.",
-                                         lab, registry=r).labels(model)
+        vl, v = list(VLLM_LABELS), (model, VLLM_ENGINE)
+        self.prompt_tokens = Twin(
+            Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", lab, registry=r).labels(model),
+            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", vl, registry=r).labels(*v))
+        self.generation_tokens = Twin(
+            Counter("sglang:generation_tokens", "Number of generation tokens processed.", lab,
+                    registry=r).labels(model),
+            Counter("vllm:generation_tokens", "Number of generation tokens processed.", vl, registry=r).labels(*v))
         self.requests = Counter("sglang:num_requests", "Requests finished (prefill: prompt computed; decode: "
                                 "last token out).", lab, registry=r).labels(model)
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token (prefill pods: to the "
-                              "prompt computed).", lab, buckets=TTFT_BUCKETS, registry=r).labels(model)
-        self.itl = Histogram("sglang:inter_token_latency_seconds", "Inter-token latency.", lab,
-                             buckets=ITL_BUCKETS, registry=r).labels(model)
+        self.ttft = Twin(
+            Histogram("sglang:time_to_first_token_seconds", "Time to first token (prefill pods: to the prompt "
+                      "computed).", lab, buckets=TTFT_BUCKETS, registry=r).labels(model),
+            Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds (prefill "
+                      "pods: to the prompt computed).", vl, buckets=TTFT_BUCKETS, registry=r).labels(*v))
+        self.itl = Twin(
+            Histogram("sglang:inter_token_latency_seconds", "Inter-token latency.", lab, buckets=ITL_BUCKETS,
+                      registry=r).labels(model),
+            Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", vl,
+                      buckets=ITL_BUCKETS, registry=r).labels(*v))
         Gauge("sglang:max_total_num_tokens", "Maximum total number of tokens (the KV pool).", lab,
               registry=r).labels(model).set(kv_tokens)
         if role == "prefill":
