@@ -46,15 +46,17 @@ RUNTIME_ARGS = {
 LOCAL_ARGS = ("--device", "cpu")
 CONCURRENCY = 4  # client requests in flight at once: every decode pod has transfers in flight
 ROUTER_PORT, ROUTER_METRICS_PORT = 30000, 29000  # spec.router's defaults
+RETRY_METRICS = ("smg_worker_retries_total", "vllm_router_retries_total")  # sglang-router's, vllm-router's
 
 
 def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, nodes: int = 1,
              scheduling: dict | None = None, model: dict | None = None, prefill_tp: int = 1,
-             **rollout: Any) -> dict:
+             router_kind: str | None = None, backend: str = "mooncake", **rollout: Any) -> dict:
     """``decode`` pods carry ``ROLLOUT_MARK=mark`` (change it to roll them); ``rollout`` overrides the budgets;
     ``nodes`` > 1: every replica is a group of that many pods (tensor ``nodes``, one rank per pod);
     ``scheduling``: spec.scheduling (gangs, topology key); ``model``: spec.model of a model the pods compute
-    (default: llama-dense's seeded state), with ``prefill_tp`` ranks in each prefill pod."""
+    (default: llama-dense's seeded state), with ``prefill_tp`` ranks in each prefill pod; ``router_kind``:
+    spec.router.kind (default: the engine's own, sglang-router); ``backend``: spec.transfer.backend."""
     parallelism = {"tensor": 1} if nodes == 1 else {"tensor": nodes, "nodesPerReplica": nodes}
     role = {"parallelism": parallelism, "image": IMAGE}
     pre_role = {**role, "parallelism": {"tensor": prefill_tp}} if prefill_tp != 1 else role
@@ -64,14 +66,15 @@ def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, no
         "metadata": {"name": NAME, "namespace": ns},
         "spec": {
             "model": model or {"layout": {"preset": "llama-dense"}},
-            "transfer": {"backend": "mooncake", "protocol": "tcp"},
+            "transfer": {"backend": backend, "protocol": "tcp"},
             # A prefill pod serves every decode pod's traffic and canaries (two requests in flight per
             # decode pod, surge pods included): room for all of them, so no request is shed for load.
             "prefill": {"replicas": prefill, **pre_role, "pool": {**pool, "maxConcurrentRequests": 16}},
             "decode": {"replicas": decode, **role, "pool": pool, "env": [{"name": "ROLLOUT_MARK", "value": mark}]},
             "rollout": {"maxSurge": 1, "maxUnavailable": 0, "drainTimeoutSeconds": 60,
                         "progressDeadlineSeconds": 300, **rollout},
-            "router": {"image": IMAGE, "prefillPolicy": "round_robin", "decodePolicy": "round_robin"},
+            "router": {"image": IMAGE, "prefillPolicy": "round_robin", "decodePolicy": "round_robin",
+                       **({"kind": router_kind} if router_kind else {})},
             **({"scheduling": scheduling} if scheduling else {}),
         },
     }
@@ -295,7 +298,8 @@ class Traffic:
             failed = sum(v for k, v in m.items() if k.startswith("pdfleet_transfers_total{")
                          and 'kind="request"' in k and 'outcome="failed"' in k)
             expired = int(m.get("pdfleet_rooms_expired_total{}", 0))
-            self.pod_failures[pod.name] = int(failed) + expired
+            refused = sum(v for k, v in m.items() if k.startswith("pdfleet_vllm_handshake_refusals_total{"))
+            self.pod_failures[pod.name] = int(failed) + expired + int(refused)
             self.pod_expired[pod.name] = expired
 
     def router_retries(self) -> int:
@@ -303,7 +307,7 @@ class Traffic:
         for pod in list(self.runner.pods.values()):
             if pod.name.startswith(f"{NAME}-router-") and pod.started:
                 m = scrape(f"http://{pod.ip}:{ROUTER_METRICS_PORT}/metrics")
-                total += int(sum(v for k, v in m.items() if k.startswith("smg_worker_retries_total")))
+                total += int(sum(v for k, v in m.items() if k.startswith(RETRY_METRICS)))
         return total
 
     def counts(self) -> Counts:

@@ -49,8 +49,8 @@ def _router_cmd(kind: str, pair: Pair, port: int) -> list[str]:
 
 
 @contextmanager
-def _routed(tmp: Path, kind: str) -> Iterator[tuple[Pair, str]]:
-    pair = Pair(tmp, kind).ready()
+def _routed(tmp: Path, kind: str, prefill_args: tuple[str, ...] = ()) -> Iterator[tuple[Pair, str]]:
+    pair = Pair(tmp, kind, prefill_args=prefill_args).ready()
     try:
         port = _free_port()
         with _process(_router_cmd(kind, pair, port)) as router:
@@ -87,3 +87,43 @@ def test_chats_through_vllm_router_move_and_verify_the_state(tmp_path: Path, kin
         metrics = pair.prefill.metrics()
         moved = sum(v for k, v in metrics.items() if k.startswith("pdfleet_room_transfer_bytes_total"))
         assert moved == 3 * request_state_bytes(pair.prefill.cfg, 11, decode_side=False), json.dumps(metrics)[:500]
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["fresh-id", "pinned-id"])
+def test_a_prefill_restarted_in_place_behind_vllm_router_keeps_serving_only_with_a_pinned_engine_id(
+        tmp_path: Path, pinned: bool) -> None:
+    """vllm-router 0.1.17 (Mooncake) reads a prefill's engine id from its ``/query`` once per worker. A prefill
+    restarted in place (same address, as a container restart keeps its pod's) with a fresh id, as vLLM draws
+    one: the router keeps sending the old id and the decode refuses every request (``unknown_engine_id``,
+    counted), until the router restarts. With the id pinned to the pod's name (``--pin-engine-id``, what the
+    operator renders for vllm-router fleets) the restarted prefill serves at once."""
+    with _routed(tmp_path, "mooncake", ("--pin-engine-id",) if pinned else ()) as (pair, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        before = pair.prefill.metrics()
+        for _ in range(2):
+            assert client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4).choices[0].message.content
+        pair.prefill.stop()
+        pair.prefill.start()  # the same ports and pod name: a container restarted in place
+        pair.prefill.wait_ready(True, 120)  # its ranks up and a decode canary through it
+
+        def once() -> str:
+            try:
+                client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4)
+                return "ok"
+            except openai.APIStatusError as e:
+                return f"{e.status_code} {str(e.message)[:160]}"
+
+        # The router marked the prefill unhealthy while it was down: wait until it sends to it again.
+        deadline, first = time.monotonic() + 90, once()
+        while first.startswith("503") and time.monotonic() < deadline:
+            time.sleep(1)
+            first = once()
+        outcomes = [first] + [once() for _ in range(3)]
+        refused = sum(v for k, v in pair.decode.metrics().items()
+                      if k.startswith("pdfleet_vllm_handshake_refusals_total{") and "engine_id" in k)
+        print(f"{'pinned' if pinned else 'fresh'} engine id, after the restart: {outcomes}, refused {refused}")
+        if pinned:
+            assert outcomes == ["ok"] * 4 and refused == 0, (outcomes, refused)
+        else:
+            assert all(o.startswith("502") for o in outcomes) and refused >= 4, (outcomes, refused)
+        assert before  # the prefill answered its metrics before the restart

@@ -29,7 +29,7 @@ from pdfleet_operator.resources.names import (
     worker_secret_name,
 )
 from pdfleet_operator.resources.plugins.contract import EnginePlugin
-from pdfleet_operator.resources.plugins.registry import engine_plugin
+from pdfleet_operator.resources.plugins.registry import engine_plugin, router_plugin
 from pdfleet_operator.resources.runtime_config import (
     CONFIG_FILE,
     CONFIG_MOUNT,
@@ -160,7 +160,8 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         "name": "runtime",
         "image": rs.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["pdfleet-runtime", "serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+        "command": ["pdfleet-runtime", "serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}",
+                    *(router_plugin(spec).worker_args(role) if spec.router is not None else ())],
         "ports": ports,
         "env": _env(rs, role),
         "resources": _resources(spec, rs),
@@ -235,7 +236,10 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
             "namespace": namespace,
             "labels": {**labels, **gang_labels},
             # Identity survives a user editing the labels away; observe restores them from it.
-            "annotations": {ANNOTATION_IDENTITY: identity(role, revision, index, member, nodes), **gang_annotations},
+            "annotations": {ANNOTATION_IDENTITY: identity(role, revision, index, member, nodes), **gang_annotations,
+                            # what the router's discovery reads on a built-in runtime pod (an engine's: its own)
+                            **(router_plugin(spec).worker_annotations(role)
+                               if spec.router is not None and plugin.container is None else {})},
         },
         "spec": pod_spec,
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pdfleet_runtime.engine_rules.common import ENGINE_RULES, general_rule_rows, violation
 from pdfleet_runtime.engine_rules.contract import CheckHarness, EngineRules
 from pdfleet_runtime.engine_rules.inputs import EngineInput, EngineRoleInput, role_env
-from pdfleet_runtime.engine_rules.registry import checked_kinds, own_router, rules_of
+from pdfleet_runtime.engine_rules.registry import checked_kinds, own_router, routers_of, rules_of
 from pdfleet_runtime.matrix import Violation
 
 __all__ = [
@@ -78,9 +78,9 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
 
 def router_violation(engine_kind: str, router_kind: str | None) -> Violation | None:
     """``spec.router.kind`` against the engine: each engine kind speaks its own router's PD protocol
-    (``EngineRules.own_router``; None: the engine's own router)."""
-    own = own_router(engine_kind)
-    if router_kind is None or router_kind == own:
+    (``EngineRules.routers``; None: the engine's own router)."""
+    own, spoken = own_router(engine_kind), routers_of(engine_kind)
+    if router_kind is None or router_kind in spoken:
         return None
     return violation(ENGINE_RULES["router-kind-engine"],
                      f"spec.router.kind {router_kind} on a {engine_kind} fleet: use {own} (its own router)",

@@ -37,6 +37,8 @@ class BuiltinRules:
 
     kind = "pdfleet"
     own_router = "sglang"  # the runtime's prefill answers sglang-router's bootstrap fields
+    # ... and vLLM's kv_transfer_params (pod.vllm_contract): NIXL's two steps, Mooncake's one
+    routers = frozenset({"sglang", "vllm"})
     checked = False
     harness: CheckHarness | None = None
     owned_flags: Mapping[str, str] = MappingProxyType({})

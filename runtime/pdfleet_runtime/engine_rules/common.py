@@ -30,8 +30,9 @@ ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "pick a pair of the protocol table (`pdfleet matrix --engine KIND==VERSION`)"),
     _r("router-kind-engine", "the router does not speak this engine's PD protocol",
        "sglang-router sends SGLang's bootstrap fields, which vLLM ignores, and vllm-router sends vLLM's "
-       "kv_transfer_params, which SGLang and the built-in runtime ignore: both roles answer, no state moves and "
-       "nothing fails", "leave spec.router.kind unset (the engine's own router) or set the engine's kind"),
+       "kv_transfer_params, which SGLang ignores: both roles answer, no state moves and nothing fails (the "
+       "built-in runtime speaks both)", "leave spec.router.kind unset (the engine's own router) or set a kind "
+       "the engine speaks"),
     _r("warn-engine-model-download", "the model is downloaded at start",
        "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
        "put the weights on a volume (model.source.path with volume)", Severity.WARNING),

@@ -50,6 +50,11 @@ class EngineRules(Protocol):
         ...
 
     @property
+    def routers(self) -> frozenset[str]:
+        """Every ``spec.router.kind`` whose PD protocol this engine speaks (``own_router`` among them)."""
+        ...
+
+    @property
     def checked(self) -> bool: ...
 
     @property

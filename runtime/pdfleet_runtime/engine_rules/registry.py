@@ -15,7 +15,7 @@ from pdfleet_runtime.engine_rules.parallel import ParallelCell
 from pdfleet_runtime.engine_rules.sglang_plugin import SGLANG
 from pdfleet_runtime.engine_rules.vllm_plugin import VLLM
 
-__all__ = ["ENGINES", "PARALLEL_CELLS", "checked_kinds", "own_router", "rules_of"]
+__all__ = ["ENGINES", "PARALLEL_CELLS", "checked_kinds", "own_router", "routers_of", "rules_of"]
 
 ENGINES: Mapping[str, EngineRules] = MappingProxyType({r.kind: r for r in (BUILTIN, SGLANG, VLLM)})
 
@@ -35,3 +35,8 @@ def checked_kinds() -> tuple[str, ...]:
 def own_router(kind: str) -> str:
     """The router kind whose PD protocol ``kind`` speaks; a kind without a plug-in: the built-in runtime's."""
     return ENGINES.get(kind, BUILTIN).own_router
+
+
+def routers_of(kind: str) -> frozenset[str]:
+    """Every router kind whose PD protocol ``kind`` speaks; a kind without a plug-in: the built-in runtime's."""
+    return ENGINES.get(kind, BUILTIN).routers

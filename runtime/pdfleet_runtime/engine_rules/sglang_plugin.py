@@ -54,6 +54,7 @@ class SGLangRules:
 
     kind = "sglang"
     own_router = "sglang"
+    routers = frozenset({"sglang"})
     checked = True
     harness: CheckHarness | None = CheckHarness(venv="sglang", tests="tests/sglang", pins="sglang==0.5.23")
     owned_flags: Mapping[str, str] = sglang.OWNED_FLAGS

@@ -32,6 +32,7 @@ class VllmRules:
 
     kind = "vllm"
     own_router = "vllm"  # vllm-router sends vLLM's kv_transfer_params
+    routers = frozenset({"vllm"})
     checked = True
     harness: CheckHarness | None = CheckHarness(venv="vllm", tests="tests/vllm", pins="vllm==0.33.0")
     owned_flags: Mapping[str, str] = vllm.OWNED_FLAGS

@@ -37,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -66,7 +67,16 @@ from .options import ServeOptions
 from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome, RoomTable
 from .routing import SyntheticResult
 from .seeded_load import LoadMetrics
-from .vllm_contract import LegError, LegKind, VllmLeg, engine_id, leg_of, nixl_prefill_params, query_answer
+from .vllm_contract import (
+    LegError,
+    LegKind,
+    VllmLeg,
+    engine_id,
+    leg_of,
+    names_engine,
+    nixl_prefill_params,
+    query_answer,
+)
 from .worker_api import (
     ApiError,
     Completion,
@@ -86,6 +96,8 @@ log = logging.getLogger("pdfleet_runtime.server")
 ROOM_WAIT_S = 2.0
 """The router sends both pods the body at once: a decode whose claim came before the prefill held the room
 (refused, nothing changed) asks again for this long."""
+QUERY_TIMEOUT_S = 5.0  # a decode's GET /query of the prefill bootstrap (vLLM contract: its engine id)
+
 _UNREACHABLE = frozenset({FailureReason.PEER_UNREACHABLE, FailureReason.PEER_LOST, FailureReason.PEER_RESTARTED,
                           FailureReason.NO_PEER})
 
@@ -209,8 +221,11 @@ class WorkerApi:
         self.computing = 0  # requests in their declared compute: a drain waits for them
         self.load = LoadMetrics(r, self.model, self.role.value, cfg.kv_tokens, prefill_compute(self.cost),
                                 decode_compute(self.cost))
-        self.engine_id = engine_id(pod.opts.instance)
-        """vLLM's engine id for this start (fresh at every start, as vLLM's): ``GET /query`` and NIXL answers."""
+        self.engine_id = engine_id(pod.opts.instance, pinned=pod.opts.pin_engine_id)
+        """vLLM's engine id (fresh at every start, as vLLM's, or the pod's name): ``GET /query``, NIXL answers."""
+        self.refusals = Counter("pdfleet_vllm_handshake_refusals", "vLLM-contract requests a decode refused before "
+                                "pulling, by why (engine_id: the id it was handed is not the prefill's engine now)",
+                                ["reason"], registry=r)
         self._background: set[asyncio.Task[None]] = set()
 
     def add_routes(self, app: web.Application) -> None:
@@ -290,6 +305,8 @@ class WorkerApi:
                     req = prompt_of(req, self.text, self.pod.opts.config.kv_tokens)
                 if leg is not None and leg.kind in (LegKind.NIXL_PREFILL, LegKind.MOONCAKE_PREFILL):
                     return await self._prefill_step(req, leg, request.remote or "")
+                if leg is not None:
+                    await self._check_engine(leg)
                 if self.role is Role.PREFILL:
                     return await self._prefill(req, request.remote or "")
                 return await self._decode(request, req)
@@ -310,6 +327,26 @@ class WorkerApi:
         except LegError as e:
             raise ApiError(400, str(e), param="kv_transfer_params", code="invalid_kv_transfer_params") from None
         return req.model_copy(update={"room": leg.room, "host": leg.host, "port": leg.port}), leg
+
+    async def _check_engine(self, leg: VllmLeg) -> None:
+        """A decode leg pulls only from the engine it was handed: the prefill bootstrap's ``GET /query`` names the
+        engine it runs now (as a vLLM decode asks for an id it has not seen); a stale id is refused and counted."""
+        if leg.engine_id is None or leg.host is None or leg.port is None:
+            return
+        where = f"{leg.host}:{leg.port}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=QUERY_TIMEOUT_S)) as session, \
+                    session.get(f"http://{where}/query") as resp:
+                answer = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise ApiError(503, f"the prefill's bootstrap {where} did not answer GET /query ({type(e).__name__}): "
+                           "its engine id cannot be checked", code="prefill_unreachable", retry_after=1) from None
+        if not names_engine(leg.engine_id, answer):
+            self.refusals.labels("engine_id").inc()
+            raise ApiError(502, f"kv_transfer_params.remote_engine_id {leg.engine_id[:80]!r} is not the engine of the "
+                           f"prefill at {where} now: it restarted with a new engine id and the router sent the one it "
+                           "had cached (vllm-router reads Mooncake ids once per worker; pin them: --pin-engine-id)",
+                           param="kv_transfer_params", code="unknown_engine_id")
 
     def _check(self, req: WorkerRequest) -> None:
         if req.model is not None and req.model != self.model:

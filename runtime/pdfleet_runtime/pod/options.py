@@ -110,6 +110,10 @@ class ServeOptions:
     room_ttl_s: float = 10.0
     """Prefill: how long a room (``bootstrap_room``) nobody claimed is held for its decode before it expires (the
     router sends both bodies at once: a claim comes within moments, so an unclaimed room frees its place soon)."""
+    pin_engine_id: bool = False
+    """vLLM's engine id (``GET /query``, NIXL answers): this pod's name when True, so a restarted container keeps
+    the id a router cached (vllm-router 0.1.17 reads Mooncake ids once per worker); else a fresh id per start, as
+    vLLM draws one unless ``kv_transfer_config.engine_id`` is set."""
     gate: bool = True
     """Patch the readiness-gate condition when running in a cluster (or with ``kubeconfig``)."""
     kubeconfig: Path | None = None

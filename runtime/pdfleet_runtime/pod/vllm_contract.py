@@ -24,9 +24,12 @@ own bootstrap endpoint as ``remote_host``/``remote_port``; Mooncake's ``transfer
 sides. Parameters that name no transfer are a 400 naming the missing keys, never a silent recompute (vLLM logs
 "will not utilize KVTransfer" and recomputes).
 
-Each pod start draws a fresh engine id, as vLLM does (``GET /query``, NIXL's ``remote_engine_id``). Not built
-yet: the decode checking the id it was handed against the prefill's current one (vllm-router's Mooncake
-hazard: it caches ids at start), and a handshake refusing a peer of another compatibility key.
+Each pod start draws a fresh engine id, as vLLM does (``GET /query``, NIXL's ``remote_engine_id``), unless it is
+pinned to the pod's name (``--pin-engine-id``). The decode checks the id it was handed against the one the
+prefill's bootstrap answers now (``names_engine``), as a vLLM decode does for an id it has not seen, and refuses
+a stale one (``unknown_engine_id``, counted in ``pdfleet_vllm_handshake_refusals_total``): vllm-router's Mooncake
+hazard (it reads a prefill's id once, so after a restart with a new id every transfer to it fails) shows here as
+it would with vLLM. Not built yet: a handshake refusing a peer of another compatibility key.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pdfleet_runtime.config import Role
 
-__all__ = ["KvTransferParams", "LegKind", "VllmLeg", "engine_id", "leg_of", "nixl_prefill_params", "query_answer",
-           "room_of_transfer"]
+__all__ = ["KvTransferParams", "LegKind", "VllmLeg", "engine_id", "leg_of", "names_engine", "nixl_prefill_params",
+           "query_answer", "room_of_transfer"]
 
 
 class KvTransferParams(BaseModel):
@@ -88,9 +91,16 @@ class LegError(ValueError):
     """Parameters that name no transfer for this pod's role; the message names the keys and the fix."""
 
 
-def engine_id(instance: str) -> str:
-    """A fresh engine id per pod start (vLLM draws a new one at every start)."""
-    return f"{instance}-{uuid.uuid4().hex[:12]}"
+def engine_id(instance: str, pinned: bool = False) -> str:
+    """A fresh engine id per pod start (vLLM draws a new one at every start), or the pod's name when pinned."""
+    return instance if pinned else f"{instance}-{uuid.uuid4().hex[:12]}"
+
+
+def names_engine(handed: str, query: Any) -> bool:
+    """Whether ``handed`` (a request's ``remote_engine_id``) names an engine a bootstrap's ``GET /query`` answer
+    lists (vllm-router suffixes Mooncake's ids with ``_dp<rank>``)."""
+    ids = {str(v.get("engine_id")) for v in query.values() if isinstance(v, dict)} if isinstance(query, dict) else set()
+    return handed in ids or any(handed.startswith(f"{i}_dp") and handed[len(i) + 3:].isdigit() for i in ids)
 
 
 def room_of_transfer(transfer_id: str) -> int:

@@ -109,7 +109,10 @@ def test_render_prints_a_vllm_router() -> None:
     cmd = container["command"]
     assert cmd[:2] == ["vllm-router", "--vllm-pd-disaggregation"]
     assert front["command"][:4] == ["pdfleet-runtime", "router-front", "--router", "vllm"]
-    assert cmd[cmd.index("--kv-connector") + 1] == "nixl" and not container.get("env")
+    assert cmd[cmd.index("--kv-connector") + 1] == "nixl"
+    # the key it sends workers (Authorization: Bearer $OPENAI_API_KEY), from the worker-key Secret
+    assert container["env"] == [{"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "qwen-vllm-worker-auth", "key": "key"}}}]
     role = next(o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("-router"))
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert any(o["kind"] == "Service" and o["metadata"]["name"].endswith("router") for o in objs)

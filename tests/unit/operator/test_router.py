@@ -29,7 +29,7 @@ from pdfleet_operator.resources.router import (
 )
 from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
-from pdfleet_runtime.config import HTTP_PORT
+from pdfleet_runtime.config import BOOTSTRAP_PORT, HTTP_PORT
 from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
 from pdfleet_runtime.front.routers import SURFACES, FrontedRouter
 
@@ -191,6 +191,36 @@ def test_vllm_router_listens_on_loopback_behind_the_front() -> None:
     worker_api = {"/add_worker", "/remove_worker", "/list_workers", "/flush_cache", "/get_loads", "/finish_session",
                   "/workers", "/scheduling/diagnostics"}
     assert not worker_api & (routes["POST"] | routes["GET"]) and set(routes) == {"POST", "GET"}
+
+
+def test_vllm_router_fronts_the_builtin_runtime_with_the_worker_key_and_the_bootstrap_annotation() -> None:
+    """The built-in runtime speaks vLLM's PD contract too, so its fleets take either router kind (an SGLang
+    fleet only sglang-router). vllm-router 0.1.17 sends ``Authorization: Bearer $OPENAI_API_KEY`` on every
+    PD call (seen against loopback stand-ins: ``--api-key`` reached only ``/render``), so its container gets the
+    worker key in that variable from the worker-key Secret, never on its command line; the runtime's prefill
+    pods carry the ``vllm.ai/bootstrap-port`` its discovery reads (Mooncake's ``/query``)."""
+    doc = _doc(router={**ROUTER, "kind": "vllm"})
+    assert validate_object(doc).admitted, validate_object(doc).violations
+    spec = _spec(doc)
+    pod = router_deployment("demo", "ns", spec)["spec"]["template"]["spec"]
+    router = pod["containers"][0]
+    assert router["command"][0] == "vllm-router"
+    assert router["env"] == [{"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": worker_secret_name("demo"), "key": "key"}}}]
+    assert not any("key" in arg.lower() for arg in router["command"])
+    prefill = runtime_pod("demo", "ns", spec, Role.PREFILL, "r1", 0)["metadata"]["annotations"]
+    decode = runtime_pod("demo", "ns", spec, Role.DECODE, "r1", 0)["metadata"]["annotations"]
+    assert prefill["vllm.ai/bootstrap-port"] == str(BOOTSTRAP_PORT) and "vllm.ai/bootstrap-port" not in decode
+    # The prefill's engine id is its pod's name: a container restarted in place keeps the id the router read once.
+    commands = {r: runtime_pod("demo", "ns", spec, r, "r1", 0)["spec"]["containers"][0]["command"] for r in Role}
+    assert "--pin-engine-id" in commands[Role.PREFILL] and "--pin-engine-id" not in commands[Role.DECODE]
+    # sglang-router on the same fleet: no annotation of vLLM's; on an SGLang fleet vllm-router is denied.
+    sglang = runtime_pod("demo", "ns", _spec(_doc()), Role.PREFILL, "r1", 0)["metadata"]["annotations"]
+    assert "vllm.ai/bootstrap-port" not in sglang
+    assert "--pin-engine-id" not in runtime_pod("demo", "ns", _spec(_doc()), Role.PREFILL, "r1", 0)["spec"][
+        "containers"][0]["command"]
+    sg = _doc("sglang-qwen3.8-flash-next.yaml", router={**ROUTER, "kind": "vllm"})
+    assert [v.rule for v in validate_object(sg).violations] == ["router-kind-engine"]
 
 
 def test_every_router_kind_has_a_front() -> None:

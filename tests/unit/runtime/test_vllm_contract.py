@@ -13,6 +13,7 @@ from pdfleet_runtime.pod.vllm_contract import (
     LegKind,
     engine_id,
     leg_of,
+    names_engine,
     nixl_prefill_params,
     query_answer,
     room_of_transfer,
@@ -61,3 +62,13 @@ def test_engine_ids_are_fresh_per_start_and_query_answers_as_vllms_bootstrap() -
     assert a != b and a.startswith("pod-a-")
     assert query_answer(a, 2, 1, "10.0.0.7:8998") == {
         "0": {"engine_id": a, "worker_addr": {"0": {"0": "10.0.0.7:8998"}, "1": {"0": "10.0.0.7:8998"}}}}
+
+
+def test_a_pinned_engine_id_is_the_pods_name_and_a_decode_names_only_the_current_engine() -> None:
+    assert engine_id("pod-a", pinned=True) == engine_id("pod-a", pinned=True) == "pod-a"
+    now = query_answer("pod-a-1234", 1, 1, "10.0.0.7:8998")
+    assert names_engine("pod-a-1234", now) and names_engine("pod-a-1234_dp0", now)  # vllm-router's DP suffix
+    for stale in ("pod-a-9999", "pod-a-1234_dpx", "pod-a", ""):
+        assert not names_engine(stale, now), stale
+    for junk in (None, [], "x", {"0": "x"}, {"0": {}}):
+        assert not names_engine("pod-a-1234", junk), junk

@@ -148,3 +148,12 @@ class RouterPlugin(Protocol):
     def admin_secret(self, deployment: str, namespace: str, key: str | None = None) -> dict | None:
         """The Secret created once for the router's own admin API; None when it has none."""
         ...
+
+    def worker_annotations(self, role: Role) -> dict[str, str]:
+        """What this router's discovery reads on a built-in runtime pod of ``role`` (an engine's pods carry their
+        engine's own, ``EngineContainer.bootstrap_annotation``)."""
+        ...
+
+    def worker_args(self, role: Role) -> list[str]:
+        """Flags of a built-in runtime pod's ``serve`` that this router's contract needs."""
+        ...

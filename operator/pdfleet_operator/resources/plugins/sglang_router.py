@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import secrets
 
+from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec, RouterKind
 from pdfleet_operator.resources.names import (
     SECRET_FILE,
@@ -97,6 +98,12 @@ class SGLangRouter:
 
     def admin_secret(self, deployment: str, namespace: str, key: str | None = None) -> dict | None:
         return router_secret(deployment, namespace, key)
+
+    def worker_annotations(self, role: Role) -> dict[str, str]:
+        return {}  # its bootstrap port default (8998) is the built-in runtime's
+
+    def worker_args(self, role: Role) -> list[str]:
+        return []
 
 
 SGLANG_ROUTER = SGLangRouter()

@@ -1,0 +1,79 @@
+"""vllm-router in front of built-in runtime pods in the local cluster (issue 44): the router pod runs vllm-router
+0.1.17 with its rendered arguments verbatim (Kubernetes discovery of the roles' pods, the prefill's
+``vllm.ai/bootstrap-port`` annotation, the worker key in ``OPENAI_API_KEY`` from the worker-key Secret) behind
+pdfleet's front; the runtime pods speak vLLM's PD contract (``pod/vllm_contract.py``): NIXL's two steps, or
+Mooncake's one step with the engine id read from the prefill's ``/query``. Chat completions flow through the
+router's Service throughout, each answer's state verified byte for byte by the decode:
+
+- a decode rollout: zero client failures, zero router retries, zero failed transfers;
+- the prefill pod killed (SIGKILL) and replaced by the operator: a new pod, a new engine id; the client
+  requests that failed in between are counted and printed, and the new prefill serves through the router
+  within the stated time (``REPLACED_WITHIN_S``) of the kill.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from pdfleet_devcluster import LocalCluster
+from tests.cluster.conftest import OperatorProcess
+from tests.e2e.traffic import NAME, manifest, running_fleet
+
+pytestmark = pytest.mark.cluster
+
+REPLACED_WITHIN_S = 120.0
+"""From the kill to the first answer through the new prefill: the kubelet sees the exit, the operator replaces
+the pod, its canary passes, vllm-router's discovery adds it (and, with Mooncake, asks its ``/query``)."""
+
+
+@pytest.mark.parametrize("backend", ["mooncake", "nixl"])
+def test_vllm_router_fleet_rolls_clean_and_serves_again_after_its_prefill_is_killed(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str, tmp_path: Path, backend: str) -> None:
+    with running_fleet(cluster, namespace, tmp_path / "pods", router_kind="vllm", backend=backend) as fleet:
+        runner = fleet.runner
+        [router] = [p for p in fleet.core.list_namespaced_pod(namespace).items
+                    if p.metadata.name.startswith(f"{NAME}-router-")]
+        command = router.spec.containers[0].command
+        assert command[:2] == ["vllm-router", "--vllm-pd-disaggregation"], command
+        assert f"--kv-connector {backend}" in " ".join(command), command
+        env = {e.name: e.value_from.secret_key_ref.name for e in router.spec.containers[0].env or ()}
+        assert env == {"OPENAI_API_KEY": f"{NAME}-worker-auth"}, env
+
+        # -- a decode rollout --------------------------------------------------------------------
+        old = set(runner.decode_pods())
+        traffic = fleet.traffic()
+        traffic.wait_served(4)
+        fleet.patch(manifest(namespace, "v2", router_kind="vllm", backend=backend)["spec"])
+        fleet.wait(lambda: not (old & set(runner.decode_pods())) and fleet.available(), 240, "rollout complete")
+        fleet.wait(lambda: sum(r.ok and r.pod not in old for r in traffic.results) >= 4, 60, "traffic on the new pods")
+        clean = traffic.assert_clean()  # zero client failures, router retries and failed transfers
+        print(f"vllm-router ({backend}) decode rollout: {len(traffic.results)} requests, {clean}")
+
+        # -- the prefill killed, replaced ---------------------------------------------------------
+        [(victim, pod)] = list(runner.running("prefill").items())
+        kill_at = time.monotonic()
+        pod.signal(signal.SIGKILL)
+        fleet.wait(lambda: set(runner.running("prefill")) - {victim}, REPLACED_WITHIN_S, "a new prefill pod running")
+        [new] = set(runner.running("prefill")) - {victim}
+        new_ip = runner.running("prefill")[new].ip
+        traffic.chat.wait_answers(3, lambda a: a.started > kill_at and (a.prefill or "").startswith(f"{new_ip}:"),
+                                  timeout=REPLACED_WITHIN_S)
+        answers = traffic.chat.stop()
+        traffic.halt()
+        after = [a for a in answers if a.ok and a.started > kill_at]
+        first = min(a.ended for a in after) - kill_at
+        failed = [a for a in answers if not a.ok]
+        counts = traffic.counts()
+        print(f"prefill {victim} killed, replaced by {new}: first answer through it {first:.1f}s after the kill; "
+              f"{len(failed)} client requests failed in between, router retries {counts.router_retries}")
+        for a in failed[:10]:
+            print(f"  request {a.i}: sent {a.started - kill_at:+.2f}s, status {a.status}: {a.problem}")
+        assert first <= REPLACED_WITHIN_S, first
+        assert all(a.started >= kill_at - 30 and a.started <= kill_at + first for a in failed), \
+            [(a.started - kill_at, a.problem) for a in failed]  # nothing failed after the new prefill served
+        # Every answer after the kill came through the new prefill, its state verified.
+        assert all(a.pdfleet.get("verified") and (a.prefill or "").startswith(f"{new_ip}:") for a in after), after[:3]
