@@ -101,4 +101,5 @@ def engine_input(spec: PDDeploymentSpec) -> EngineInput | None:
         kv_heads=kv_heads,
         model_path=model_path,
         router_kind=spec.router.kind.value if spec.router is not None and spec.router.kind is not None else None,
+        routed=spec.router is not None,
     )

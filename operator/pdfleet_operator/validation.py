@@ -33,7 +33,7 @@ from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.api.rules import CEL_RULES
 from pdfleet_operator.autoscale.admission import autoscaling_violations
 from pdfleet_operator.engine import engine_input
-from pdfleet_runtime.engine_rules import evaluate_engine, router_violation
+from pdfleet_runtime.engine_rules import evaluate_engine, router_violations
 from pdfleet_runtime.layouts import PRESETS, LayoutRef
 from pdfleet_runtime.matrix import (
     GENERAL_RULES,
@@ -318,9 +318,10 @@ def _with_engine(verdict: Verdict, spec: PDDeploymentSpec) -> Verdict:
     inp = engine_input(spec)
     if inp is None:  # no engine container to check: the built-in runtime, whose router is its plug-in's
         kind = spec.engine.kind.value if spec.engine is not None else "pdfleet"
-        wrong = router_violation(kind, spec.router.kind.value if spec.router and spec.router.kind else None)
-        return verdict if wrong is None else Verdict((*verdict.violations, wrong), verdict.warnings,
-                                                     verdict.matrix_versions)
+        wrong = router_violations(kind, spec.router.kind.value if spec.router and spec.router.kind else None,
+                                  spec.transfer.backend if spec.router is not None else None)
+        return verdict if not wrong else Verdict((*verdict.violations, *wrong), verdict.warnings,
+                                                 verdict.matrix_versions)
     errors, warnings = evaluate_engine(inp)
     return Verdict(verdict.violations + errors, verdict.warnings + warnings, verdict.matrix_versions)
 

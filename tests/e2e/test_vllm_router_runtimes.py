@@ -1,20 +1,26 @@
 """vllm-router in front of built-in runtime pods in the local cluster (issue 44): the router pod runs vllm-router
-0.1.17 with its rendered arguments verbatim (Kubernetes discovery of the roles' pods, the prefill's
-``vllm.ai/bootstrap-port`` annotation, the worker key in ``OPENAI_API_KEY`` from the worker-key Secret) behind
-pdfleet's front; the runtime pods speak vLLM's PD contract (``pod/vllm_contract.py``): NIXL's two steps, or
-Mooncake's one step with the engine id read from the prefill's ``/query``. Chat completions flow through the
-router's Service throughout, each answer's state verified byte for byte by the decode:
+0.1.17 with its rendered arguments verbatim (Kubernetes discovery of the roles' pods, the worker key in
+``OPENAI_API_KEY`` from the worker-key Secret) behind pdfleet's front; the runtime pods speak vLLM's PD contract
+(``pod/vllm_contract.py``): NIXL's two steps, the prefill's answer handing the decode its room, bootstrap and
+engine id. Chat completions flow through the router's Service throughout, each answer's state verified byte for
+byte by the decode:
 
 - a decode rollout: zero client failures, zero router retries, zero failed transfers;
-- the prefill pod killed (SIGKILL) and replaced by the operator: a new pod, a new engine id; the client
-  requests that failed in between are counted and printed, and the new prefill serves through the router
-  within the stated time (``REPLACED_WITHIN_S``) of the kill.
+- the prefill pod lost (its processes killed, the pod deleted, as when its node fails) and replaced by the
+  operator: a new pod, a new engine id; the client requests that failed in between are counted and printed,
+  and the new prefill serves through the router within ``REPLACED_WITHIN_S`` of the loss.
+
+Mooncake is not run here: admission denies vllm-router's discovery with Mooncake (``vllm-router-mooncake-
+discovery``: 0.1.17 never asks a discovered prefill's bootstrap for its engine id, so decodes get no
+``kv_transfer_params``; seen in this test's first run, "No Mooncake bootstrap info for prefill"). Its static
+form, and a prefill restarted in place, are in tests/vllm/test_vllm_router_pd.py.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,13 +32,13 @@ from tests.e2e.traffic import NAME, manifest, running_fleet
 pytestmark = pytest.mark.cluster
 
 REPLACED_WITHIN_S = 120.0
-"""From the kill to the first answer through the new prefill: the kubelet sees the exit, the operator replaces
-the pod, its canary passes, vllm-router's discovery adds it (and, with Mooncake, asks its ``/query``)."""
+"""From the loss to the first answer through the new prefill: the operator replaces the pod, its canary
+passes, vllm-router's discovery adds it."""
 
 
-@pytest.mark.parametrize("backend", ["mooncake", "nixl"])
-def test_vllm_router_fleet_rolls_clean_and_serves_again_after_its_prefill_is_killed(
-        cluster: LocalCluster, operator: OperatorProcess, namespace: str, tmp_path: Path, backend: str) -> None:
+def test_a_nixl_fleet_behind_vllm_router_rolls_clean_and_serves_again_after_its_prefill_is_lost(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str, tmp_path: Path) -> None:
+    backend = "nixl"
     with running_fleet(cluster, namespace, tmp_path / "pods", router_kind="vllm", backend=backend) as fleet:
         runner = fleet.runner
         [router] = [p for p in fleet.core.list_namespaced_pod(namespace).items
@@ -56,7 +62,8 @@ def test_vllm_router_fleet_rolls_clean_and_serves_again_after_its_prefill_is_kil
         # -- the prefill killed, replaced ---------------------------------------------------------
         [(victim, pod)] = list(runner.running("prefill").items())
         kill_at = time.monotonic()
-        pod.signal(signal.SIGKILL)
+        pod.signal(signal.SIGKILL)  # the node is gone: its processes, then the pod object
+        cluster.kubectl("-n", namespace, "delete", "pod", victim, "--grace-period=0", "--force", "--wait=false")
         fleet.wait(lambda: set(runner.running("prefill")) - {victim}, REPLACED_WITHIN_S, "a new prefill pod running")
         [new] = set(runner.running("prefill")) - {victim}
         new_ip = runner.running("prefill")[new].ip
@@ -68,10 +75,13 @@ def test_vllm_router_fleet_rolls_clean_and_serves_again_after_its_prefill_is_kil
         first = min(a.ended for a in after) - kill_at
         failed = [a for a in answers if not a.ok]
         counts = traffic.counts()
-        print(f"prefill {victim} killed, replaced by {new}: first answer through it {first:.1f}s after the kill; "
-              f"{len(failed)} client requests failed in between, router retries {counts.router_retries}")
-        for a in failed[:10]:
-            print(f"  request {a.i}: sent {a.started - kill_at:+.2f}s, status {a.status}: {a.problem}")
+        print(f"prefill {victim} lost, replaced by {new}: first answer through it {first:.1f}s after the loss; "
+              f"{len(failed)} client requests failed in between, router retries {counts.router_retries}:")
+        # In flight at the loss: the decode could not reach the prefill. Then, while no prefill was discovered,
+        # the router answered 503 at once (the clients send again at once, hence the count).
+        kinds = Counter((a.status, (a.problem or "")[:80]) for a in failed)
+        for (status, problem), n in kinds.most_common(6):
+            print(f"  {n} x {status}: {problem}")
         assert first <= REPLACED_WITHIN_S, first
         assert all(a.started >= kill_at - 30 and a.started <= kill_at + first for a in failed), \
             [(a.started - kill_at, a.problem) for a in failed]  # nothing failed after the new prefill served

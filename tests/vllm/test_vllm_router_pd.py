@@ -36,7 +36,11 @@ MSGS = [{"role": "user", "content": "x" * 38}]  # 11 tokens
 
 
 def _router_cmd(kind: str, pair: Pair, port: int) -> list[str]:
-    spec = PDDeploymentSpec.model_validate(yaml.safe_load(EXAMPLES[kind].read_text())["spec"])
+    doc = yaml.safe_load(EXAMPLES[kind].read_text())["spec"]
+    # The Mooncake example has no router: admission denies vllm-router's discovery with Mooncake (it never asks a
+    # discovered prefill's bootstrap); its static --prefill URL PORT form, which this test runs, does ask.
+    doc.setdefault("router", {"image": "ghcr.io/pdfleet/runtime:0.1.0"})
+    spec = PDDeploymentSpec.model_validate(doc)
     rendered = router_deployment("demo", "ns", spec)["spec"]["template"]["spec"]["containers"][0]["command"]
     assert rendered[0] == "vllm-router" and "--vllm-pd-disaggregation" in rendered
     assert _value(rendered, "--kv-connector") == kind

@@ -13,6 +13,7 @@ from pdfleet_runtime.engine_rules.common import ENGINE_RULES, general_rule_rows,
 from pdfleet_runtime.engine_rules.contract import CheckHarness, EngineRules
 from pdfleet_runtime.engine_rules.inputs import EngineInput, EngineRoleInput, role_env
 from pdfleet_runtime.engine_rules.registry import checked_kinds, own_router, routers_of, rules_of
+from pdfleet_runtime.links import Backend
 from pdfleet_runtime.matrix import Violation
 
 __all__ = [
@@ -26,7 +27,7 @@ __all__ = [
     "evaluate_engine",
     "known_versions",
     "role_env",
-    "router_violation",
+    "router_violations",
     "rules_of",
     "table_env",
 ]
@@ -52,9 +53,7 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
         rules = rules_of(inp.kind)
         if rules is not None:
             errors += rules.evaluate(inp)
-        wrong = router_violation(inp.kind, inp.router_kind)
-        if wrong is not None:
-            errors.append(wrong)
+        errors += router_violations(inp.kind, inp.router_kind, inp.backend if inp.routed else None)
         if inp.downloads_model:
             warnings.append(violation(ENGINE_RULES["warn-engine-model-download"],
                                       "model.source.huggingFace: every pod downloads the weights at start",
@@ -76,15 +75,21 @@ def evaluate_engine(inp: EngineInput) -> tuple[tuple[Violation, ...], tuple[Viol
     return tuple(unique), tuple(warnings)
 
 
-def router_violation(engine_kind: str, router_kind: str | None) -> Violation | None:
-    """``spec.router.kind`` against the engine: each engine kind speaks its own router's PD protocol
-    (``EngineRules.routers``; None: the engine's own router)."""
+def router_violations(engine_kind: str, router_kind: str | None, backend: Backend | None) -> list[Violation]:
+    """``spec.router`` against the engine: each engine kind speaks its routers' PD protocols
+    (``EngineRules.routers``; ``router_kind`` None: the engine's own router), and vllm-router pairs no Mooncake
+    prefill it discovers. ``backend``: spec.transfer.backend when the operator renders a router, else None."""
     own, spoken = own_router(engine_kind), routers_of(engine_kind)
-    if router_kind is None or router_kind in spoken:
-        return None
-    return violation(ENGINE_RULES["router-kind-engine"],
-                     f"spec.router.kind {router_kind} on a {engine_kind} fleet: use {own} (its own router)",
-                     ("spec.router.kind",), engine_kind)
+    if router_kind is not None and router_kind not in spoken:
+        return [violation(ENGINE_RULES["router-kind-engine"],
+                          f"spec.router.kind {router_kind} on a {engine_kind} fleet: use {own} (its own router)",
+                          ("spec.router.kind",), engine_kind)]
+    if backend is Backend.MOONCAKE and (router_kind or own) == "vllm":
+        return [violation(ENGINE_RULES["vllm-router-mooncake-discovery"],
+                          f"spec.router renders vllm-router with Kubernetes discovery on a {engine_kind} fleet whose "
+                          "transfer.backend is mooncake: requests would reach the decode without kv_transfer_params",
+                          ("spec.router", "spec.transfer.backend"), engine_kind)]
+    return []
 
 
 def engine_rule_table(kind: str, version: str) -> list[dict[str, str]]:

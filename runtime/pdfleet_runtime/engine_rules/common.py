@@ -33,6 +33,14 @@ ENGINE_RULES: Mapping[str, Rule] = MappingProxyType(dict([
        "kv_transfer_params, which SGLang ignores: both roles answer, no state moves and nothing fails (the "
        "built-in runtime speaks both)", "leave spec.router.kind unset (the engine's own router) or set a kind "
        "the engine speaks"),
+    _r("vllm-router-mooncake-discovery", "vllm-router cannot pair Mooncake prefills it discovers",
+       "vllm-router 0.1.17 asks a prefill's Mooncake bootstrap for its engine id only for the --prefill URLs given "
+       "at its start (src/routers/http/vllm_pd_router.rs: the query runs in VllmPDRouter's constructor; "
+       "add_prefill_server, which its Kubernetes discovery calls, never asks), so every request through a "
+       "discovered prefill reaches the decode without kv_transfer_params: vLLM's decode recomputes the prompt, "
+       "nothing moves and nothing fails (seen in the local cluster: 'No Mooncake bootstrap info for prefill')",
+       "use transfer.backend nixl with vllm-router; on a built-in runtime fleet, or use router.kind sglang; or "
+       "run your own router without spec.router"),
     _r("warn-engine-model-download", "the model is downloaded at start",
        "every pod downloads the weights from the Hub when it starts: slow starts and Hub rate limits",
        "put the weights on a volume (model.source.path with volume)", Severity.WARNING),

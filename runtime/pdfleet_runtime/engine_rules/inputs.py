@@ -48,6 +48,7 @@ class EngineInput:
     kv_heads: int | None = None  # the layout's KV heads (hetero-TP rules)
     model_path: str = ""  # what the engine is given as the model (a handshake may hash the string)
     router_kind: str | None = None  # spec.router.kind as written (None: the engine's own, or no router)
+    routed: bool = False  # spec.router is set: the operator renders a router with Kubernetes discovery
 
     def of(self, role: Role) -> EngineRoleInput:
         """The engine of one role."""
