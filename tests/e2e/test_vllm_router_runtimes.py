@@ -5,7 +5,7 @@
 engine id. Chat completions flow through the router's Service throughout, each answer's state verified byte for
 byte by the decode:
 
-- a decode rollout: zero client failures, zero router retries, zero failed transfers;
+- a decode rollout, then scaling 2 -> 3 -> 2: zero client failures, zero router retries, zero failed transfers;
 - the prefill pod lost (its processes killed, the pod deleted, as when its node fails) and replaced by the
   operator: a new pod, a new engine id; the client requests that failed in between are counted and printed,
   and the new prefill serves through the router within ``REPLACED_WITHIN_S`` of the loss.
@@ -31,9 +31,10 @@ from tests.e2e.traffic import NAME, manifest, running_fleet
 
 pytestmark = pytest.mark.cluster
 
-REPLACED_WITHIN_S = 120.0
+REPLACED_WITHIN_S = 180.0
 """From the loss to the first answer through the new prefill: the operator replaces the pod, its canary
-passes, vllm-router's discovery adds it."""
+passes, vllm-router's discovery adds it (24 and 45 s measured on this 2-core host)."""
+PROBE_S = 0.5
 
 
 def test_a_nixl_fleet_behind_vllm_router_rolls_clean_and_serves_again_after_its_prefill_is_lost(
@@ -56,34 +57,50 @@ def test_a_nixl_fleet_behind_vllm_router_rolls_clean_and_serves_again_after_its_
         fleet.patch(manifest(namespace, "v2", router_kind="vllm", backend=backend)["spec"])
         fleet.wait(lambda: not (old & set(runner.decode_pods())) and fleet.available(), 240, "rollout complete")
         fleet.wait(lambda: sum(r.ok and r.pod not in old for r in traffic.results) >= 4, 60, "traffic on the new pods")
-        clean = traffic.assert_clean()  # zero client failures, router retries and failed transfers
-        print(f"vllm-router ({backend}) decode rollout: {len(traffic.results)} requests, {clean}")
 
-        # -- the prefill killed, replaced ---------------------------------------------------------
+        # -- scale out, then in ------------------------------------------------------------------
+        before = set(runner.decode_pods())
+        fleet.patch({"decode": {"replicas": 3}})
+        fleet.wait(lambda: len(runner.decode_pods()) == 3 and fleet.available(), 120, "3 decode pods")
+        [added] = set(runner.decode_pods()) - before
+        fleet.wait(lambda: sum(r.ok and r.pod == added for r in traffic.results) >= 2, 60,
+                   "the added pod taking traffic through vllm-router")
+        fleet.patch({"decode": {"replicas": 2}})
+        fleet.wait(lambda: len(fleet.live_pods()) == 2 and len(runner.decode_pods()) == 2 and fleet.available(),
+                   120, "scaled in to 2")
+        traffic.wait_served(4)
+        clean = traffic.assert_clean()  # zero client failures, router retries and failed transfers
+        print(f"vllm-router ({backend}) decode rollout, scale 2 -> 3 -> 2: {len(traffic.results)} requests, {clean}")
+
+        # -- the prefill lost, replaced --------------------------------------------------------------
         [(victim, pod)] = list(runner.running("prefill").items())
         kill_at = time.monotonic()
         pod.signal(signal.SIGKILL)  # the node is gone: its processes, then the pod object
         cluster.kubectl("-n", namespace, "delete", "pod", victim, "--grace-period=0", "--force", "--wait=false")
-        fleet.wait(lambda: set(runner.running("prefill")) - {victim}, REPLACED_WITHIN_S, "a new prefill pod running")
+        in_flight = [a for a in traffic.chat.stop() if a.ended > kill_at]  # those the loss caught
+        traffic.halt()
+        # One client, one request every PROBE_S, until three in a row came through the new prefill.
+        probe, probes, served = fleet.chat_traffic(), [], 0
+        while served < 3 and time.monotonic() - kill_at < REPLACED_WITHIN_S:
+            answer = probe.once(len(probes))
+            probes.append(answer)
+            served = served + 1 if answer.ok else 0
+            time.sleep(PROBE_S)
         [new] = set(runner.running("prefill")) - {victim}
         new_ip = runner.running("prefill")[new].ip
-        traffic.chat.wait_answers(3, lambda a: a.started > kill_at and (a.prefill or "").startswith(f"{new_ip}:"),
-                                  timeout=REPLACED_WITHIN_S)
-        answers = traffic.chat.stop()
-        traffic.halt()
-        after = [a for a in answers if a.ok and a.started > kill_at]
+        after = [a for a in probes if a.ok]
+        assert served == 3, [(round(a.started - kill_at, 1), a.problem) for a in probes[-5:]]
         first = min(a.ended for a in after) - kill_at
-        failed = [a for a in answers if not a.ok]
+        failed = [a for a in in_flight + probes if not a.ok]
         counts = traffic.counts()
         print(f"prefill {victim} lost, replaced by {new}: first answer through it {first:.1f}s after the loss; "
-              f"{len(failed)} client requests failed in between, router retries {counts.router_retries}:")
-        # In flight at the loss: the decode could not reach the prefill. Then, while no prefill was discovered,
-        # the router answered 503 at once (the clients send again at once, hence the count).
+              f"{len(failed)} client requests failed ({len(in_flight)} in flight at the loss, {len(probes)} probes "
+              f"every {PROBE_S:g}s after it), router retries {counts.router_retries}:")
         kinds = Counter((a.status, (a.problem or "")[:80]) for a in failed)
         for (status, problem), n in kinds.most_common(6):
             print(f"  {n} x {status}: {problem}")
         assert first <= REPLACED_WITHIN_S, first
-        assert all(a.started >= kill_at - 30 and a.started <= kill_at + first for a in failed), \
-            [(a.started - kill_at, a.problem) for a in failed]  # nothing failed after the new prefill served
-        # Every answer after the kill came through the new prefill, its state verified.
+        assert all(a.started <= kill_at + first for a in failed), \
+            [(a.started - kill_at, a.problem) for a in failed]  # nothing failed once the new prefill served
+        # Every answer after the loss came through the new prefill, its state verified.
         assert all(a.pdfleet.get("verified") and (a.prefill or "").startswith(f"{new_ip}:") for a in after), after[:3]
