@@ -44,8 +44,11 @@ def test_every_vllm_metric_a_pod_exports_is_vllms_own() -> None:
                          "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:time_to_first_token_seconds",
                          "vllm:inter_token_latency_seconds"}, ours
     said = _check({**ours, "vllm:made_up_total_tokens": {"kind": "counter", "labels": ["model_name", "engine"]},
-                   "vllm:generation_tokens_as_gauge": {"kind": "gauge", "labels": ["model_name", "engine"]},
+                   "vllm:generation_tokens": {**ours["vllm:generation_tokens"], "kind": "gauge"},
                    "vllm:prompt_tokens": {**ours["vllm:prompt_tokens"], "labels": ["model_name"]}})
     assert said["vllm_families"] > 20, said  # the source was read
-    assert said["problems"].keys() == {"vllm:made_up_total_tokens", "vllm:generation_tokens_as_gauge",
-                                       "vllm:prompt_tokens"}, said  # ours as exported pass; each wrong one fails
+    problems = said["problems"]  # ours as exported pass; a made-up name, a wrong kind, a missing label fail
+    assert problems.keys() == {"vllm:made_up_total_tokens", "vllm:generation_tokens", "vllm:prompt_tokens"}, said
+    assert "no such family" in problems["vllm:made_up_total_tokens"]
+    assert "counter, ours a gauge" in problems["vllm:generation_tokens"]
+    assert "labels" in problems["vllm:prompt_tokens"]
