@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp.web
 import kopf
 
+from pdfleet_operator.admission.lingering import answer_and_close
 from pdfleet_operator.admission.review import deny, response_problems, scan_uid
 from pdfleet_operator.settings import AdmissionSettings, WebhookMode
 
@@ -174,12 +175,8 @@ class AdmissionServer(kopf.WebhookServer):
             if turn is not None:
                 turn.release()
         out = aiohttp.web.Response(body=json.dumps(resp).encode(), content_type="application/json")
-        if cut:  # answered now, then closed: aiohttp would otherwise linger reading the rest for 10 s
-            out.force_close()
-            await out.prepare(request)
-            await out.write_eof()
-            if request.transport is not None:
-                request.transport.close()  # after the answer's bytes are flushed
+        if cut:  # answered now; what the sender still sends is dropped for a second, then the connection closed
+            return await answer_and_close(request, out)
         return out
 
     async def _read_all(self, request: aiohttp.web.Request, parts: list[bytes]) -> None:

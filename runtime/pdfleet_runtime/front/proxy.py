@@ -86,7 +86,7 @@ class Front:
         app = web.Application(client_max_size=self.settings.max_body)
         app.router.add_route("*", "/{path:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
-                                     keepalive_timeout=self.settings.limits.idle_s, lingering_time=0)
+                                     keepalive_timeout=self.settings.limits.idle_s, lingering_time=self.settings.limits.linger_s)
         await self._runner.setup()
         assert self._runner.server is not None
         self.guard = GuardedServer(self._runner.server, self.settings.limits)
@@ -112,7 +112,7 @@ class Front:
         resp = web.json_response({"error": {"message": message, "type": "invalid_request_error" if status < 500
                                             else "server_error", "param": param, "code": code}}, status=status)
         if why in ("too_large", "slow_body", "route"):
-            resp.force_close()  # a body left unread is never drained
+            resp.force_close()  # a body left unread: closed after the answer (and ``linger_s`` of dropping it)
         return resp
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:

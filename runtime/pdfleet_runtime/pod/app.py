@@ -233,9 +233,9 @@ class PodServer:
         app.router.add_post("/v1/synthetic", self._synthetic)
         self.worker.add_routes(app)
         # Handlers still running at exit are cut after 2 s (the drain has already waited for transfers); a
-        # refused body is never drained ("lingering"): its connection is closed.
+        # refused body is read and dropped for ``linger_s`` after the answer, then its connection closed.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
-                                     keepalive_timeout=auth.limits.idle_s, lingering_time=0)
+                                     keepalive_timeout=auth.limits.idle_s, lingering_time=auth.limits.linger_s)
         await self._runner.setup()
         assert self._runner.server is not None
         auth.guard = GuardedServer(self._runner.server, auth.limits)

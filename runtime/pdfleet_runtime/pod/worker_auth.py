@@ -86,6 +86,6 @@ class WorkerAuth:
                 "Secret <deployment>-worker-auth): only the deployment's routers call it",
                 "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}, status=401,
                 headers={"WWW-Authenticate": "Bearer"})
-            resp.force_close()  # the body is never read
+            resp.force_close()  # the body is never read: closed after the answer (and ``linger_s`` of dropping it)
             return resp
         return await handler(request)

@@ -463,9 +463,9 @@ class BootstrapServer:
     async def start(self) -> Endpoint:
         self._cond = asyncio.Condition()
         # Handlers still running at stop (long polls) are cut after 2 s; a body left unread (a refusal
-        # before reading) is never drained ("lingering"): the connection is closed.
+        # before reading) is read and dropped for ``linger_s`` after the answer, then the connection closed.
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
-                                     keepalive_timeout=self.http.idle_s, shutdown_timeout=2.0, lingering_time=0)
+                                     keepalive_timeout=self.http.idle_s, shutdown_timeout=2.0, lingering_time=self.http.linger_s)
         await self._runner.setup()
         # Bind here so that port 0 (tests) yields the chosen port; the fixed port in pods.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -498,7 +498,7 @@ class BootstrapServer:
         resp = web.Response(body=raw, status=status, content_type="application/json",
                             headers={SIGNATURE_HEADER: sig})
         if close:
-            resp.force_close()  # the body was not read: never drain it, close the connection
+            resp.force_close()  # the body was not read: closed after the answer (and ``linger_s`` of dropping it)
         return resp
 
     async def _messages(self, request: web.Request) -> web.Response:

@@ -37,6 +37,10 @@ class HttpLimits:
     """Longest a connection may spend outside a handler: sending its headers, or idle between requests."""
     read_s: float = 10.0
     """Longest a handler waits for a request's body once its headers were authenticated."""
+    linger_s: float = 1.0
+    """How long the rest of a body left unread (a refusal: 401, 408, 413) is read and dropped after the
+    answer, before the connection is closed (aiohttp's ``lingering_time``). Closing at once, with the
+    peer's bytes unread, makes the kernel send a reset that can take the answer with it (RFC 9112 9.6)."""
     exempt_loopback: bool = True
 
 
