@@ -250,7 +250,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _router_launch(args: argparse.Namespace) -> int:
+    import logging
+
     from pdfleet_runtime.front.launch import LaunchError, launch
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     argv = args.router_args[1:] if args.router_args[:1] == ["--"] else args.router_args
     try:

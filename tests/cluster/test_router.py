@@ -37,7 +37,7 @@ from pdfleet_operator.resources.names import LABEL_ROUTABLE, pod_labels, router_
 from pdfleet_operator.resources.plugins.front import upstream_port
 from pdfleet_operator.resources.plugins.sglang_router import CONTROL_PLANE_KEY
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
-from pdfleet_runtime.config import HTTP_PORT
+from pdfleet_runtime.config import HTTP_PORT, READINESS_GATE
 
 pytestmark = pytest.mark.cluster
 
@@ -252,3 +252,74 @@ def test_the_operator_creates_the_router_and_reports_the_endpoint(cluster: Local
     # The Deployment controller makes the router pods (kwok runs them: no kubelet in this test).
     wait(lambda: len((get("pods", "-l", f"pdfleet.io/router={name}") or {}).get("items", [])) == 2, 60,
          "2 router pods")
+
+
+def _gated(pod: dict) -> dict:
+    pod["spec"]["readinessGates"] = [{"conditionType": READINESS_GATE}]
+    return pod
+
+
+def _gate(cluster: LocalCluster, namespace: str, name: str, status: str) -> None:
+    patch = {"status": {"conditions": [{"type": READINESS_GATE, "status": status}]}}
+    cluster.kubectl("-n", namespace, "patch", "pod", name, "--subresource=status", "--type=strategic",
+                    "-p", json.dumps(patch))
+
+
+def typed_workers(client, url: str, key: str) -> dict[str, str]:
+    """The router's worker set: url -> worker_type."""
+    code, text = http(client, "GET", f"{url}/workers", key)
+    return {w["url"]: w["worker_type"] for w in json.loads(text)["workers"]} if code == 200 else {}
+
+
+def test_a_drained_and_deleted_pods_worker_leaves_the_router_before_its_address_is_reused(
+        cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
+    """0.3.2's discovery never removes a pod that went not-Ready before its deletion (every drained pod);
+    in CI such a prefill's address went at once to a new decode, which the router then kept as a prefill.
+    The router pod's sweeper (``front/stale_workers.py``) deletes the worker once its pod is gone."""
+    objs = router_objects(namespace)
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] != worker_secret_name(NAME))
+    key = base64.b64decode(secret["data"][CONTROL_PLANE_KEY]).decode().rsplit(":", 1)[1]
+    stand_in = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stand-in-worker"},
+                "data": {"worker.py": STAND_IN}}
+    pods = [_gated(worker(Role.PREFILL, 0)), _gated(worker(Role.DECODE, 0))]
+    apply(cluster, namespace, stand_in, *objs, *pods)
+    names = [p["metadata"]["name"] for p in pods]
+    ips = {n: started(kubelet, n).ip for n in names}
+    for n in names:
+        _gate(cluster, namespace, n, "True")
+    router = started(kubelet, router_name(NAME) + "-")
+    assert _spec().router is not None
+    url = f"http://127.0.0.1:{upstream_port(_spec().router)}"
+    prefill_url = f"http://{ips[names[0]]}:{HTTP_PORT}"
+    wait(lambda: typed_workers(router, url, key) == {prefill_url: "prefill",
+                                                     f"http://{ips[names[1]]}:{HTTP_PORT}": "decode"},
+         120, "the router's workers = the two pods")
+    # The drain: the pod goes not-Ready (its gate False), then it is deleted.
+    _gate(cluster, namespace, names[0], "False")
+    wait(lambda: not _ready(cluster, namespace, names[0]), 30, "the drained prefill not Ready")
+    time.sleep(1.0)  # discovery has seen the not-Ready pod
+    t0 = time.monotonic()
+    cluster.kubectl("-n", namespace, "delete", "pod", names[0], "--wait=true", "--timeout=60s")
+    gone_s = time.monotonic() - t0
+    try:
+        wait(lambda: prefill_url not in typed_workers(router, url, key), 30, "the deleted prefill's worker removed")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: router log:\n{kubelet.log_of(router.name)[-3000:]}") from None
+    removed_s = time.monotonic() - t0
+    # A new decode: wherever its address comes from (kwok hands out a freed one first), it is a decode.
+    new = _gated(worker(Role.DECODE, 1))
+    apply(cluster, namespace, new)
+    new_ip = started(kubelet, new["metadata"]["name"]).ip
+    _gate(cluster, namespace, new["metadata"]["name"], "True")
+    new_url = f"http://{new_ip}:{HTTP_PORT}"
+    wait(lambda: typed_workers(router, url, key).get(new_url) == "decode", 60, "the new decode added as a decode")
+    log = kubelet.log_of(router.name)
+    print(f"router: the drained prefill's pod gone {gone_s:.1f} s after the delete, its worker removed at "
+          f"{removed_s:.1f} s; the new decode at {new_ip} (the freed address: {new_ip == ips[names[0]]})")
+    assert f"removed the router's prefill worker {prefill_url}" in log, log[-2000:]
+    assert typed_workers(router, url, key) == {f"http://{ips[names[1]]}:{HTTP_PORT}": "decode", new_url: "decode"}
+
+
+def _ready(cluster: LocalCluster, namespace: str, name: str) -> bool:
+    pod = json.loads(cluster.kubectl("-n", namespace, "get", "pod", name, "-o", "json").stdout)
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))

@@ -58,8 +58,17 @@ def router_args(argv: Sequence[str], *, api_key_file: Path, control_keys_file: P
 
 
 def launch(argv: Sequence[str], *, api_key_file: Path, control_keys_file: Path | None) -> None:
-    """Start sglang-router with ``argv`` and the keys from the files; returns when the router stops."""
+    """Start sglang-router with ``argv`` and the keys from the files, and beside it the sweeper of workers
+    whose pods are gone (``stale_workers``); returns when the router stops."""
     args = router_args(argv, api_key_file=api_key_file, control_keys_file=control_keys_file)
     from sglang_router.launch_router import launch_router
 
-    launch_router(args)
+    from pdfleet_runtime.front.stale_workers import stop_process, sweeper_from_router_args
+
+    sweeper = sweeper_from_router_args(args)
+    pid = sweeper.start_process() if sweeper is not None else None
+    try:
+        launch_router(args)
+    finally:
+        if pid is not None:
+            stop_process(pid)
