@@ -53,8 +53,9 @@ def _router_cmd(kind: str, pair: Pair, port: int) -> list[str]:
 
 
 @contextmanager
-def _routed(tmp: Path, kind: str, prefill_args: tuple[str, ...] = ()) -> Iterator[tuple[Pair, str]]:
-    pair = Pair(tmp, kind, prefill_args=prefill_args).ready()
+def _routed(tmp: Path, kind: str, prefill_args: tuple[str, ...] = (),
+            decode_args: tuple[str, ...] = ()) -> Iterator[tuple[Pair, str]]:
+    pair = Pair(tmp, kind, prefill_args=prefill_args, decode_args=decode_args).ready()
     try:
         port = _free_port()
         with _process(_router_cmd(kind, pair, port)) as router:
@@ -131,3 +132,31 @@ def test_a_prefill_restarted_in_place_behind_vllm_router_keeps_serving_only_with
         else:
             assert all(o.startswith("502") for o in outcomes) and refused >= 4, (outcomes, refused)
         assert before  # the prefill answered its metrics before the restart
+
+
+@pytest.mark.parametrize("versions", [("0.33.0", "0.33.0"), ("0.33.0", "0.33.1")], ids=["same", "two-versions"])
+def test_a_decode_refuses_a_prefill_of_another_engine_version_as_vllms_handshake_does(
+        tmp_path: Path, versions: tuple[str, str]) -> None:
+    """vLLM's NIXL handshake refuses a peer whose compatibility hash differs (its version among the fields), so
+    every request a router pairs across two generations fails. The built-in runtime standing in for two vLLM
+    versions does the same (``HandshakeKey``, counted as ``reason="compatibility"``): what a rollout test counts
+    when the router pairs two generations. The same version pairs and serves."""
+    pre, dec = (("--stand-in-for", f"vllm=={v}") for v in versions)
+    with _routed(tmp_path, "nixl", pre, dec) as (pair, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        outcomes = []
+        for _ in range(3):
+            try:
+                client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4)
+                outcomes.append("ok")
+            except openai.APIStatusError as e:
+                outcomes.append(f"{e.status_code} {str(e.message)[:200]}")
+        refused = sum(v for k, v in pair.decode.metrics().items()
+                      if k.startswith("pdfleet_vllm_handshake_refusals_total{") and "compatibility" in k)
+        print(f"prefill vllm=={versions[0]}, decode vllm=={versions[1]}: {outcomes}, refused {refused}")
+        if versions[0] == versions[1]:
+            assert outcomes == ["ok"] * 3 and refused == 0, (outcomes, refused)
+        else:
+            assert not any(o == "ok" for o in outcomes) and refused >= 3, (outcomes, refused)
+            assert "engine: 'vllm==0.33.1' here, 'vllm==0.33.0' at the prefill" in pair.decode.log(), \
+                pair.decode.log()[-2000:]

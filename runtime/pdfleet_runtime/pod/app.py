@@ -150,7 +150,8 @@ class PodServer:
                 state.settled = self.worker.rooms.settle  # and so do the ends of their legs
                 codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)
                 self.bootstrap = BootstrapServer(state, codec, host=opts.bind_host, port=opts.bootstrap_port)
-                self.bootstrap.query = self.worker.vllm_query  # vLLM's Mooncake bootstrap: the engine id
+                self.bootstrap.answers = {"/query": self.worker.vllm_query,  # vLLM's Mooncake bootstrap: the engine id
+                                          "/handshake": self.worker.vllm_handshake}  # what a decode checks
                 await self.bootstrap.start()
             await self._start_http()
             log.info("%s pod %s serving HTTP on %s:%d%s", self.role.value, opts.instance, opts.bind_host,

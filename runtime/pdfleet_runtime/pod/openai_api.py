@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import ValidationError
 
 from pdfleet_runtime import __version__
 from pdfleet_runtime.config import Role, RuntimeConfig
@@ -68,10 +69,12 @@ from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome
 from .routing import SyntheticResult
 from .seeded_load import LoadMetrics
 from .vllm_contract import (
+    HandshakeKey,
     LegError,
     LegKind,
     VllmLeg,
     engine_id,
+    handshake_key,
     leg_of,
     names_engine,
     nixl_prefill_params,
@@ -223,10 +226,14 @@ class WorkerApi:
                                 decode_compute(self.cost))
         self.engine_id = engine_id(pod.opts.instance, pinned=pod.opts.pin_engine_id)
         """vLLM's engine id (fresh at every start, as vLLM's, or the pod's name): ``GET /query``, NIXL answers."""
+        self.handshake = handshake_key(cfg, pod.opts.stand_in_for, __version__)
+        """What a vLLM-contract peer must share to pair (``GET /handshake``; a decode compares it before pulling)."""
         self.refusals = Counter("pdfleet_vllm_handshake_refusals", "vLLM-contract requests a decode refused before "
-                                "pulling, by why (engine_id: the id it was handed is not the prefill's engine now)",
+                                "pulling, by why (engine_id: the id it was handed is not the prefill's engine now; "
+                                "compatibility: the prefill's engine, model, layout or backend differs)",
                                 ["reason"], registry=r)
         self._background: set[asyncio.Task[None]] = set()
+        self._refusals_logged: set[tuple[str, str]] = set()
 
     def add_routes(self, app: web.Application) -> None:
         for ep in Endpoint:
@@ -290,6 +297,10 @@ class WorkerApi:
         o, cfg = self.pod.opts, self.pod.opts.config
         return query_answer(self.engine_id, cfg.shape.tp, cfg.shape.pp, f"{o.advertise_host}:{o.bootstrap_port}")
 
+    def vllm_handshake(self) -> dict[str, Any]:
+        """The prefill bootstrap's ``GET /handshake``: ``/query``'s answer and this pod's ``HandshakeKey``."""
+        return {"query": self.vllm_query(), "key": self.handshake.model_dump()}
+
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                               "owned_by": "pdfleet", "root": self.model}]})
@@ -329,24 +340,48 @@ class WorkerApi:
         return req.model_copy(update={"room": leg.room, "host": leg.host, "port": leg.port}), leg
 
     async def _check_engine(self, leg: VllmLeg) -> None:
-        """A decode leg pulls only from the engine it was handed: the prefill bootstrap's ``GET /query`` names the
-        engine it runs now (as a vLLM decode asks for an id it has not seen); a stale id is refused and counted."""
+        """A decode leg pulls only from the engine it was handed, and only from a compatible one: the prefill
+        bootstrap's ``GET /handshake`` names the engine it runs now (as a vLLM decode asks for an id it has not
+        seen) and its ``HandshakeKey`` (as vLLM's NIXL handshake compares compatibility hashes). A stale id or
+        another key is refused and counted."""
         if leg.engine_id is None or leg.host is None or leg.port is None:
             return
         where = f"{leg.host}:{leg.port}"
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=QUERY_TIMEOUT_S)) as session, \
-                    session.get(f"http://{where}/query") as resp:
+                    session.get(f"http://{where}/handshake") as resp:
                 answer = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise ApiError(503, f"the prefill's bootstrap {where} did not answer GET /query ({type(e).__name__}): "
-                           "its engine id cannot be checked", code="prefill_unreachable", retry_after=1) from None
-        if not names_engine(leg.engine_id, answer):
-            self.refusals.labels("engine_id").inc()
+            raise ApiError(503, f"the prefill's bootstrap {where} did not answer GET /handshake ({type(e).__name__}): "
+                           "its engine cannot be checked", code="prefill_unreachable", retry_after=1) from None
+        try:
+            theirs = HandshakeKey.model_validate(answer.get("key") if isinstance(answer, dict) else None)
+        except ValidationError as e:
+            raise ApiError(502, f"the prefill's bootstrap {where} answered GET /handshake without a valid key "
+                           f"({e.error_count()} problems): is it a pdfleet runtime of this release?",
+                           code="incompatible_engine") from None
+        if not names_engine(leg.engine_id, answer.get("query")):
+            self._refused("engine_id", where, f"handed engine id {leg.engine_id[:80]!r}")
             raise ApiError(502, f"kv_transfer_params.remote_engine_id {leg.engine_id[:80]!r} is not the engine of the "
                            f"prefill at {where} now: it restarted with a new engine id and the router sent the one it "
                            "had cached (vllm-router reads Mooncake ids once per worker; pin them: --pin-engine-id)",
                            param="kv_transfer_params", code="unknown_engine_id")
+        if theirs != self.handshake:
+            self._refused("compatibility", where, "; ".join(self.handshake.differences(theirs)))
+            raise ApiError(502, f"the prefill at {where} is not compatible with this decode ("
+                           f"{'; '.join(self.handshake.differences(theirs))}): vLLM's handshake refuses such a pair; "
+                           "roll both roles as one generation and keep the router from pairing two",
+                           code="incompatible_engine")
+
+    def _refused(self, reason: str, where: str, what: str) -> None:
+        """Count a refused pair; log it once per prefill and reason (a router pairing two generations refuses
+        every request it sends across them)."""
+        self.refusals.labels(reason).inc()
+        if (where, reason) not in self._refusals_logged:
+            if len(self._refusals_logged) > 1024:
+                self._refusals_logged.clear()
+            self._refusals_logged.add((where, reason))
+            log.warning("refusing vLLM-contract requests from the prefill at %s (%s): %s", where, reason, what)
 
     def _check(self, req: WorkerRequest) -> None:
         if req.model is not None and req.model != self.model:

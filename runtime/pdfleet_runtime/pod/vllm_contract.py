@@ -29,7 +29,15 @@ pinned to the pod's name (``--pin-engine-id``). The decode checks the id it was 
 prefill's bootstrap answers now (``names_engine``), as a vLLM decode does for an id it has not seen, and refuses
 a stale one (``unknown_engine_id``, counted in ``pdfleet_vllm_handshake_refusals_total``): vllm-router's Mooncake
 hazard (it reads a prefill's id once, so after a restart with a new id every transfer to it fails) shows here as
-it would with vLLM. Not built yet: a handshake refusing a peer of another compatibility key.
+it would with vLLM.
+
+The decode also compares the prefill's compatibility (``HandshakeKey``, from the prefill bootstrap's ``GET
+/handshake``) with its own before it pulls, as vLLM's NIXL handshake compares ``compute_nixl_compatibility_hash``
+(vLLM version, model, dtype, KV-cache dtype, attention backend, ...), and refuses a pair that differs
+(``incompatible_engine``, counted as ``reason="compatibility"``): the engine a pod stands in for
+(``--stand-in-for vllm==X``, the spec's engine version), the model, the layout (dtypes and state), the transfer
+backend (NIXL pulls, Mooncake pushes), hybrid caching. pdfleet's own protocol pairs by wire major version and layout, so without this a
+rollout of the engine version would pair pods of two generations where vLLM would refuse them.
 """
 
 from __future__ import annotations
@@ -43,10 +51,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdfleet_runtime.config import Role
+from pdfleet_runtime.config import Role, RuntimeConfig
+from pdfleet_runtime.layouts import resolve_layout
 
-__all__ = ["KvTransferParams", "LegKind", "VllmLeg", "engine_id", "leg_of", "names_engine", "nixl_prefill_params",
-           "query_answer", "room_of_transfer"]
+__all__ = ["HandshakeKey", "KvTransferParams", "LegKind", "VllmLeg", "engine_id", "handshake_key", "leg_of",
+           "names_engine", "nixl_prefill_params", "query_answer", "room_of_transfer"]
 
 
 class KvTransferParams(BaseModel):
@@ -159,3 +168,35 @@ def query_answer(engine: str, tp: int, pp: int, addr: str) -> dict[str, Any]:
     {tp: {pp: addr}}}}``; one DP rank here)."""
     return {"0": {"engine_id": engine,
                   "worker_addr": {str(t): {str(p): addr for p in range(pp)} for t in range(tp)}}}
+
+
+class HandshakeKey(BaseModel):
+    """What a vLLM-contract decode and prefill must share to pair (vLLM's NIXL compatibility hash, as this runtime
+    has its fields); ``GET /handshake`` on the prefill's bootstrap answers it beside the engine id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: str = Field(max_length=200, description="The engine and version the pod stands in for (vllm==0.33.0), "
+                        "else pdfleet-runtime and its version: vLLM hashes its exact version.")
+    model: str = Field(max_length=300, description="The model identity (Hub commit or directory digest), else the "
+                       "served name: vLLM hashes the model path.")
+    kv_dtype: str = Field(max_length=32, description="The KV cache's element type.")
+    layout: str = Field(max_length=64, description="A digest of the whole layout (dtypes, page size, every state).")
+    transfer: str = Field(max_length=32, description="The transfer backend (vLLM: NIXL pulls, Mooncake pushes).")
+    hybrid: bool = Field(description="Hybrid caching: linear-attention or sliding-window state beside the KV.")
+
+    def differences(self, theirs: HandshakeKey) -> list[str]:
+        """Each field that differs, both values: ``engine: 'vllm==0.33.1' here, 'vllm==0.33.0' at the prefill``."""
+        mine, other = self.model_dump(), theirs.model_dump()
+        return [f"{k}: {mine[k]!r} here, {other[k]!r} at the prefill" for k in mine if mine[k] != other[k]]
+
+
+def handshake_key(config: RuntimeConfig, stand_in_for: str | None, version: str) -> HandshakeKey:
+    """This pod's ``HandshakeKey`` (``version``: this runtime's, when it stands in for no engine)."""
+    layout = resolve_layout(config.layout)
+    digest = hashlib.sha256(layout.model_dump_json(by_alias=True, exclude_none=True).encode()).hexdigest()[:16]
+    return HandshakeKey(engine=stand_in_for or f"pdfleet-runtime=={version}",
+                        model=config.model_identity or config.served_model_name or config.deployment,
+                        kv_dtype=layout.dtype.value, layout=digest,
+                        transfer=config.backend.value,
+                        hybrid=layout.linear_attention is not None or layout.swa is not None)

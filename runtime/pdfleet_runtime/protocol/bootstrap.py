@@ -34,7 +34,7 @@ import hashlib
 import heapq
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -440,9 +440,10 @@ class BootstrapServer:
         self.refused: dict[RefusalCode, int] = {}
         self.rank_peers: Callable[[], set[str]] = set
         """Addresses besides loopback this replica's ranks speak from (a group leader's joined members)."""
-        self.query: Callable[[], dict[str, Any]] | None = None
-        """``GET /query``'s answer (vLLM's Mooncake bootstrap contract: the engine id vllm-router reads), or None:
-        no such route."""
+        self.answers: dict[str, Callable[[], dict[str, Any]]] = {}
+        """Unauthenticated GET routes and their answers, read by vLLM-contract peers (``GET /query``: vLLM's
+        Mooncake bootstrap, the engine id vllm-router reads; ``GET /handshake``: what a decode checks before
+        it pulls); none by default. Set before ``start``."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -452,13 +453,9 @@ class BootstrapServer:
         app = web.Application(client_max_size=self.codec.max_bytes)
         app.router.add_post(MESSAGES_PATH, self._messages)
         app.router.add_get("/v1/healthz", self._healthz)
-        if self.query is not None:
-            app.router.add_get("/query", self._query)
+        for path, answer in self.answers.items():
+            app.router.add_get(path, _answering(answer))
         return app
-
-    async def _query(self, _: web.Request) -> web.Response:
-        assert self.query is not None
-        return web.json_response(self.query())
 
     async def start(self) -> Endpoint:
         self._cond = asyncio.Condition()
@@ -577,3 +574,9 @@ def _empty(reply: Body) -> bool:
     if isinstance(reply, StatusReply):
         return not reply.reports or not all(r.state.terminal for r in reply.reports)
     return False
+
+
+def _answering(answer: Callable[[], dict[str, Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(_: web.Request) -> web.Response:
+        return web.json_response(answer())
+    return handle

@@ -12,6 +12,7 @@ from pdfleet_runtime.pod.vllm_contract import (
     LegError,
     LegKind,
     engine_id,
+    handshake_key,
     leg_of,
     names_engine,
     nixl_prefill_params,
@@ -72,3 +73,23 @@ def test_a_pinned_engine_id_is_the_pods_name_and_a_decode_names_only_the_current
         assert not names_engine(stale, now), stale
     for junk in (None, [], "x", {"0": "x"}, {"0": {}}):
         assert not names_engine("pod-a-1234", junk), junk
+
+
+def test_the_handshake_key_names_what_differs_between_a_prefill_and_a_decode() -> None:
+    """vLLM's NIXL handshake refuses peers whose compatibility hash differs (its version, model, dtypes, ...): the
+    built-in runtime's decode compares the prefill's ``HandshakeKey`` the same way. Prefill and decode of one
+    fleet share it; a changed engine version, layout or backend on one side shows as that field."""
+    from tests.server.harness import config
+
+    pre, dec = config("prefill", backend="nixl"), config("decode", backend="nixl")
+    assert handshake_key(pre, "vllm==0.33.0", "0.1.0") == handshake_key(dec, "vllm==0.33.0", "0.1.0")
+    mine = handshake_key(dec, "vllm==0.33.1", "0.1.0")
+    assert mine.differences(handshake_key(pre, "vllm==0.33.0", "0.1.0")) == [
+        "engine: 'vllm==0.33.1' here, 'vllm==0.33.0' at the prefill"]
+    # Without a stand-in the runtime's own version is the engine's: a runtime upgrade is a new generation.
+    assert handshake_key(dec, None, "0.1.0").engine == "pdfleet-runtime==0.1.0"
+    assert [d.split(":")[0] for d in handshake_key(dec, None, "0.1.1").differences(handshake_key(pre, None, "0.1.0"))] \
+        == ["engine"]
+    other = handshake_key(config("prefill", backend="mooncake", layout="qwen3-next-hybrid"), None, "0.1.0")
+    fields = [d.split(":")[0] for d in handshake_key(dec, None, "0.1.0").differences(other)]
+    assert fields == ["layout", "transfer", "hybrid"], fields  # both layouts bf16: kv_dtype the same
