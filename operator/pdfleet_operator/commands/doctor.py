@@ -1,0 +1,124 @@
+"""`pdfleet doctor NAME`: is PD really happening in this deployment? Each check with its verdict and fix.
+
+Reads only: the PDDeployment, its pods, and each pod's /metrics through the apiserver's pod proxy (the same
+credentials as kubectl; ``pods/proxy`` get). With ``--window S`` the counters are read twice, S seconds apart,
+and judged on what happened in between; without it, on what happened since each pod started. Exit status 1 when
+a check fails, 2 when the deployment cannot be read. The checks are ``pdfleet_operator.doctor``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION
+from pdfleet_operator.doctor import CheckResult, Metrics, PodMetrics, Verdict, diagnose, failed
+from pdfleet_operator.observed import ObservedPod
+from pdfleet_runtime.config import HTTP_PORT
+from pdfleet_runtime.kubeapi import api_client
+
+__all__ = ["parse_metrics", "register", "run"]
+
+MAX_METRICS_BYTES = 4 << 20
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check that a deployment's pods really move state (reads the cluster)",
+                       description=__doc__.split("\n\n")[1])
+    p.add_argument("name", help="the PDDeployment")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--window", type=float, default=0.0, metavar="S",
+                   help="judge the counters over S seconds (two reads); 0: since each pod started (default)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(handler=run)
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Prometheus text -> ``Metrics``; ``ValueError`` when it is not that format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return Metrics(samples={k: tuple(v) for k, v in samples.items()})
+
+
+def _read_metrics(core: Any, namespace: str, pod: str) -> Metrics | str:
+    """A pod's /metrics through the apiserver's proxy, or why not."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        resp = core.connect_get_namespaced_pod_proxy_with_path(f"{pod}:{HTTP_PORT}", namespace, "metrics",
+                                                               _preload_content=False)  # urllib3's response
+        body = resp.read(MAX_METRICS_BYTES + 1)
+        if len(body) > MAX_METRICS_BYTES:
+            return f"more than {MAX_METRICS_BYTES} bytes"
+        return parse_metrics(body.decode("utf-8", errors="replace"))
+    except ApiException as e:
+        return f"{e.status} {e.reason}"
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    except Exception as e:  # urllib3's own errors (a timeout, a reset) are not OSErrors
+        return f"{type(e).__name__}: {e}"
+
+
+def _read_all(core: Any, namespace: str, pods: list[ObservedPod]) -> dict[str, Metrics | str]:
+    return {p.name: _read_metrics(core, namespace, p.name) for p in pods if not p.deleting and p.ip}
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    from pdfleet_operator.observe import observed_pod
+
+    try:
+        api = api_client()
+        obj = CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.name)
+        uid = (obj.get("metadata") or {}).get("uid", "") if isinstance(obj, dict) else ""
+        core = CoreV1Api(api)
+        listed = core.list_namespaced_pod(args.namespace, label_selector=f"{LABEL_DEPLOYMENT}={args.name}").items
+        pods = [o for o in (observed_pod(api.sanitize_for_serialization(p), uid) for p in listed) if o is not None]
+    except ApiException as e:
+        print(f"error: pdd/{args.name} in {args.namespace}: {e.status} {e.reason}", file=sys.stderr)
+        return 2
+    except Exception as e:  # no kubeconfig, an apiserver away: said, not a traceback
+        print(f"error: pdd/{args.name} in {args.namespace}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    first = _read_all(core, args.namespace, pods) if args.window > 0 else {}
+    if args.window > 0:
+        print(f"reading the pods' counters again in {args.window:g} s ...", file=sys.stderr, flush=True)
+        time.sleep(args.window)
+    last = _read_all(core, args.namespace, pods)
+    metrics = {}
+    for name, now in last.items():
+        before = first.get(name)
+        if isinstance(now, str):
+            metrics[name] = PodMetrics(error=now)
+        else:
+            metrics[name] = PodMetrics(now=now, before=before if isinstance(before, Metrics) else None)
+    results = diagnose(pods, metrics, window_s=args.window or None)
+    if args.output == "json":
+        print(json.dumps({"name": args.name, "namespace": args.namespace, "window_s": args.window,
+                          "failed": len(failed(results)),
+                          "checks": [r.model_dump(mode="json") for r in results]}, indent=2))
+    else:
+        print(format_results(args.name, args.namespace, results))
+    return 1 if failed(results) else 0
+
+
+def format_results(name: str, namespace: str, results: list[CheckResult]) -> str:
+    width = max((len(r.check) for r in results), default=10)
+    lines = [f"pdd/{name} in {namespace}:"]
+    for r in results:
+        lines.append(f"  {r.verdict.value.upper():<12} {r.check:<{width}}  {r.subject}: {r.detail}")
+        if r.fix and r.verdict is Verdict.FAIL:
+            lines.append(f"  {'':<12} {'':<{width}}  fix: {r.fix}")
+    bad = failed(results)
+    lines.append(f"{len(bad)} check(s) failed" if bad else "no check failed")
+    return "\n".join(lines)

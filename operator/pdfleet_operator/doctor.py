@@ -1,0 +1,240 @@
+"""`pdfleet doctor`'s checks, pure: what the cluster and the pods' metrics say -> a verdict per check, with the fix.
+
+PD's worst failures are silent (a decode recomputing every prompt while healthy, a link on TCP where RDMA was
+asked, a prefill whose state is never claimed), so each check reads what the data path itself reports: the
+transfer-path gate each pod's canary sets, the ``pdfleet.io/compat`` generation of the pods the routers can
+pair, and the runtime's own counters (``/metrics``: failed transfers by reason, bytes that failed
+verification, rooms that expired unclaimed, vLLM-contract handshake refusals, the transport each rank runs,
+canary throughput against its floor). A check whose input a pod does not export says ``cannot-check`` with
+the reason, never ``ok``. Counters are judged over the window the command read them in (two reads), or,
+without a window, since each pod started (the detail says which).
+
+The cluster edge (reads only) is ``commands/doctor.py``; docs/doctor.md lists every check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.observed import ObservedPod
+
+__all__ = ["CheckResult", "Metrics", "PodMetrics", "Verdict", "diagnose", "failed"]
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    FAIL = "fail"
+    CANNOT_CHECK = "cannot-check"
+
+
+class CheckResult(BaseModel):
+    """One check's verdict on one subject (a pod, or the fleet), what was seen and, when it failed, the fix."""
+
+    model_config = ConfigDict(frozen=True)
+
+    check: str
+    subject: str
+    verdict: Verdict
+    detail: str
+    fix: str = ""
+
+
+Sample = tuple[Mapping[str, str], float]
+"""One series of a metric family: its labels and its value."""
+
+
+class Metrics(BaseModel):
+    """A pod's ``/metrics``, by sample name (``pdfleet_transfer_failures_total``): each series' labels and value."""
+
+    model_config = ConfigDict(frozen=True)
+
+    samples: Mapping[str, tuple[Sample, ...]]
+
+    def has(self, name: str) -> bool:
+        return name in self.samples
+
+    def by(self, name: str, label: str) -> dict[str, float]:
+        """The family summed per value of ``label``."""
+        out: dict[str, float] = {}
+        for labels, value in self.samples.get(name, ()):
+            key = labels.get(label, "")
+            out[key] = out.get(key, 0.0) + value
+        return out
+
+    def total(self, name: str) -> float:
+        return sum(v for _, v in self.samples.get(name, ()))
+
+
+class PodMetrics(BaseModel):
+    """What the command read from one pod: its metrics at the window's end and start (None: one read, or the
+    counters since the pod started), or why they could not be read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    now: Metrics | None = None
+    before: Metrics | None = None
+    error: str = ""
+
+    def counted(self, name: str, label: str) -> dict[str, float]:
+        """A counter family's increase per ``label`` value over the window (or its total without one)."""
+        assert self.now is not None
+        now = self.now.by(name, label)
+        if self.before is None:
+            return {k: v for k, v in now.items() if v > 0}
+        was = self.before.by(name, label)
+        return {k: v - was.get(k, 0.0) for k, v in now.items() if v - was.get(k, 0.0) > 0}
+
+
+RUNTIME_MARK = "pdfleet_ready"  # the built-in runtime's gauge: its counters below are exported
+FAILURES = "pdfleet_transfer_failures_total"
+MISMATCHED = "pdfleet_verify_mismatched_bytes_total"
+EXPIRED = "pdfleet_rooms_expired_total"
+REFUSALS = "pdfleet_vllm_handshake_refusals_total"
+TRANSPORT = "pdfleet_transport_info"
+CANARY_GBPS = "pdfleet_canary_throughput_gbps"
+FLOOR_GBPS = "pdfleet_canary_floor_gbps"
+
+
+def _live(pods: Iterable[ObservedPod]) -> list[ObservedPod]:
+    return [p for p in pods if not p.deleting and not p.failed]
+
+
+def _transfer_path(p: ObservedPod) -> CheckResult:
+    if p.gate == "True":
+        return CheckResult(check="transfer-path", subject=p.name, verdict=Verdict.OK,
+                           detail="its canary moved state through a peer and it was verified")
+    if p.gate is None:
+        return CheckResult(check="transfer-path", subject=p.name, verdict=Verdict.FAIL,
+                           detail="no canary result yet (the pod's runtime has not reported its transfer path)",
+                           fix=f"wait for the pod to start, then read its log: kubectl logs {p.name}")
+    return CheckResult(check="transfer-path", subject=p.name, verdict=Verdict.FAIL,
+                       detail=f"its canary failed: {p.gate_message or 'no reason given'}",
+                       fix=f"the reason names the peer and the step; kubectl logs {p.name}")
+
+
+def _generations(pods: Sequence[ObservedPod]) -> CheckResult:
+    """The pods a router can pair (ready, routable) must share one compatibility key per role pair."""
+    routable = [p for p in _live(pods) if p.ready and p.drain_started is None]
+    keys: dict[str, list[str]] = {}
+    for p in routable:
+        keys.setdefault(p.compat or "(unlabelled)", []).append(p.name)
+    if len(keys) <= 1:
+        key = next(iter(keys), "none")
+        return CheckResult(check="generations", subject="fleet", verdict=Verdict.OK,
+                           detail=f"{len(routable)} routable pod(s), one compatibility key: {key}")
+    seen = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(keys.items()))
+    return CheckResult(check="generations", subject="fleet", verdict=Verdict.FAIL,
+                       detail=f"routable pods of {len(keys)} compatibility keys at once ({seen}): a router pairing "
+                              "two of them moves state between generations the engines may not share",
+                       fix="let the rollout finish (kubectl get pdd shows its progress); if it is stuck, its "
+                           "Progressing condition says why")
+
+
+def _counter_check(check: str, p: ObservedPod, m: PodMetrics, name: str, label: str, *, what: str, fix: str,
+                   window: str) -> CheckResult:
+    assert m.now is not None
+    if not m.now.has(RUNTIME_MARK):
+        return CheckResult(check=check, subject=p.name, verdict=Verdict.CANNOT_CHECK,
+                           detail=f"the pod is not pdfleet's runtime (no {RUNTIME_MARK}): its engine does not export "
+                                  f"{name}")
+    counted = m.counted(name, label)  # a labelled counter never incremented has no series: none happened
+    if not counted:
+        return CheckResult(check=check, subject=p.name, verdict=Verdict.OK, detail=f"no {what} {window}")
+    parts = ", ".join(f"{v:g}" + (f" {k}" if k else "") for k, v in sorted(counted.items()))
+    return CheckResult(check=check, subject=p.name, verdict=Verdict.FAIL, detail=f"{what} {window}: {parts}",
+                       fix=fix)
+
+
+def _transport(p: ObservedPod, m: PodMetrics) -> CheckResult:
+    assert m.now is not None
+    ranks = m.now.samples.get(TRANSPORT, ())
+    if not ranks:
+        return CheckResult(check="link", subject=p.name, verdict=Verdict.CANNOT_CHECK,
+                           detail=f"the pod exports no {TRANSPORT} (its engine's transport is not reported)")
+    off = sorted({(lab.get("requested", ""), lab.get("effective", "")) for lab, _ in ranks
+                  if lab.get("requested") and lab.get("effective") and lab.get("requested") != lab.get("effective")})
+    if off:
+        said = ", ".join(f"{r} asked, {e} used" for r, e in off)
+        return CheckResult(check="link", subject=p.name, verdict=Verdict.FAIL,
+                           detail=f"the transfer engine runs another link than the spec asked for: {said}",
+                           fix="check spec.transfer.protocol and rdmaDevices against the node's devices; the "
+                               "pod's log names what the engine found")
+    used = sorted({lab.get("effective", "") for lab, _ in ranks})
+    return CheckResult(check="link", subject=p.name, verdict=Verdict.OK,
+                       detail=f"{len(ranks)} rank(s) on {', '.join(used)}, as asked")
+
+
+def _canary_speed(p: ObservedPod, m: PodMetrics) -> CheckResult:
+    assert m.now is not None
+    speeds = m.now.by(CANARY_GBPS, "peer")
+    floor = m.now.total(FLOOR_GBPS)
+    if not speeds:
+        return CheckResult(check="canary-throughput", subject=p.name, verdict=Verdict.CANNOT_CHECK,
+                           detail=f"the pod exports no {CANARY_GBPS} (no canary measured yet)")
+    slow = {peer: v for peer, v in speeds.items() if floor > 0 and v < floor}
+    if slow:
+        said = ", ".join(f"{peer} {v:.3g} GB/s" for peer, v in sorted(slow.items()))
+        return CheckResult(check="canary-throughput", subject=p.name, verdict=Verdict.FAIL,
+                           detail=f"last canaries below the {floor:.3g} GB/s floor: {said}",
+                           fix="a slow link (TCP where RDMA was meant, a far NUMA or PCI root): see the link check "
+                               "and the pods' placement")
+    best = ", ".join(f"{peer} {v:.3g} GB/s" for peer, v in sorted(speeds.items()))
+    return CheckResult(check="canary-throughput", subject=p.name, verdict=Verdict.OK,
+                       detail=f"last canaries: {best}" + (f" (floor {floor:.3g} GB/s)" if floor > 0 else " (no floor)"))
+
+
+def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> list[CheckResult]:
+    if m is None or m.now is None:
+        why = m.error if m is not None and m.error else "not read"
+        return [CheckResult(check="metrics", subject=p.name, verdict=Verdict.CANNOT_CHECK,
+                            detail=f"its /metrics could not be read ({why}): the counter checks cannot run",
+                            fix="the doctor reads /metrics through the apiserver's pod proxy: it needs "
+                                "pods/proxy get, and the pod's NetworkPolicy must admit the apiserver")]
+    out = [
+        _counter_check("transfer-failures", p, m, FAILURES, "reason", what="failed transfers", window=window,
+                       fix=f"the reasons name the step; kubectl logs {p.name} says which peer"),
+        _counter_check("state-integrity", p, m, MISMATCHED, "state", what="bytes that failed verification",
+                       window=window, fix="state arrived different from what the prefill wrote: a layout or "
+                       "engine mismatch between the roles, or a faulty link; roll both roles to one revision"),
+        _transport(p, m),
+    ]
+    if p.role is Role.PREFILL:
+        out.append(_counter_check("unclaimed-state", p, m, EXPIRED, "role", what="rooms that expired unclaimed "
+                                  "(state prefilled that no decode took)", window=window,
+                                  fix="decodes that never claim: their handshake or router pairing fails; see the "
+                                      "decodes' transfer-failures"))
+    else:
+        out.append(_counter_check("handshake", p, m, REFUSALS, "reason", what="vLLM-contract pairs refused",
+                                  window=window, fix="engine_id: pin prefill engine ids (--pin-engine-id); "
+                                  "compatibility: the roles run two generations, let the rollout finish"))
+        out.append(_canary_speed(p, m))
+    return out
+
+
+def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
+             window_s: float | None = None) -> list[CheckResult]:
+    """Every check over ``pods`` (the deployment's, as ``observe`` reads them) and their ``metrics``."""
+    window = f"in the last {window_s:g} s" if window_s else "since the pod started"
+    live = sorted(_live(pods), key=lambda p: (p.role.value, p.name))
+    out = [_generations(pods)]
+    if not any(p.role is Role.PREFILL for p in live) or not any(p.role is Role.DECODE for p in live):
+        out.append(CheckResult(check="fleet", subject="fleet", verdict=Verdict.FAIL,
+                               detail="no running " + ("prefill" if not any(p.role is Role.PREFILL for p in live)
+                                                       else "decode") + " pod: nothing can be served",
+                               fix="kubectl get pdd and its Progressing condition say why"))
+    for p in live:
+        out.append(_transfer_path(p))
+        out += _pod_metrics_checks(p, metrics.get(p.name), window)
+    out.append(CheckResult(check="router-workers", subject="fleet", verdict=Verdict.CANNOT_CHECK,
+                           detail="the router's worker list is served on its pod's loopback only (with its admin "
+                                  "key); the router pod's sweeper removes workers whose pods are gone and logs each "
+                                  "removal (docs/router.md)"))
+    return out
+
+
+def failed(results: Iterable[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.verdict is Verdict.FAIL]

@@ -1,0 +1,70 @@
+"""`pdfleet doctor` against a fleet of real runtime pods in the local cluster (issue 46): it reads the
+deployment and its pods through the apiserver, and each pod's /metrics through the apiserver's pod proxy, as
+it would in any cluster.
+
+- the healthy fleet, with chat traffic through the router: every check passes (exit 0), the counters judged
+  over a window in which requests were served;
+- the prefill's processes killed (a crash on the data path, not on what the doctor reads): the decodes' canaries
+  fail, and the doctor fails naming the check (``transfer-path``), the pod and the reason (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdfleet_devcluster import LocalCluster
+from tests.cluster.conftest import OperatorProcess
+from tests.e2e.traffic import NAME, running_fleet
+
+pytestmark = pytest.mark.cluster
+
+
+def _doctor(cluster: LocalCluster, namespace: str, *args: str) -> tuple[int, dict]:
+    out = subprocess.run([sys.executable, "-m", "pdfleet_operator.cli", "doctor", NAME, "-n", namespace,
+                          "-o", "json", *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+    assert out.stdout, out.stderr
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_the_doctor_passes_a_healthy_fleet_and_names_a_crashed_prefill(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str, tmp_path: Path) -> None:
+    with running_fleet(cluster, namespace, tmp_path / "pods") as fleet:
+        traffic = fleet.traffic()
+        traffic.wait_served(4)
+        rc, report = _doctor(cluster, namespace, "--window", "3")
+        checks = report["checks"]
+        print("doctor, healthy:", [(c["check"], c["subject"], c["verdict"]) for c in checks])
+        assert rc == 0 and report["failed"] == 0, json.dumps(checks, indent=1)[:4000]
+        pods = {p.metadata.name for p in fleet.core.list_namespaced_pod(namespace).items
+                if (p.metadata.labels or {}).get("pdfleet.io/role") in ("prefill", "decode")}
+        # Every pod's metrics were read through the proxy and judged: no pod left at "cannot-check".
+        for check in ("transfer-path", "transfer-failures", "state-integrity", "link"):
+            assert {c["subject"] for c in checks if c["check"] == check and c["verdict"] == "ok"} == pods, \
+                [c for c in checks if c["check"] in (check, "metrics")]
+        traffic.stop()
+        traffic.assert_clean()
+
+        [prefill] = fleet.runner.running("prefill").values()
+        prefill.signal(signal.SIGKILL)
+        decodes = set(fleet.runner.decode_pods())
+
+        def decode_gate_failed() -> bool:
+            return any(c.type == "pdfleet.io/transfer-path" and c.status == "False"
+                       for p in fleet.core.list_namespaced_pod(namespace).items if p.metadata.name in decodes
+                       for c in p.status.conditions or ())
+
+        fleet.wait(decode_gate_failed, 90, "a decode's canary failing against the killed prefill")
+        rc, report = _doctor(cluster, namespace)
+        bad = [(c["check"], c["subject"], c["detail"]) for c in report["checks"] if c["verdict"] == "fail"]
+        print("doctor, prefill killed:", bad)
+        assert rc == 1 and report["failed"] == len(bad) > 0
+        assert any(check == "transfer-path" and subject in decodes for check, subject, _ in bad), bad
+        assert all(c["fix"] for c in report["checks"] if c["verdict"] == "fail")

@@ -1,0 +1,96 @@
+"""`pdfleet doctor`'s checks on what the pods really export: the metrics text of the runtime's own registry
+(``ServerMetrics``), parsed as the command parses a pod's /metrics, and pods as ``observe`` reads them."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from pdfleet_operator.api.constants import Role
+from pdfleet_operator.commands.doctor import format_results, parse_metrics
+from pdfleet_operator.doctor import PodMetrics, Verdict, diagnose, failed
+from pdfleet_operator.observed import ObservedPod
+from pdfleet_runtime.pod.metrics import ServerMetrics
+
+
+def _pod(name: str, role: Role, *, compat: str = "k1", gate: str | None = "True", message: str = "",
+         draining: bool = False) -> ObservedPod:
+    return ObservedPod(name=name, role=role, revision="r1", index=0, ready=gate == "True", gate=gate,
+                       gate_message=message, compat=compat, ip="10.0.0.1",
+                       drain_started=1.0 if draining else None)
+
+
+def _healthy(role: str) -> ServerMetrics:
+    m = ServerMetrics(role)
+    m.ready.set(1)
+    m.transport.labels("0", "mooncake", "tcp", "tcp", "tcp", "false").set(1)
+    if role == "decode":
+        m.floor_gbps.set(0.5)
+        m.canary_gbps.labels("p-0").set(2.0)
+    return m
+
+
+def _read(m: ServerMetrics) -> PodMetrics:
+    return PodMetrics(now=parse_metrics(generate_latest(m.registry).decode()))
+
+
+def _verdicts(results: list, subject: str) -> dict[str, Verdict]:
+    return {r.check: r.verdict for r in results if r.subject == subject}
+
+
+def test_a_healthy_fleet_passes_and_says_what_it_cannot_check() -> None:
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE), _pod("d-1", Role.DECODE)]
+    results = diagnose(pods, {"p-0": _read(_healthy("prefill")), "d-0": _read(_healthy("decode")),
+                              "d-1": _read(_healthy("decode"))})
+    assert failed(results) == [], format_results("x", "ns", results)
+    assert _verdicts(results, "d-0") == {"transfer-path": Verdict.OK, "transfer-failures": Verdict.OK,
+                                         "state-integrity": Verdict.OK, "link": Verdict.OK, "handshake": Verdict.OK,
+                                         "canary-throughput": Verdict.OK}
+    assert _verdicts(results, "fleet")["router-workers"] is Verdict.CANNOT_CHECK
+    assert "no check failed" in format_results("x", "ns", results)
+
+
+def test_each_fault_fails_its_check_with_the_fix() -> None:
+    pre, dec = _healthy("prefill"), _healthy("decode")
+    dec.failures.labels("decode", "timeout").inc(3)
+    dec.mismatched.inc(4096)
+    dec.canary_gbps.labels("p-0").set(0.1)  # below the 0.5 floor
+    pre.transport.labels("1", "mooncake", "rdma", "tcp", "tcp", "false").set(1)  # RDMA asked, TCP used
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE),
+            _pod("d-9", Role.DECODE, compat="k2"),  # another generation, routable
+            _pod("d-5", Role.DECODE, gate="False", message="CanaryFailed: bytes differ from p-0")]
+    results = diagnose(pods, {"p-0": _read(pre), "d-0": _read(dec), "d-9": _read(_healthy("decode")),
+                              "d-5": PodMetrics(error="503 Service Unavailable")})
+    bad = {(r.check, r.subject): r for r in failed(results)}
+    assert set(bad) == {("generations", "fleet"), ("transfer-failures", "d-0"), ("state-integrity", "d-0"),
+                        ("canary-throughput", "d-0"), ("link", "p-0"), ("transfer-path", "d-5")}, sorted(bad)
+    assert bad[("transfer-failures", "d-0")].detail == "failed transfers since the pod started: 3 timeout"
+    assert "rdma asked, tcp used" in bad[("link", "p-0")].detail
+    assert "k1: d-0, p-0; k2: d-9" in bad[("generations", "fleet")].detail
+    assert "bytes differ from p-0" in bad[("transfer-path", "d-5")].detail
+    assert all(r.fix for r in bad.values())
+    assert _verdicts(results, "d-5")["metrics"] is Verdict.CANNOT_CHECK  # unread metrics are never "ok"
+
+
+def test_counters_are_judged_over_the_window_and_draining_pods_are_not_a_generation() -> None:
+    dec = _healthy("decode")
+    dec.failures.labels("decode", "timeout").inc(3)
+    before = _read(dec)
+    later = _read(dec)  # nothing new in the window
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE), _pod("d-old", Role.DECODE, compat="k0",
+                                                                       draining=True)]
+    results = diagnose(pods, {"p-0": _read(_healthy("prefill")),
+                              "d-0": PodMetrics(now=later.now, before=before.now)}, window_s=10)
+    assert failed(results) == [], format_results("x", "ns", results)
+    dec.failures.labels("decode", "timeout").inc()
+    results = diagnose(pods, {"d-0": PodMetrics(now=_read(dec).now, before=before.now)}, window_s=10)
+    assert [r.detail for r in failed(results)] == ["failed transfers in the last 10 s: 1 timeout"]
+
+
+def test_an_engine_pod_without_the_runtimes_counters_cannot_be_checked_never_ok() -> None:
+    agent_text = "# TYPE pdfleet_agent_canaries_total counter\npdfleet_agent_canaries_total{result=\"ok\"} 4\n"
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+    results = diagnose(pods, {"p-0": PodMetrics(now=parse_metrics(agent_text)),
+                              "d-0": PodMetrics(now=parse_metrics(agent_text))})
+    assert {c: v for c, v in _verdicts(results, "d-0").items() if c != "transfer-path"} == {
+        "transfer-failures": Verdict.CANNOT_CHECK, "state-integrity": Verdict.CANNOT_CHECK,
+        "link": Verdict.CANNOT_CHECK, "handshake": Verdict.CANNOT_CHECK, "canary-throughput": Verdict.CANNOT_CHECK}
