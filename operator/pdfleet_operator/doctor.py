@@ -95,6 +95,7 @@ MISMATCHED = "pdfleet_verify_mismatched_bytes_total"
 EXPIRED = "pdfleet_rooms_expired_total"
 REFUSALS = "pdfleet_vllm_handshake_refusals_total"
 TRANSPORT = "pdfleet_transport_info"
+INFO = "pdfleet_runtime_info"
 CANARY_GBPS = "pdfleet_canary_throughput_gbps"
 FLOOR_GBPS = "pdfleet_canary_floor_gbps"
 
@@ -168,6 +169,43 @@ def _transport(p: ObservedPod, m: PodMetrics) -> CheckResult:
                        detail=f"{len(ranks)} rank(s) on {', '.join(used)}, as asked")
 
 
+def _version(p: ObservedPod, m: PodMetrics) -> CheckResult:
+    assert m.now is not None
+    info = m.now.samples.get(INFO, ())
+    if not info:
+        return CheckResult(check="version", subject=p.name, verdict=Verdict.CANNOT_CHECK,
+                           detail=f"the pod exports no {INFO} (not pdfleet's runtime, or an older one)")
+    labels = info[0][0]
+    running, expected = labels.get("version", ""), labels.get("expected", "")
+    engine = labels.get("stand_in_for", "")
+    said = f"runtime {running}" + (f", standing in for {engine}" if engine else "")
+    if running != expected:
+        return CheckResult(check="version", subject=p.name, verdict=Verdict.FAIL,
+                           detail=f"its image runs {said}; the spec's runtimeVersion is {expected}",
+                           fix="set the role's image to the runtime version the spec names (or the spec's "
+                               "runtimeVersion to the image's), which rolls the role")
+    return CheckResult(check="version", subject=p.name, verdict=Verdict.OK, detail=f"{said}, as the spec asks")
+
+
+def _versions(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics]) -> CheckResult | None:
+    """Routable pods running more than one runtime or engine version at once (a rollout in progress, or one
+    stuck): said with the pods; vLLM refuses pairs across versions."""
+    seen: dict[str, list[str]] = {}
+    for p in _live(pods):
+        m = metrics.get(p.name)
+        info = m.now.samples.get(INFO, ()) if m is not None and m.now is not None else ()
+        if info and p.ready and p.drain_started is None:
+            labels = info[0][0]
+            key = labels.get("version", "") + (f" ({labels['stand_in_for']})" if labels.get("stand_in_for") else "")
+            seen.setdefault(key, []).append(p.name)
+    if len(seen) <= 1:
+        return None
+    said = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(seen.items()))
+    return CheckResult(check="versions", subject="fleet", verdict=Verdict.FAIL,
+                       detail=f"routable pods run {len(seen)} versions at once ({said})",
+                       fix="let the rollout finish; vLLM refuses to pair two versions (docs/vllm.md)")
+
+
 def _canary_speed(p: ObservedPod, m: PodMetrics) -> CheckResult:
     assert m.now is not None
     speeds = m.now.by(CANARY_GBPS, "peer")
@@ -201,6 +239,7 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> li
                        window=window, fix="state arrived different from what the prefill wrote: a layout or "
                        "engine mismatch between the roles, or a faulty link; roll both roles to one revision"),
         _transport(p, m),
+        _version(p, m),
     ]
     if p.role is Role.PREFILL:
         out.append(_counter_check("unclaimed-state", p, m, EXPIRED, "role", what="rooms that expired unclaimed "
@@ -229,6 +268,9 @@ def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
     for p in live:
         out.append(_transfer_path(p))
         out += _pod_metrics_checks(p, metrics.get(p.name), window)
+    versions = _versions(pods, metrics)
+    if versions is not None:
+        out.append(versions)
     out.append(CheckResult(check="router-workers", subject="fleet", verdict=Verdict.CANNOT_CHECK,
                            detail="the router's worker list is served on its pod's loopback only (with its admin "
                                   "key); the router pod's sweeper removes workers whose pods are gone and logs each "

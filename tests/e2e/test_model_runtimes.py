@@ -47,14 +47,7 @@ def test_a_zen_model_fleet_tp2_to_1_answers_as_aggregate_through_a_rollout_and_s
         fleet.wait(lambda: sum(r.ok and r.pod not in old for r in traffic.results) >= 4, 120,
                    "answers from the new decode pods")
 
-        before = set(runner.decode_pods())
-        fleet.patch({"decode": {"replicas": 3}})
-        fleet.wait(lambda: len(runner.decode_pods()) == 3 and fleet.available(), 180, "3 decode pods")
-        [added] = set(runner.decode_pods()) - before
-        fleet.wait(lambda: sum(r.ok and r.pod == added for r in traffic.results) >= 2, 120,
-                   "the added pod answering")
-        fleet.patch({"decode": {"replicas": 2}})
-        fleet.wait(lambda: len(runner.decode_pods()) == 2 and fleet.available(), 180, "back to 2 decode pods")
+        fleet.scale_decode_out_and_in(traffic, timeout=180, answer_timeout=120)
         traffic.wait_served(4, timeout=120)
         clean = traffic.assert_clean()  # up to here nothing failed and nothing differed
         assert clean.checked is not None and clean.checked >= len(check.prompts) and clean.differ == 0, clean

@@ -70,18 +70,7 @@ def test_decode_rollout_scaling_and_a_killed_pod_through_the_router(
         fleet.wait(lambda: not (old & set(runner.decode_pods())) and fleet.available(), 240, "rollout complete")
         fleet.wait(lambda: sum(r.ok and r.pod not in old for r in traffic.results) >= 4, 60, "traffic on the new pods")
 
-        # -- scale out, then in ------------------------------------------------------------------
-        before = set(runner.decode_pods())
-        fleet.patch({"decode": {"replicas": 3}})
-        fleet.wait(lambda: len(runner.decode_pods()) == 3 and fleet.available(), 120, "3 decode pods")
-        [added] = set(runner.decode_pods()) - before
-        fleet.wait(lambda: sum(r.ok and r.pod == added for r in traffic.results) >= 2, 60,
-                   "the added pod taking traffic")
-        three = set(runner.decode_pods())
-        fleet.patch({"decode": {"replicas": 2}})
-        fleet.wait(lambda: len(fleet.live_pods()) == 2 and len(runner.decode_pods()) == 2 and fleet.available(),
-                   120, "scaled in to 2")
-        removed = three - set(runner.decode_pods())
+        removed = fleet.scale_decode_out_and_in(traffic)
         traffic.wait_served(4)
         c = traffic.assert_clean()  # rollout, drains, scaling: nothing failed, nothing retried
         assert len(traffic.results) >= 20, c

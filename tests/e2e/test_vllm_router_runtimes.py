@@ -58,16 +58,7 @@ def test_a_nixl_fleet_behind_vllm_router_rolls_clean_and_serves_again_after_its_
         fleet.wait(lambda: not (old & set(runner.decode_pods())) and fleet.available(), 240, "rollout complete")
         fleet.wait(lambda: sum(r.ok and r.pod not in old for r in traffic.results) >= 4, 60, "traffic on the new pods")
 
-        # -- scale out, then in ------------------------------------------------------------------
-        before = set(runner.decode_pods())
-        fleet.patch({"decode": {"replicas": 3}})
-        fleet.wait(lambda: len(runner.decode_pods()) == 3 and fleet.available(), 120, "3 decode pods")
-        [added] = set(runner.decode_pods()) - before
-        fleet.wait(lambda: sum(r.ok and r.pod == added for r in traffic.results) >= 2, 60,
-                   "the added pod taking traffic through vllm-router")
-        fleet.patch({"decode": {"replicas": 2}})
-        fleet.wait(lambda: len(fleet.live_pods()) == 2 and len(runner.decode_pods()) == 2 and fleet.available(),
-                   120, "scaled in to 2")
+        fleet.scale_decode_out_and_in(traffic)
         traffic.wait_served(4)
         clean = traffic.assert_clean()  # zero client failures, router retries and failed transfers
         print(f"vllm-router ({backend}) decode rollout, scale 2 -> 3 -> 2: {len(traffic.results)} requests, {clean}")

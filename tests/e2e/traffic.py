@@ -142,6 +142,23 @@ class Fleet:
     def settled_on(self, revision: str, n: int, role: str = "decode") -> bool:
         return self.revisions(role) == [revision] * n and self.available()
 
+    def scale_decode_out_and_in(self, traffic: Traffic, *, timeout: float = 120, answer_timeout: float = 60) -> (
+            set[str]):
+        """Decode 2 -> 3 (the added pod answers twice through the router) -> 2, Available each time; the pods
+        the scale-in removed."""
+        runner = self.runner
+        before = set(runner.decode_pods())
+        self.patch({"decode": {"replicas": 3}})
+        self.wait(lambda: len(runner.decode_pods()) == 3 and self.available(), timeout, "3 decode pods")
+        [added] = set(runner.decode_pods()) - before
+        self.wait(lambda: sum(r.ok and r.pod == added for r in traffic.results) >= 2, answer_timeout,
+                  "the added pod answering through the router")
+        three = set(runner.decode_pods())
+        self.patch({"decode": {"replicas": 2}})
+        self.wait(lambda: len(self.live_pods()) == 2 and len(runner.decode_pods()) == 2 and self.available(),
+                  timeout, "scaled in to 2")
+        return three - set(runner.decode_pods())
+
     def router_ready(self) -> bool:
         """One chat completion through the router answered and verified (its workers registered)."""
         try:

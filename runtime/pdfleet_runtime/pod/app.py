@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pdfleet_runtime import __version__
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
 from pdfleet_runtime.model.hf_config import read_config
 from pdfleet_runtime.protocol.auth import Codec
@@ -91,6 +92,7 @@ class PodServer:
         self.role = cfg.role
         self.metrics = ServerMetrics(self.role.value)
         self.metrics.floor_gbps.set(opts.floor)
+        self.metrics.info.labels(__version__, cfg.runtime_version, opts.stand_in_for or "").set(1)
         self.readiness = Readiness(self.role.value, opts.floor, opts.failures_not_ready, ranks_total=cfg.shape.world)
         self.gate: GateWriter = gate or NoGate()
         if resolver is None:

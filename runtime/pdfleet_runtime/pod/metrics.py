@@ -66,6 +66,9 @@ class ServerMetrics:
         self.floor_gbps = Gauge("pdfleet_canary_floor_gbps", "Readiness floor of canary throughput for the "
                                 "configured protocol", registry=r)
         self.ready = Gauge("pdfleet_ready", "1 when /readyz answers ready (the transfer-path gate)", registry=r)
+        self.info = Gauge("pdfleet_runtime_info", "What this pod runs (value 1): the runtime's version, the one its "
+                          "config (the operator) expects, and the engine it stands in for ('' when none)",
+                          ["version", "expected", "stand_in_for"], registry=r)
         self.draining = Gauge("pdfleet_draining", "1 while the pod drains", registry=r)
         self.drains = Counter("pdfleet_drains", "Drains finished, by result (drained | forced: budget ran out)",
                               ["result"], registry=r)

@@ -234,6 +234,8 @@ class WorkerApi:
                                 ["reason"], registry=r)
         self._background: set[asyncio.Task[None]] = set()
         self._refusals_logged: set[tuple[str, str]] = set()
+        self._peers: aiohttp.ClientSession | None = None
+        """One session for a decode's ``GET /handshake`` calls (made on first use, closed with the app)."""
 
     def add_routes(self, app: web.Application) -> None:
         for ep in Endpoint:
@@ -245,6 +247,11 @@ class WorkerApi:
         app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/v1/models", self._models)
+        app.on_cleanup.append(self._close_peers)
+
+    async def _close_peers(self, _: web.Application) -> None:
+        if self._peers is not None:
+            await self._peers.close()
 
     # ------------------------------------------------------------------ info
 
@@ -347,9 +354,10 @@ class WorkerApi:
         if leg.engine_id is None or leg.host is None or leg.port is None:
             return
         where = f"{leg.host}:{leg.port}"
+        if self._peers is None or self._peers.closed:
+            self._peers = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=QUERY_TIMEOUT_S))
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=QUERY_TIMEOUT_S)) as session, \
-                    session.get(f"http://{where}/handshake") as resp:
+            async with self._peers.get(f"http://{where}/handshake", allow_redirects=False) as resp:
                 answer = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise ApiError(503, f"the prefill's bootstrap {where} did not answer GET /handshake ({type(e).__name__}): "

@@ -19,9 +19,10 @@ def _pod(name: str, role: Role, *, compat: str = "k1", gate: str | None = "True"
                        drain_started=1.0 if draining else None)
 
 
-def _healthy(role: str) -> ServerMetrics:
+def _healthy(role: str, version: str = "0.1.0", expected: str = "0.1.0", engine: str = "") -> ServerMetrics:
     m = ServerMetrics(role)
     m.ready.set(1)
+    m.info.labels(version, expected, engine).set(1)
     m.transport.labels("0", "mooncake", "tcp", "tcp", "tcp", "false").set(1)
     if role == "decode":
         m.floor_gbps.set(0.5)
@@ -43,8 +44,8 @@ def test_a_healthy_fleet_passes_and_says_what_it_cannot_check() -> None:
                               "d-1": _read(_healthy("decode"))})
     assert failed(results) == [], format_results("x", "ns", results)
     assert _verdicts(results, "d-0") == {"transfer-path": Verdict.OK, "transfer-failures": Verdict.OK,
-                                         "state-integrity": Verdict.OK, "link": Verdict.OK, "handshake": Verdict.OK,
-                                         "canary-throughput": Verdict.OK}
+                                         "state-integrity": Verdict.OK, "link": Verdict.OK, "version": Verdict.OK,
+                                         "handshake": Verdict.OK, "canary-throughput": Verdict.OK}
     assert _verdicts(results, "fleet")["router-workers"] is Verdict.CANNOT_CHECK
     assert "no check failed" in format_results("x", "ns", results)
 
@@ -93,4 +94,20 @@ def test_an_engine_pod_without_the_runtimes_counters_cannot_be_checked_never_ok(
                               "d-0": PodMetrics(now=parse_metrics(agent_text))})
     assert {c: v for c, v in _verdicts(results, "d-0").items() if c != "transfer-path"} == {
         "transfer-failures": Verdict.CANNOT_CHECK, "state-integrity": Verdict.CANNOT_CHECK,
-        "link": Verdict.CANNOT_CHECK, "handshake": Verdict.CANNOT_CHECK, "canary-throughput": Verdict.CANNOT_CHECK}
+        "link": Verdict.CANNOT_CHECK, "version": Verdict.CANNOT_CHECK, "handshake": Verdict.CANNOT_CHECK,
+        "canary-throughput": Verdict.CANNOT_CHECK}
+
+
+def test_versions_the_pods_run_against_the_spec_and_each_other() -> None:
+    """A pod whose image runs another runtime than the spec names fails ``version``; routable pods standing in for
+    two engine versions at once (a rollout through a router that pairs them) fail ``versions``."""
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE), _pod("d-1", Role.DECODE)]
+    results = diagnose(pods, {"p-0": _read(_healthy("prefill", engine="vllm==0.33.0")),
+                              "d-0": _read(_healthy("decode", version="0.1.1", engine="vllm==0.33.0")),
+                              "d-1": _read(_healthy("decode", engine="vllm==0.33.1"))})
+    bad = {(r.check, r.subject): r.detail for r in failed(results)}
+    assert set(bad) == {("version", "d-0"), ("versions", "fleet")}, bad
+    assert bad[("version", "d-0")] == ("its image runs runtime 0.1.1, standing in for vllm==0.33.0; the spec's "
+                                       "runtimeVersion is 0.1.0")
+    assert "0.1.0 (vllm==0.33.0): p-0; 0.1.0 (vllm==0.33.1): d-1; 0.1.1 (vllm==0.33.0): d-0" in \
+        bad[("versions", "fleet")]
