@@ -108,7 +108,6 @@ class Sweeper:
         self.router_url, self._key = router_url.rstrip("/"), admin_key
         self.namespace, self.selectors = namespace, {r: dict(s) for r, s in selectors.items()}
         self._list_pods, self.interval_s = list_pods, interval_s
-        self.removed: list[StaleWorker] = []
         self._stop = threading.Event()
         self._failing = ""  # the last failure logged, so a down router or apiserver is logged once
         self._swept = False
@@ -134,7 +133,6 @@ class Sweeper:
             self._router("DELETE", "/workers/" + urllib.parse.quote(stale.worker.id, safe=""))
             log.info("removed the router's %s worker %s: %s", stale.worker.worker_type, stale.worker.url,
                      stale.reason)
-            self.removed.append(stale)
         return found
 
     def run(self) -> None:
