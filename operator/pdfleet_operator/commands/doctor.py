@@ -55,15 +55,16 @@ def _read_metrics(core: Any, namespace: str, pod: str) -> Metrics | str:
     try:
         resp = core.connect_get_namespaced_pod_proxy_with_path(f"{pod}:{HTTP_PORT}", namespace, "metrics",
                                                                _preload_content=False)  # urllib3's response
-        body = resp.read(MAX_METRICS_BYTES + 1)
+        try:
+            body = resp.read(MAX_METRICS_BYTES + 1)
+        finally:
+            resp.release_conn()
         if len(body) > MAX_METRICS_BYTES:
             return f"more than {MAX_METRICS_BYTES} bytes"
         return parse_metrics(body.decode("utf-8", errors="replace"))
     except ApiException as e:
         return f"{e.status} {e.reason}"
-    except (OSError, ValueError) as e:
-        return f"{type(e).__name__}: {e}"
-    except Exception as e:  # urllib3's own errors (a timeout, a reset) are not OSErrors
+    except Exception as e:  # unreadable text, or urllib3's own errors (a timeout, a reset): said, not raised
         return f"{type(e).__name__}: {e}"
 
 
