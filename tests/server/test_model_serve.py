@@ -277,3 +277,37 @@ def test_a_state_without_its_first_token_is_an_error_never_text(tmp_path: Path, 
     _, ans = pair.send("/v1/chat/completions", {"messages": chat(3), **pair.room()})
     assert ans[0] == 500 and ans[1]["error"]["code"] == "state_mismatch", ans
     assert "no first token" in ans[1]["error"]["message"] and "choices" not in ans[1]
+
+
+def test_a_decode_drain_waits_for_the_answer_the_model_is_still_generating(tmp_path: Path, zen: Path,
+                                                                         aggregate: Aggregate,
+                                                                         pairs: list[ModelPair]) -> None:
+    """CI, stop 53's tree: a model decode's drain finished once the state had arrived, while the model was still
+    generating the answer; the pod was then deleted and the router retried the request. The generation now counts
+    as in flight: the drain ends after the answer."""
+    pair = ModelPair(tmp_path, zen, 1, 1)
+    pairs.append(pair)
+    pair.ready()
+    body = {"model": MODEL, "messages": chat(7), "max_tokens": 64, **pair.room()}
+    done: dict[str, Any] = {}
+
+    def ask() -> None:
+        (pc, _), ans = pair.send("/v1/chat/completions", body)
+        done.update(prefill=pc, answer=ans, at=time.monotonic())
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    room = f"room-{body['bootstrap_room']}"
+    deadline = time.monotonic() + 120
+    while not any(room in line and "success" in line for line in pair.decode.log().splitlines()):
+        assert time.monotonic() < deadline and asker.is_alive(), pair.decode.log()[-2000:]
+        time.sleep(0.02)
+    code, drained = pair.decode.admin("POST", "/drain?wait=true", timeout_s=120)  # the state is here; tokens come
+    drained_at = time.monotonic()
+    asker.join(120)
+    code_answer, answer = done["answer"]
+    assert code == 200 and drained["drained"] and not drained["forced"], drained
+    assert code_answer == 200 and done["prefill"] == 200, answer
+    ids = aggregate.chat_ids(chat(7))
+    assert answer["pdfleet"]["outputIds"] == aggregate.generate(ids, 64)
+    assert drained_at >= done["at"] - 0.05, (drained_at, done["at"])  # the drain ended after the answer was sent

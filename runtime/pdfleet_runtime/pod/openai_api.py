@@ -515,10 +515,14 @@ class WorkerApi:
             model = {"prompt": req.ids or ()} if self.text is not None else {}
             res = await self.pod.pull(ep, req.room, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
                                       retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s, **model)
-            if res.ok and self.text is not None and req.stream:
-                return await self._stream(http, req, res, arrived)
-            if res.ok and self.text is not None:
-                answer = await self._continue(req, res, arrived)
+            if res.ok and self.text is not None:  # the model continues from the state: a drain waits for it too
+                self.computing += 1
+                try:
+                    if req.stream:
+                        return await self._stream(http, req, res, arrived)
+                    answer = await self._continue(req, res, arrived)
+                finally:
+                    self.computing -= 1
             elif res.ok:
                 self._run(0 if counted else +1, req.prompt_tokens)
                 counted, self.computing = True, self.computing + 1
