@@ -57,11 +57,11 @@ class Metrics(BaseModel):
     def has(self, name: str) -> bool:
         return name in self.samples
 
-    def by(self, name: str, label: str) -> dict[str, float]:
-        """The family summed per value of ``label``."""
+    def by(self, name: str, label: str | None) -> dict[str, float]:
+        """The family summed per value of ``label`` (None: in one sum, keyed '')."""
         out: dict[str, float] = {}
         for labels, value in self.samples.get(name, ()):
-            key = labels.get(label, "")
+            key = labels.get(label, "") if label is not None else ""
             out[key] = out.get(key, 0.0) + value
         return out
 
@@ -79,7 +79,7 @@ class PodMetrics(BaseModel):
     before: Metrics | None = None
     error: str = ""
 
-    def counted(self, name: str, label: str) -> dict[str, float]:
+    def counted(self, name: str, label: str | None) -> dict[str, float]:
         """A counter family's increase per ``label`` value over the window (or its total without one)."""
         assert self.now is not None
         now = self.now.by(name, label)
@@ -135,7 +135,7 @@ def _generations(pods: Sequence[ObservedPod]) -> CheckResult:
                            "Progressing condition says why")
 
 
-def _counter_check(check: str, p: ObservedPod, m: PodMetrics, name: str, label: str, *, what: str, fix: str,
+def _counter_check(check: str, p: ObservedPod, m: PodMetrics, name: str, label: str | None, *, what: str, fix: str,
                    window: str) -> CheckResult:
     assert m.now is not None
     if not m.now.has(RUNTIME_MARK):
@@ -235,14 +235,14 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> li
     out = [
         _counter_check("transfer-failures", p, m, FAILURES, "reason", what="failed transfers", window=window,
                        fix=f"the reasons name the step; kubectl logs {p.name} says which peer"),
-        _counter_check("state-integrity", p, m, MISMATCHED, "state", what="bytes that failed verification",
+        _counter_check("state-integrity", p, m, MISMATCHED, None, what="bytes that failed verification",
                        window=window, fix="state arrived different from what the prefill wrote: a layout or "
                        "engine mismatch between the roles, or a faulty link; roll both roles to one revision"),
         _transport(p, m),
         _version(p, m),
     ]
     if p.role is Role.PREFILL:
-        out.append(_counter_check("unclaimed-state", p, m, EXPIRED, "role", what="rooms that expired unclaimed "
+        out.append(_counter_check("unclaimed-state", p, m, EXPIRED, None, what="rooms that expired unclaimed "
                                   "(state prefilled that no decode took)", window=window,
                                   fix="decodes that never claim: their handshake or router pairing fails; see the "
                                       "decodes' transfer-failures"))

@@ -74,8 +74,8 @@ def _read_all(core: Any, namespace: str, pods: list[ObservedPod]) -> dict[str, M
 
 def run(args: argparse.Namespace) -> int:
     from kubernetes.client import CoreV1Api, CustomObjectsApi
-    from kubernetes.client.exceptions import ApiException
 
+    from pdfleet_operator.commands.reads import read_failed
     from pdfleet_operator.observe import observed_pod
 
     try:
@@ -85,12 +85,8 @@ def run(args: argparse.Namespace) -> int:
         core = CoreV1Api(api)
         listed = core.list_namespaced_pod(args.namespace, label_selector=f"{LABEL_DEPLOYMENT}={args.name}").items
         pods = [o for o in (observed_pod(api.sanitize_for_serialization(p), uid) for p in listed) if o is not None]
-    except ApiException as e:
-        print(f"error: pdd/{args.name} in {args.namespace}: {e.status} {e.reason}", file=sys.stderr)
-        return 2
-    except Exception as e:  # no kubeconfig, an apiserver away: said, not a traceback
-        print(f"error: pdd/{args.name} in {args.namespace}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # the apiserver's refusal, no kubeconfig, an apiserver away: said, not a traceback
+        return read_failed(args.name, args.namespace, e)
     first = _read_all(core, args.namespace, pods) if args.window > 0 else {}
     if args.window > 0:
         print(f"reading the pods' counters again in {args.window:g} s ...", file=sys.stderr, flush=True)

@@ -4,7 +4,6 @@ runtime ConfigMaps; writes nothing)."""
 from __future__ import annotations
 
 import json
-import sys
 
 from pdfleet_operator import __version__
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION
@@ -31,7 +30,8 @@ def format_diffs(name: str, namespace: str, diffs: list[RoleDiff]) -> str:
 
 def run_diff(name: str, namespace: str, output: str) -> int:
     from kubernetes.client import CoreV1Api, CustomObjectsApi
-    from kubernetes.client.exceptions import ApiException
+
+    from pdfleet_operator.commands.reads import read_failed
 
     try:
         api = api_client()
@@ -46,12 +46,8 @@ def run_diff(name: str, namespace: str, output: str) -> int:
         pods = api.sanitize_for_serialization(core.list_namespaced_pod(namespace, label_selector=selector).items)
         maps = api.sanitize_for_serialization(
             core.list_namespaced_config_map(namespace, label_selector=selector).items)
-    except ApiException as exc:
-        print(f"error: pdd/{name} in {namespace}: {exc.status} {exc.reason}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # no kubeconfig, an unreadable spec: said, not a traceback
-        print(f"error: pdd/{name} in {namespace}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # the apiserver's refusal, no kubeconfig, an unreadable spec: said, not a traceback
+        return read_failed(name, namespace, exc)
     diffs = role_diffs(name, namespace, spec, pods, maps)
     if output == "json":
         print(json.dumps({"name": name, "namespace": namespace, "release": __version__,
