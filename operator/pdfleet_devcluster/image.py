@@ -12,6 +12,10 @@ checkout that started the kubelet, and no other (docs/local-cluster.md, "Whose c
   kubelet binds each one that a mount hides back at its own path, read-only, after the pod's own mounts
   (``PodSandbox``). A path that holds a mount point (``/tmp`` itself) is never bound: it would hide
   the volume.
+
+The image is offline, as every process of a run must be (local traffic only): ``HF_HUB_OFFLINE=1``, and
+``HF_ENDPOINT`` at a closed loopback port for what reads only that (sglang-router's Rust ``hf-hub``
+fetches a tokenizer for each worker's ``model_path`` it cannot find on disk, and asked huggingface.co).
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from pathlib import Path
 
 from pdfleet_runtime.source import checkout, git_dirs
 
-__all__ = ["ENV", "Image", "local_image"]
+__all__ = ["ENV", "OFFLINE", "Image", "local_image"]
 
 ENV = ("PATH", "PYTHONPATH", "HOME", "LANG", "VIRTUAL_ENV", "PDFLEET_CACHE")
 """What every container inherits from the harness."""
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+"""Every container's hub settings: nothing is fetched, and a client that ignores ``HF_HUB_OFFLINE`` is
+refused on the loopback (port 9, discard, has no listener in a pod's network namespace)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def _outermost(paths: Iterable[Path]) -> tuple[Path, ...]:
 
 def local_image(environ: Mapping[str, str] = os.environ) -> Image:
     """This process's interpreter, checkout and environment as the image of the pods its kubelet runs."""
-    env = {k: environ[k] for k in ENV if k in environ}
+    env = {**OFFLINE, **{k: environ[k] for k in ENV if k in environ}}
     bindir = str(Path(sys.executable).parent)  # not resolved: a venv's bin holds a link to its base interpreter
     env["PATH"] = os.pathsep.join([bindir, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir)])
     if sys.prefix != sys.base_prefix:

@@ -52,8 +52,8 @@ STAND_IN = textwrap.dedent("""
     role = sys.argv[1]
     answers = {
         "/health": "ok",
-        "/server_info": {"disaggregation_mode": role, "model_path": "stand-in"},
-        "/model_info": {"model_path": "stand-in", "is_generation": True},
+        "/server_info": {"disaggregation_mode": role, "model_path": "pdfleet-tests/stand-in"},
+        "/model_info": {"model_path": "pdfleet-tests/stand-in", "is_generation": True},
     }
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -185,6 +185,11 @@ def test_router_discovers_the_deployment_through_its_service_and_refuses_anonymo
     except AssertionError as e:
         raise AssertionError(f"{e}: got {worker_urls(router, url, key)} want {expected}; router log:\n"
                              f"{kubelet.log_of(router.name)[-4000:]}") from None
+    # The router asks a hub for each worker's tokenizer (a model_path like a hub id, as SGLang reports one): the local
+    # cluster's image points it at the loopback, so no attempt leaves (local traffic only).
+    wait(lambda: "Failed to load tokenizer" in kubelet.log_of(router.name), 30, "the router's tokenizer attempt")
+    log = kubelet.log_of(router.name)
+    assert "huggingface.co" not in log and "127.0.0.1:9" in log, log[-3000:]
     # By the Service's name too (CoreDNS), as status.endpoint says: the front passes /health to the router.
     wait(lambda: http(client, "GET", f"http://{router_name(NAME)}.{namespace}.svc:30000/health")[0] == 200, 30,
          "/health through the Service and the front")
