@@ -5,8 +5,9 @@ selector (all of a namespace's, or only the project's): once kwok reports a pod 
 IP, it starts the pod in a ``PodSandbox`` (network namespace at that IP, volumes, a ServiceAccount
 token through the TokenRequest API, the container commands); once the pod has a deletion timestamp
 it terminates it as a kubelet does (preStop hook, SIGTERM, the grace period, SIGKILL), in the
-background so the loop goes on. It runs inside the cluster's private network namespace
-(``sandbox.enter``), the node every pod is on.
+background so the loop goes on. A pod without readiness gates has its readiness probes run
+(``probes.ProbeLoop``), which write its ``ContainersReady`` condition. It runs inside the cluster's
+private network namespace (``sandbox.enter``), the node every pod is on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pdfleet_devcluster import podsandbox
 from pdfleet_devcluster.image import Image, local_image
 from pdfleet_devcluster.podsandbox import PodSandbox
 from pdfleet_devcluster.podspec import PodSpecError
+from pdfleet_devcluster.probes import ProbeLoop, readiness_probes
 from pdfleet_devcluster.sandbox import Ranges
 
 __all__ = ["Kubelet", "StartedPod", "wait"]
@@ -68,6 +70,7 @@ class Kubelet(threading.Thread):
         self.auth = AuthenticationV1Api(self.api_client)
         self._stop_event = threading.Event()
         self._stoppers: list[threading.Thread] = []
+        self._probes: dict[str, ProbeLoop] = {}  # by pod uid
         self._base_env = self.image.env | dict(self.extra_env)
         self.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -131,6 +134,7 @@ class Kubelet(threading.Thread):
                              image_paths=self.image.paths)
         self.pods[uid] = sandbox
         try:
+            probes = readiness_probes(d)
             sandbox.start()
         except PodSpecError:
             # A kubelet's CreateContainerConfigError: a Secret or ConfigMap the pod names may not exist yet
@@ -139,8 +143,25 @@ class Kubelet(threading.Thread):
             self.pods.pop(uid, None)
             self.started.pop(uid, None)
             raise
+        if probes:
+            name = d["metadata"]["name"]
+            loop = ProbeLoop(sandbox.ip, probes, lambda ready: self._containers_ready(name, ready),
+                             lambda c, cmd, t: sandbox.exec(*cmd, container=c, timeout_s=t).returncode)
+            self._probes[uid] = loop
+            loop.start()
+
+    def _containers_ready(self, name: str, ready: bool) -> None:
+        """What the probes found, as the kubelet writes it: ``ContainersReady`` (the Stages derive ``Ready``)."""
+        cond = {"type": "ContainersReady", "status": "True" if ready else "False",
+                "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "reason": "" if ready else "ReadinessProbeFailed", "message": ""}
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": {"conditions": [cond]}},
+                                              _request_timeout=API_TIMEOUT_S)
 
     def _terminate(self, uid: str, grace_s: float) -> None:
+        loop = self._probes.pop(uid, None)
+        if loop is not None:
+            loop.stop()
         sandbox = self.pods.pop(uid)
         self.finished[uid] = sandbox  # its log stays reachable while it stops
         t = threading.Thread(target=sandbox.terminate, args=(grace_s,), daemon=True)

@@ -15,6 +15,7 @@ import json
 import socket
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,3 +270,29 @@ def test_a_pod_recreated_under_an_earlier_pods_name_gets_its_own_token_and_direc
     # Bound to the first pod's UID, while the name holds a pod of another UID now: refused, once the apiserver's
     # cache of recent successes (10 s) let go of it.
     wait(lambda: not _review(cluster, first_token).authenticated, 30, "the first pod's token refused")
+
+
+def _ready(cluster: LocalCluster, namespace: str, name: str) -> tuple[str, str]:
+    """The pod's (ContainersReady, Ready) statuses."""
+    conds = json.loads(cluster.kubectl("-n", namespace, "get", "pod", name, "-o", "json").stdout)["status"]["conditions"]
+    by = {c["type"]: c["status"] for c in conds}
+    return by.get("ContainersReady", "?"), by.get("Ready", "?")
+
+
+def test_a_pod_without_readiness_gates_is_ready_only_while_its_readiness_probe_passes(
+        cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
+    """The kubelet runs readiness probes of pods without gates (a router pod's /readiness): not Ready until the
+    probe passes, Ready while it passes, not Ready after ``failureThreshold`` failures (kwok alone made it Ready
+    at once)."""
+    web = {**server(), "command": [PY, "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/www"],
+           "volumeMounts": [{"name": "www", "mountPath": "/www"}],
+           "readinessProbe": {"httpGet": {"path": "/ok", "port": "http"}, "periodSeconds": 1, "failureThreshold": 2}}
+    apply(cluster, namespace, pod("probed", [web], volumes=[{"name": "www", "emptyDir": {}}]))
+    srv = started(kubelet, "probed")
+    wait(lambda: curl(srv, "http://127.0.0.1:8080/") == "200", 30, "the server answers")
+    time.sleep(3)  # several failed probes (/ok is 404)
+    assert _ready(cluster, namespace, "probed") == ("False", "False")
+    srv.exec("touch", "/www/ok")
+    wait(lambda: _ready(cluster, namespace, "probed") == ("True", "True"), 15, "Ready once the probe passes")
+    srv.exec("rm", "/www/ok")
+    wait(lambda: _ready(cluster, namespace, "probed") == ("False", "False"), 15, "not Ready after the probe fails")
