@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-endpoint", default="https://huggingface.co", metavar="URL",
                    help="the Hugging Face Hub that resolves a huggingFace.revision branch or tag to its commit "
                    "(once per name; a mirror, or a test's stand-in)")
+    p.add_argument("--no-router-generations", dest="router_generations", action="store_false",
+                   help="routers pair whatever pods their selectors find, of any generation (default: one generation "
+                   "at a time, docs/router.md); for comparison: the decodes refuse pairs across generations")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG (default INFO)")
     add_arguments(p)
     return p

@@ -55,7 +55,8 @@ def register(
         holder["r"] = reconcile.Reconciler(_api_client(), admission_handlers.status_hook(verdicts), state,
                                            workers=settings.max_parallel_reconciles,
                                            secret_recheck_s=settings.resync_seconds,
-                                           hub=HubClient(settings.hub_endpoint))
+                                           hub=HubClient(settings.hub_endpoint),
+                                           router_generations=settings.router_generations)
         scalers["a"] = autoscale_runner.Autoscaler(_api_client(), state, wakeups.wake)
 
     @kopf.on.cleanup(registry=registry, id="autoscaler-close")

@@ -17,7 +17,8 @@ from kubernetes.client.exceptions import ApiException
 
 from pdfleet_operator.api.constants import LABEL_DEPLOYMENT, LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.scheduling import KUEUE_GROUP_NAME_LABEL
-from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
+from pdfleet_operator.generations import router_state
+from pdfleet_operator.observed import ObservedPod, Owner, RouterState, Snapshot
 from pdfleet_operator.placement import NodeFacts, node_facts
 from pdfleet_operator.resources.gang import kueue_gates
 from pdfleet_operator.resources.names import (
@@ -31,6 +32,7 @@ from pdfleet_operator.resources.names import (
     LABEL_ROUTABLE,
     group_pod_name,
     group_secret_name,
+    router_name,
     router_secret_name,
     secret_name,
     worker_secret_name,
@@ -135,14 +137,25 @@ def _epoch(value: object) -> float | None:
 
 
 def snapshot_of(owner: Owner, pods: Iterable[Mapping], revisions: Iterable[Mapping], *, secret_exists: bool,
-                router_secret_exists: bool, worker_secret_exists: bool = True) -> Snapshot:
-    """The planner's snapshot from pod and ControllerRevision bodies (listed, or from the watched state)."""
+                router_secret_exists: bool, worker_secret_exists: bool = True,
+                deployments: Iterable[Mapping] = ()) -> Snapshot:
+    """The planner's snapshot from pod, ControllerRevision and Deployment bodies (listed, or from the watched
+    state); the Deployments are read for the router's (its generation, ``generations``)."""
     observed = (p for p in (observed_pod(item, owner.uid) for item in pods) if p is not None)
     owned = [r for r in revisions
              if any(ref.get("uid") == owner.uid for ref in r["metadata"].get("ownerReferences") or ())]
     return Snapshot(pods=tuple(sorted(observed, key=lambda p: p.name)), secret_exists=secret_exists,
                     revisions=parse_revisions(owned), router_secret_exists=router_secret_exists,
-                    worker_secret_exists=worker_secret_exists)
+                    worker_secret_exists=worker_secret_exists, router=_router(owner, deployments))
+
+
+def _router(owner: Owner, deployments: Iterable[Mapping]) -> RouterState | None:
+    name = router_name(owner.name)
+    for d in deployments:
+        meta = d.get("metadata") or {}
+        if meta.get("name") == name and any(ref.get("uid") == owner.uid for ref in meta.get("ownerReferences") or ()):
+            return router_state(d)
+    return None
 
 
 def with_group_secrets(snapshot: Snapshot, owner: Owner, roles: Iterable[Role], exists) -> Snapshot:
@@ -159,9 +172,12 @@ def observe(api: ApiClient, owner: Owner) -> Snapshot:
     selector = f"{LABEL_DEPLOYMENT}={owner.name}"
     pods = json.loads(core.list_namespaced_pod(owner.namespace, label_selector=selector,
                                                _preload_content=False).data)["items"]
-    revisions = json.loads(AppsV1Api(api).list_namespaced_controller_revision(
+    apps = AppsV1Api(api)
+    revisions = json.loads(apps.list_namespaced_controller_revision(
         owner.namespace, label_selector=selector, _preload_content=False).data)["items"]
-    return snapshot_of(owner, pods, revisions,
+    deployments = json.loads(apps.list_namespaced_deployment(
+        owner.namespace, label_selector=selector, _preload_content=False).data)["items"]
+    return snapshot_of(owner, pods, revisions, deployments=deployments,
                        secret_exists=secret_exists(api, secret_name(owner.name), owner.namespace),
                        router_secret_exists=secret_exists(api, router_secret_name(owner.name), owner.namespace),
                        worker_secret_exists=secret_exists(api, worker_secret_name(owner.name), owner.namespace))

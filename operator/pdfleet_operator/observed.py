@@ -14,7 +14,7 @@ from pdfleet_operator.api.constants import API_VERSION, KIND, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_runtime.readiness_problems import Problem
 
-__all__ = ["ObservedPod", "Owner", "Snapshot"]
+__all__ = ["Generation", "ObservedPod", "Owner", "RouterState", "Snapshot"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,25 @@ class ObservedPod:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """The compatibility keys (``resources.compat``) of the prefill and decode pods a router pairs."""
+
+    prefill: str
+    decode: str
+
+    def of(self, role: Role) -> str:
+        return self.prefill if role is Role.PREFILL else self.decode
+
+
+@dataclass(frozen=True)
+class RouterState:
+    """The router Deployment as observed (``generations``)."""
+
+    serving: Generation | None  # the generation its selectors carry (annotations); None: not recorded
+    settled: bool  # its current template is rolled out: every router pod is of it, and available
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What observe saw: owned pods, whether the auth and router secrets exist, and the stored revisions
     (``(role, revision) -> spec`` from the deployment's ControllerRevisions)."""
@@ -78,3 +97,4 @@ class Snapshot:
     router_secret_exists: bool = False
     worker_secret_exists: bool = False
     group_secrets: frozenset[Role] = frozenset()  # roles whose group key Secret exists (read for grouped roles only)
+    router: RouterState | None = None  # the router Deployment; None: there is none

@@ -24,8 +24,9 @@ from enum import StrEnum
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.api.scheduling import KUEUE_WORKLOAD_API_VERSION
+from pdfleet_operator.generations import kept, serving
 from pdfleet_operator.groups import groups_of, units
-from pdfleet_operator.observed import ObservedPod, Owner, Snapshot
+from pdfleet_operator.observed import Generation, ObservedPod, Owner, Snapshot
 from pdfleet_operator.resources.compat import compat_key
 from pdfleet_operator.resources.engine import group_service
 from pdfleet_operator.resources.names import (
@@ -117,12 +118,15 @@ def spec_targets(spec: PDDeploymentSpec) -> dict[Role, tuple[str, PDDeploymentSp
 
 
 def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | None = None,
-                     targets: Targets | None = None, pod_names: Iterable[str] = ()) -> list[dict]:
+                     targets: Targets | None = None, pod_names: Iterable[str] = (),
+                     generation: Generation | None = None) -> list[dict]:
     """Every non-pod child, owned and complete (they are server-side applied each pass).
 
     Runtime ConfigMaps exist for each role's target revision and for every revision that still
     has pods (from its stored spec), so no pod loses its config during a rollout or a rollback.
-    The runtime's Role names ``pod_names`` (the pods that exist and those this pass creates)."""
+    The runtime's Role names ``pod_names`` (the pods that exist and those this pass creates). The router's
+    selectors carry ``generation`` (``generations.serving``; None: the target's, or none when pairing by
+    generation is off)."""
     n, ns = owner.name, owner.namespace
     targets = targets or spec_targets(spec)
     objs = [runtime_service_account(n, ns), runtime_role(n, ns, pod_names), runtime_role_binding(n, ns)]
@@ -142,7 +146,7 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
         if role in grouped:
             objs += _group_children(n, ns, spec, role)
     objs.append(network_policy(n, ns, worker_port(spec), groups=bool(grouped)))
-    objs += router_children(n, ns, spec)
+    objs += router_children(n, ns, spec, generation)
     return [_owned(o, owner) for o in objs]
 
 
@@ -204,7 +208,7 @@ def _settling(p: ObservedPod, now: float) -> bool:
 
 def _role_pod_actions(
     owner: Owner, spec: PDDeploymentSpec, role: Role, pods: list[ObservedPod], now: float,
-    target: tuple[str, PDDeploymentSpec], peers: list[ObservedPod],
+    target: tuple[str, PDDeploymentSpec], peers: list[ObservedPod], keep: frozenset[str] = frozenset(),
 ) -> list[Action]:
     """Budgets, replicas, drains and pause come from the user's spec; the pods built come from the
     target revision's spec (the spec itself, or the stable revision's while rolling back). The step
@@ -236,7 +240,11 @@ def _role_pod_actions(
         return [*actions, Action(ActionKind.HOLD, "v1", "Pod", "", reason=hold)]
     steps = plan_steps(views, replicas=rs.replicas, revision=revision, surge=surge, unavailable=unavailable,
                        drain_timeout=spec.rollout.drain_timeout_seconds, now=now, paused=spec.rollout.paused,
-                       canary=spec.rollout.canary_replicas if rolling_forward else None)
+                       canary=spec.rollout.canary_replicas if rolling_forward else None, keep=keep)
+    if keep:
+        actions.append(Action(ActionKind.HOLD, "v1", "Pod", "", reason=(
+            f"{role.value} keeps {', '.join(sorted(keep))} serving its generation until the router has switched to "
+            "the new one and rolled out (a ready prefill and decode of the new generation first)")))
     nodes = role_spec(target_spec, role).parallelism.nodes_per_replica
     for s in steps:
         if s.kind is StepKind.CREATE:
@@ -299,21 +307,36 @@ def group_pods_running(snapshot: Snapshot, role: Role) -> int:
     return sum(p.role is role and p.group_size > 1 and not p.deleting for p in snapshot.pods)
 
 
+def target_generation(targets: Targets) -> Generation:
+    """The compatibility keys of the pods each role's target revision makes."""
+    return Generation(compat_key(targets[Role.PREFILL][1], Role.PREFILL),
+                      compat_key(targets[Role.DECODE][1], Role.DECODE))
+
+
 def plan(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot, now: float = 0.0,
-         targets: Targets | None = None) -> list[Action]:
-    """All actions of one reconcile pass: children, stored revisions, the secret, then pods."""
+         targets: Targets | None = None, by_generation: bool = True) -> list[Action]:
+    """All actions of one reconcile pass: children, stored revisions, the secret, then pods.
+
+    ``by_generation``: the router pairs one generation at a time (``generations``); off, its selectors carry
+    no compatibility key and both generations join it as their pods become ready (the operator's
+    ``--no-router-generations``, for comparison)."""
     targets = targets or spec_targets(spec)
+    target = target_generation(targets)
+    router = snapshot.router if spec.router is not None and by_generation else None
+    now_serving = serving(target, router, snapshot.pods)[0] if by_generation else None
     pod_actions: list[Action] = []
     for role in Role:
+        surge = budgets(spec, role_spec(spec, role).replicas)[0]
+        keep = kept(role, target, now_serving, router, units(snapshot.pods), surge) if now_serving else frozenset()
         pod_actions += _role_pod_actions(owner, spec, role, [p for p in snapshot.pods if p.role is role], now,
-                                         targets[role], [p for p in snapshot.pods if p.role is not role])
+                                         targets[role], [p for p in snapshot.pods if p.role is not role], keep)
     # The Role is applied before the pods are created (actions run in order): a new pod's runtime
     # may read and patch its pod from its first request.
     pod_names = {p.name for p in snapshot.pods} | {
         a.name for a in pod_actions if a.kind is ActionKind.CREATE and a.object_kind == "Pod"}
     actions = [
         Action(ActionKind.APPLY, o["apiVersion"], o["kind"], o["metadata"]["name"], body=o)
-        for o in desired_children(owner, spec, snapshot, targets, pod_names)
+        for o in desired_children(owner, spec, snapshot, targets, pod_names, now_serving)
     ]
     for role in Role:
         revision = role_revision(spec, role)

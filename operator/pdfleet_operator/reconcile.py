@@ -147,8 +147,10 @@ class Reconciler:
     without it (tests, tools) it lists from the API as the pass did before watched state existed."""
 
     def __init__(self, api: ApiClient, admission_status: AdmissionStatus, state: WatchedState | None = None,
-                 *, workers: int = 4, secret_recheck_s: float = 60.0, hub: HubClient | None = None) -> None:
+                 *, workers: int = 4, secret_recheck_s: float = 60.0, hub: HubClient | None = None,
+                 router_generations: bool = True) -> None:
         self._api = api
+        self._router_generations = router_generations
         self._hub = hub or HubClient()
         self._calls = _count_calls(api)
         self._custom = CustomObjectsApi(api)
@@ -275,7 +277,7 @@ class Reconciler:
             snapshot = observe(self._api, owner)
         else:
             snapshot = snapshot_of(
-                owner, view.of("Pod"), view.of("ControllerRevision"),
+                owner, view.of("Pod"), view.of("ControllerRevision"), deployments=view.of("Deployment"),
                 secret_exists=self._secret_exists(owner.namespace, secret_name(owner.name)),
                 router_secret_exists=self._secret_exists(owner.namespace, router_secret_name(owner.name)),
                 worker_secret_exists=self._secret_exists(owner.namespace, worker_secret_name(owner.name)))
@@ -324,7 +326,7 @@ class Reconciler:
         decisions = decide_rollouts(spec, snapshot, old_status.rollout, now)
         targets = rollout_targets(spec, snapshot, decisions)
         admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
-        actions = plan(owner, spec, snapshot, now=now, targets=targets)
+        actions = plan(owner, spec, snapshot, now=now, targets=targets, by_generation=self._router_generations)
         have = {(s.get("metadata") or {}).get("name") for s in scales}
         actions += [Action(ActionKind.CREATE, API_VERSION, RS_KIND, rolescale_name(name, role),
                            body=rolescale_body(owner, declared, role),

@@ -91,11 +91,13 @@ def plan_steps(
     now: float,
     paused: bool = False,
     canary: int | None = None,
+    keep: frozenset[str] = frozenset(),
 ) -> list[Step]:
     """The steps of one pass for one role (see the module docstring for the rules).
 
     ``canary``: while pods of other revisions remain, at most this many pods of ``revision``; the
-    old pods beyond ``replicas - canary`` are replaced and the rest kept (a canary hold)."""
+    old pods beyond ``replicas - canary`` are replaced and the rest kept (a canary hold). ``keep``: ready pods
+    that start no drain in this pass (the router still pairs their generation: ``generations.kept``)."""
     draining = [p for p in pods if p.draining]
     # 1. Finish committed drains (allowed even when paused). A pod never scheduled has nothing to drain
     #    (no runtime will ever report it drained): it goes at once, not forced at the deadline.
@@ -133,6 +135,8 @@ def plan_steps(
     budget = sum(p.routable_ready for p in pods) - (replicas - unavailable)
     steps = []
     for p in removal_order([*outdated, *surplus]):
+        if p.ready and p.name in keep:
+            continue
         if not p.ready:
             steps.append(Step(StepKind.START_DRAIN, p.name, reason="not ready"))
         elif budget > 0:

@@ -190,6 +190,9 @@ class OperatorSettings(_Frozen):
         description="The Hugging Face Hub the operator asks to resolve a huggingFace.revision branch or tag to "
         "its commit (once per name; docs/model-source.md); a mirror or a test's stand-in."
     )
+    router_generations: bool = Field(
+        True, description="Routers pair one generation of pods at a time (docs/router.md); off: any they find."
+    )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     recheck: RecheckSettings = Field(default_factory=RecheckSettings)
 
@@ -226,6 +229,7 @@ class OperatorSettings(_Frozen):
             max_parallel_reconciles=args.max_parallel_reconciles,
             metrics_listen=args.metrics_listen or None,
             hub_endpoint=getattr(args, "hub_endpoint", "https://huggingface.co"),
+            router_generations=getattr(args, "router_generations", True),
             admission=AdmissionSettings.model_validate(admission),
             recheck=RecheckSettings.model_validate(recheck),
         )

@@ -12,8 +12,10 @@ from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_REVISI
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION
 
 __all__ = [
+    "ANNOTATION_DECODE_COMPAT",
     "ANNOTATION_DRAIN",
     "ANNOTATION_DRAIN_CANCELLED",
+    "ANNOTATION_PREFILL_COMPAT",
     "CONDITION_DRAINED",
     "LABEL_COMPAT",
     "LABEL_GROUP",
@@ -50,6 +52,9 @@ LABEL_GROUP = f"{GROUP}/group"
 LABEL_ROUTABLE = f"{GROUP}/routable"
 # The pod's compatibility key (resources.compat.compat_key): decode pairs only with equal keys.
 LABEL_COMPAT = f"{GROUP}/compat"
+# The router Deployment's: the compatibility keys its selectors carry (the generation it pairs: generations.py).
+ANNOTATION_PREFILL_COMPAT = f"{GROUP}/prefill-compat"
+ANNOTATION_DECODE_COMPAT = f"{GROUP}/decode-compat"
 # Epoch seconds when the operator started draining the pod; the runtime stops admitting on it.
 ANNOTATION_DRAIN = DRAIN_ANNOTATION
 # Epoch seconds when the operator cancelled the pod's drain (routable again); see plan.DRAIN_CANCEL_SETTLE_S.

@@ -25,7 +25,11 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec, RouterSpec
+from pdfleet_operator.observed import Generation
 from pdfleet_operator.resources.names import (
+    ANNOTATION_DECODE_COMPAT,
+    ANNOTATION_PREFILL_COMPAT,
+    LABEL_COMPAT,
     LABEL_MEMBER,
     MANAGED_BY,
     owner_labels,
@@ -98,22 +102,28 @@ def endpoint_url(deployment: str, namespace: str, router: RouterSpec) -> str:
     return f"http://{router_name(deployment)}.{namespace}.svc:{router.port}"
 
 
-def _selector(deployment: str, role: Role, spec: PDDeploymentSpec) -> str:
+def _selector(deployment: str, role: Role, spec: PDDeploymentSpec, generation: Generation | None) -> tuple[str, ...]:
     """The role's pods; where its replicas span nodes, each group's leader only (the worker the router sends
-    to: the members serve no worker API)."""
+    to: the members serve no worker API); with a generation, only the pods of its compatibility key."""
     rs = spec.prefill if role is Role.PREFILL else spec.decode
-    leaders = f" {LABEL_MEMBER}=0" if rs.parallelism.nodes_per_replica > 1 else ""
-    return f"{LABEL_DEPLOYMENT}={deployment} {LABEL_ROLE}={role.value}{leaders}"
+    terms = [f"{LABEL_DEPLOYMENT}={deployment}", f"{LABEL_ROLE}={role.value}"]
+    if rs.parallelism.nodes_per_replica > 1:
+        terms.append(f"{LABEL_MEMBER}=0")
+    if generation is not None:
+        terms.append(f"{LABEL_COMPAT}={generation.of(role)}")
+    return tuple(terms)
 
 
-def router_discovery(deployment: str, namespace: str, spec: PDDeploymentSpec) -> RouterDiscovery:
-    """What every router kind discovers: each role's pods in the namespace (selectors as ``key=value`` terms),
-    on the engine kind's worker port, with the health-check timings above."""
+def router_discovery(deployment: str, namespace: str, spec: PDDeploymentSpec,
+                     generation: Generation | None = None) -> RouterDiscovery:
+    """What every router kind discovers: each role's pods in the namespace (selectors as ``key=value`` terms;
+    with ``generation``, of its compatibility keys only: ``generations``), on the engine kind's worker port,
+    with the health-check timings above."""
     return RouterDiscovery(
         namespace=namespace,
         worker_port=worker_port(spec),
-        prefill_selector=tuple(_selector(deployment, Role.PREFILL, spec).split()),
-        decode_selector=tuple(_selector(deployment, Role.DECODE, spec).split()),
+        prefill_selector=_selector(deployment, Role.PREFILL, spec, generation),
+        decode_selector=_selector(deployment, Role.DECODE, spec, generation),
         health_interval_s=HEALTH_INTERVAL_S,
         health_failures=HEALTH_FAILURES,
         health_timeout_s=HEALTH_TIMEOUT_S,
@@ -121,13 +131,17 @@ def router_discovery(deployment: str, namespace: str, spec: PDDeploymentSpec) ->
     )
 
 
-def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[str]:
+def router_command(deployment: str, namespace: str, spec: PDDeploymentSpec,
+                   generation: Generation | None = None) -> list[str]:
     """The router kind's command line, with Kubernetes discovery of the deployment's routable pods."""
-    return router_plugin(spec).command(deployment, namespace, spec, router_discovery(deployment, namespace, spec))
+    return router_plugin(spec).command(deployment, namespace, spec,
+                                       router_discovery(deployment, namespace, spec, generation))
 
 
-def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec) -> dict:
-    """The router pods: the kind's containers and volumes, under one non-root, no-capability security context."""
+def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec,
+                      generation: Generation | None = None) -> dict:
+    """The router pods: the kind's containers and volumes, under one non-root, no-capability security context;
+    the generation its selectors carry in its annotations (the operator reads them back)."""
     router = spec.router
     assert router is not None
     security = {
@@ -137,8 +151,13 @@ def router_deployment(deployment: str, namespace: str, spec: PDDeploymentSpec) -
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     plugin = router_plugin(spec)
-    containers = plugin.containers(deployment, namespace, spec, router_discovery(deployment, namespace, spec), security)
-    return _router_deployment(deployment, namespace, router, containers, plugin.volumes(deployment))
+    discovery = router_discovery(deployment, namespace, spec, generation)
+    containers = plugin.containers(deployment, namespace, spec, discovery, security)
+    body = _router_deployment(deployment, namespace, router, containers, plugin.volumes(deployment))
+    if generation is not None:
+        body["metadata"]["annotations"] = {ANNOTATION_PREFILL_COMPAT: generation.prefill,
+                                           ANNOTATION_DECODE_COMPAT: generation.decode}
+    return body
 
 
 def _router_deployment(deployment: str, namespace: str, router: RouterSpec, containers: list[dict],
@@ -221,7 +240,8 @@ def router_network_policy(deployment: str, namespace: str, router: RouterSpec) -
     }
 
 
-def router_children(deployment: str, namespace: str, spec: PDDeploymentSpec) -> list[dict]:
+def router_children(deployment: str, namespace: str, spec: PDDeploymentSpec,
+                    generation: Generation | None = None) -> list[dict]:
     """Every applied router object (the Secret is created once, by ``plan``); none without spec.router."""
     if spec.router is None:
         return []
@@ -231,5 +251,5 @@ def router_children(deployment: str, namespace: str, spec: PDDeploymentSpec) -> 
         router_role_binding(deployment, namespace),
         router_service(deployment, namespace, spec.router),
         router_network_policy(deployment, namespace, spec.router),
-        router_deployment(deployment, namespace, spec),
+        router_deployment(deployment, namespace, spec, generation),
     ]
