@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pdfleet_devcluster import podspec
 from pdfleet_devcluster.image import Image
-from pdfleet_devcluster.podspec import Exec, HttpGet, PodSpecError
+from pdfleet_devcluster.podspec import Exec, HttpGet, PodSpecError, Sleep
 from pdfleet_devcluster.sandbox import BRIDGE, Ranges
 
 __all__ = ["Container", "PodSandbox", "TokenMinter", "VolumeSource", "host_path"]
@@ -344,18 +344,21 @@ class PodSandbox:
             return
         self._terminated.set()
         deadline = time.monotonic() + grace_s
-        hooks = [threading.Thread(target=self._pre_stop, args=(c, deadline), daemon=True) for c in self.containers]
+        termed: set[str] = set()
+
+        def stop(c: Container) -> None:  # each container on its own, as the kubelet kills them: its hook, its SIGTERM
+            self._pre_stop(c, deadline)
+            self._sigterm(c, termed)
+
+        hooks = [threading.Thread(target=stop, args=(c,), daemon=True) for c in self.containers]
         for t in hooks:
             t.start()
         for t in hooks:
             t.join(max(0.0, deadline - time.monotonic()))
         if grace_s > 0:  # as the kubelet does: hooks that used up the grace period still leave SIGTERM its minimum
             deadline = max(deadline, time.monotonic() + MIN_TERM_GRACE_S)
-        for c in self.containers:
-            if c.proc.poll() is None:
-                self.events.append(f"SIGTERM {c.name}")
-                with contextlib.suppress(ProcessLookupError):
-                    c.proc.send_signal(signal.SIGTERM)
+        for c in self.containers:  # a hook still running at the deadline is not waited for
+            self._sigterm(c, termed)
         for c in self.containers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(max(0.0, deadline - time.monotonic()))
@@ -402,6 +405,15 @@ class PodSandbox:
         self.network_up = False
         IPS_IN_USE.discard(self.ip)
 
+    def _sigterm(self, c: Container, termed: set[str]) -> None:
+        if c.name in termed:
+            return
+        termed.add(c.name)
+        if c.proc.poll() is None:
+            self.events.append(f"SIGTERM {c.name}")
+            with contextlib.suppress(ProcessLookupError):
+                c.proc.send_signal(signal.SIGTERM)
+
     def _pre_stop(self, c: Container, deadline: float) -> None:
         h = podspec.hook(c.spec, "preStop")
         if h is None or c.proc.poll() is not None:
@@ -409,7 +421,9 @@ class PodSandbox:
         budget = max(1.0, deadline - time.monotonic())
         self.events.append(f"preStop {c.name} {type(h).__name__}")
         try:
-            if isinstance(h, Exec):
+            if isinstance(h, Sleep):
+                time.sleep(min(h.seconds, budget))
+            elif isinstance(h, Exec):
                 subprocess.run(["nsenter", "--target", str(c.proc.pid), "--mount", "--net", "--", *h.command],
                                env=c.env, capture_output=True, timeout=budget)
             elif isinstance(h, HttpGet):

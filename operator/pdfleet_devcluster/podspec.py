@@ -4,7 +4,7 @@
   (``$$`` escapes, an undefined reference stays as written);
 - ``container_env``: the container's env list resolved (values, downward-API fieldRefs, ConfigMap and
   Secret keys through a lookup the caller supplies), each entry expanded against the ones before it;
-- ``hook``: a preStop/postStart handler as an ``Exec`` or ``HttpGet`` (its named port resolved);
+- ``hook``: a preStop/postStart handler as an ``Exec``, ``HttpGet`` (its named port resolved) or ``Sleep``;
 - ``resolv_conf`` and ``hosts``: the pod's /etc/resolv.conf (ClusterFirst) and /etc/hosts.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLUSTER_DOMAIN", "Exec", "HttpGet", "PodSpecError", "container_env", "expand", "field_value", "hook",
+__all__ = ["CLUSTER_DOMAIN", "Exec", "HttpGet", "PodSpecError", "Sleep", "container_env", "expand", "field_value", "hook",
            "hosts", "port_number", "resolv_conf"]
 
 CLUSTER_DOMAIN = "cluster.local"
@@ -104,11 +104,18 @@ class HttpGet:
     host: str = ""  # empty: the pod's IP
 
 
-def hook(container: dict, which: str) -> Exec | HttpGet | None:
+@dataclass(frozen=True)
+class Sleep:
+    seconds: int
+
+
+def hook(container: dict, which: str) -> Exec | HttpGet | Sleep | None:
     """``lifecycle.<which>`` of the container (``preStop``, ``postStart``), or None."""
     handler: Any = (container.get("lifecycle") or {}).get(which)
     if not handler:
         return None
+    if "sleep" in handler:
+        return Sleep(int(handler["sleep"]["seconds"]))
     if "exec" in handler:
         return Exec(tuple(handler["exec"].get("command") or ()))
     if "httpGet" in handler:

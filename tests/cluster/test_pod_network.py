@@ -169,6 +169,35 @@ def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str
     assert lines.index("http httpGet /pre-stop") < lines.index("http SIGTERM"), lines
 
 
+def test_a_sleeping_pre_stop_keeps_its_container_up_while_the_others_get_sigterm(
+        cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
+    """Each container stops on its own, as the kubelet stops them: one without a hook gets SIGTERM at once,
+    one whose preStop sleeps gets it after the sleep (a router container outliving its front's drain). kwok
+    removes a pod with grace 0; a pod with a sleeping hook stays until its deletionTimestamp, so its containers
+    keep their grace period."""
+    script = {"name": "hooks", "mountPath": "/run/hooks", "readOnly": True}
+    data = {"name": "data", "mountPath": "/run/data"}
+    containers = [
+        {"name": "bare", "image": "host", "command": [PY, "/run/hooks/hooked.py", "bare"], "volumeMounts": [script, data]},
+        {"name": "sleeper", "image": "host", "command": [PY, "/run/hooks/hooked.py", "sleeper"],
+         "volumeMounts": [script, data], "lifecycle": {"preStop": {"sleep": {"seconds": 3}}}},
+    ]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hooks"}, "data": {"hooked.py": HOOKED}}
+    volumes = [{"name": "hooks", "configMap": {"name": "hooks"}}, {"name": "data", "emptyDir": {}}]
+    apply(cluster, namespace, cm, pod("sleepy", containers, volumes=volumes, terminationGracePeriodSeconds=30))
+    sb = started(kubelet, "sleepy")
+    events = sb.workdir / "volumes" / "data" / "events"
+    wait(lambda: events.exists() and events.read_text().count("started") == 2, 30, "both containers up")
+    t0 = time.monotonic()
+    cluster.kubectl("-n", namespace, "delete", "pod", "sleepy", "--wait=false")
+    wait(lambda: "bare SIGTERM" in events.read_text(), 30, "the container without a hook got SIGTERM")
+    bare_s = time.monotonic() - t0
+    wait(lambda: "sleeper SIGTERM" in events.read_text(), 60, "the sleeping container got SIGTERM")
+    sleeper_s = time.monotonic() - t0
+    print(f"SIGTERM: bare {bare_s:.1f}s, sleeper {sleeper_s:.1f}s after the delete; kubelet: {sb.events}")
+    assert bare_s < 3 <= sleeper_s, (bare_s, sleeper_s, sb.events)
+
+
 def test_a_pod_has_only_its_own_token_and_its_role(cluster: LocalCluster, namespace: str, kubelet: Kubelet) -> None:
     """The runtime's ServiceAccount and Role (over the deployment's pods by name) as the operator writes them;
     the pod's token is minted for it."""

@@ -284,6 +284,7 @@ class Traffic:
         self.chat = fleet.chat_traffic(concurrency=CONCURRENCY, **({"timeout_s": 120} if fleet.check else {}))
         self.pod_failures: dict[str, int] = {}
         self.pod_expired: dict[str, int] = {}
+        self.pod_refused: dict[str, int] = {}  # vLLM-contract handshakes a decode refused (another generation)
         self._stop = threading.Event()
         self._scraper = threading.Thread(target=self._scrape_loop, daemon=True)
 
@@ -318,6 +319,7 @@ class Traffic:
             refused = sum(v for k, v in m.items() if k.startswith("pdfleet_vllm_handshake_refusals_total{"))
             self.pod_failures[pod.name] = int(failed) + expired + int(refused)
             self.pod_expired[pod.name] = expired
+            self.pod_refused[pod.name] = int(refused)
 
     def router_retries(self) -> int:
         total = 0

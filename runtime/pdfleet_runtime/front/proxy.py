@@ -16,7 +16,10 @@ wants that key from its clients too. vllm-router 0.1.17 serves its worker API (`
   served name (or the router's own value for a request without one);
 - adds ``Authorization: Bearer <worker key>`` to what it forwards where the router kind wants it
   (sglang-router; never the client's own header), and streams the router's answer back as it comes
-  (server-sent events included).
+  (server-sent events included);
+- on SIGTERM drains for ``drain_s`` (``FRONT_DRAIN_S``): it keeps serving, each answer closing its connection,
+  so clients move to another router pod before it stops listening; the router container's preStop sleep keeps
+  the router up until then.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from pdfleet_runtime.front.routers import SURFACES, FrontedRouter, RouterSurface
+from pdfleet_runtime.front.routers import FRONT_DRAIN_S, SURFACES, FrontedRouter, RouterSurface
 from pdfleet_runtime.pod.worker_api import ApiError, load_json
 from pdfleet_runtime.protocol.http_guard import GuardedServer, HttpLimits
 
@@ -59,6 +62,8 @@ class FrontSettings:
     """A worker takes bodies up to 1 MiB; the router's own limit is 256 MiB."""
     upstream_timeout_s: float = 600.0
     """Longest wait for the router's next bytes of an answer (its own request timeout ends it sooner)."""
+    drain_s: float = FRONT_DRAIN_S
+    """After SIGTERM: how long it keeps serving, each answer closing its connection, before it stops listening."""
 
     def __post_init__(self) -> None:
         if self.surface.worker_key != (self.api_key is not None):
@@ -80,6 +85,8 @@ class Front:
     _server: asyncio.Server | None = None
     _session: aiohttp.ClientSession | None = None
     port: int = 0
+    draining: bool = False
+    """Set on SIGTERM: every answer closes its connection (``serve_front``)."""
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port); the port."""
@@ -111,7 +118,7 @@ class Front:
         self.refused[why] = self.refused.get(why, 0) + 1
         resp = web.json_response({"error": {"message": message, "type": "invalid_request_error" if status < 500
                                             else "server_error", "param": param, "code": code}}, status=status)
-        if why in ("too_large", "slow_body", "route"):
+        if why in ("too_large", "slow_body", "route") or self.draining:
             resp.force_close()  # a body left unread: closed after the answer (and ``linger_s`` of dropping it)
         return resp
 
@@ -171,6 +178,8 @@ class Front:
             if upstream.headers.get("Content-Length") is not None and "text/event-stream" not in (
                     upstream.headers.get("Content-Type") or ""):
                 resp.content_length = int(upstream.headers["Content-Length"])
+            if self.draining:
+                resp.force_close()  # the client's next request opens a connection: to another router pod
             await resp.prepare(request)
             with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
                 async for chunk in upstream.content.iter_any():
@@ -194,6 +203,9 @@ async def serve_front(settings: FrontSettings, host: str, port: int, stop: async
              settings.served_model)
     try:
         await stop.wait()
+        front.draining = True
+        log.info("router front draining for %gs: answers close their connections", settings.drain_s)
+        await asyncio.sleep(settings.drain_s)
     finally:
         await front.stop()
         log.info("router front stopped; refused %s", front.refused or "nothing")

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-__all__ = ["SURFACES", "FrontedRouter", "RouterSurface"]
+__all__ = ["FRONT_DRAIN_S", "ROUTER_PRESTOP_S", "SURFACES", "FrontedRouter", "RouterSurface"]
+
+FRONT_DRAIN_S = 5.0
+"""After SIGTERM the front keeps serving this long, every answer closing its connection: the pod's Service
+endpoint goes as its deletion starts, so clients reconnect to another router pod (a kept-alive connection would
+otherwise stay on this one until it closed under a request: a router Deployment rolling, docs/router.md)."""
+ROUTER_PRESTOP_S = 10
+"""The router container's preStop sleep: it outlives the front's drain and its last answers (2 s)."""
 
 
 class FrontedRouter(StrEnum):

@@ -9,15 +9,23 @@ refused when the settings are made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from pdfleet_runtime.front.proxy import Front, FrontSettings
+from pdfleet_runtime.front.proxy import Front, FrontSettings, serve_front
 from pdfleet_runtime.front.routers import FrontedRouter
 
 KEY = "k" * 32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(("router", "key"), [(FrontedRouter.VLLM, KEY), (FrontedRouter.SGLANG, None)])
@@ -75,3 +83,55 @@ def test_sglang_router_gets_the_worker_key_in_place_of_the_clients() -> None:
                                                                            ("GET", "/workers")]))
     assert [s for _, _, s in answers] == [200, 404]
     assert seen == [{"path": "/generate", "authorization": f"Bearer {KEY}"}]
+
+
+def test_a_stopping_front_keeps_serving_for_its_drain_and_closes_each_connection_after_its_answer() -> None:
+    """SIGTERM (``stop``) starts the drain: answers still come, each with ``Connection: close`` (a kept-alive
+    client moves to another router pod through the Service); after ``drain_s`` nothing listens."""
+
+    async def run() -> tuple[list[tuple[int, str | None]], bool]:
+        async def ok(_: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", ok)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        upstream = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        settings = FrontSettings(router=FrontedRouter.VLLM, served_model="m", upstream=upstream, api_key=None,
+                                 drain_s=1.5)
+        stop = asyncio.Event()
+        port = free_port()
+        task = asyncio.create_task(serve_front(settings, "127.0.0.1", port, stop))
+        url = f"http://127.0.0.1:{port}/v1/models"
+        out: list[tuple[int, str | None]] = []
+        try:
+            async with aiohttp.ClientSession() as client:
+                for _ in range(50):  # listening
+                    with contextlib.suppress(aiohttp.ClientConnectorError):
+                        async with client.get(url) as r:
+                            out.append((r.status, r.headers.get("Connection")))
+                            break
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.sleep(0.3)
+                for _ in range(2):  # draining: served, and closed after the answer
+                    async with client.get(url) as r:
+                        out.append((r.status, r.headers.get("Connection")))
+                await asyncio.sleep(1.8)
+                try:
+                    async with client.get(url) as r:
+                        listening = True
+                except aiohttp.ClientConnectorError:
+                    listening = False
+        finally:
+            stop.set()
+            await task
+            await runner.cleanup()
+        return out, listening
+
+    out, listening = asyncio.run(run())
+    assert out[0][0] == 200 and (out[0][1] or "").lower() != "close", out
+    assert out[1:] == [(200, "close"), (200, "close")], out
+    assert not listening

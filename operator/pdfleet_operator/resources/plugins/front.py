@@ -13,7 +13,7 @@ from __future__ import annotations
 from pdfleet_operator.api.models import PDDeploymentSpec, RouterSpec
 from pdfleet_operator.resources.names import SECRET_FILE, WORKER_SECRET_MOUNT
 from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER
-from pdfleet_runtime.front.routers import SURFACES, FrontedRouter
+from pdfleet_runtime.front.routers import ROUTER_PRESTOP_S, SURFACES, FrontedRouter
 
 __all__ = ["FRONT_CONTAINER", "front_command", "front_container", "fronted_router_containers", "upstream_port",
            "worker_key_mount"]
@@ -80,6 +80,8 @@ def fronted_router_containers(deployment: str, spec: PDDeploymentSpec, kind: Fro
         "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
                           "failureThreshold": 6},
         "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        # Up until the front has drained (it gets SIGTERM at once and serves FRONT_DRAIN_S more).
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
         "securityContext": security,
     }
     return [container, front_container(deployment, spec, kind, security)]
