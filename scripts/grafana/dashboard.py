@@ -41,8 +41,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
     ("Transfers", [
         ("Transfer bytes/s per pod", "Bps", [
             ("{{pod}} {{kind}}", f"sum by (pod, kind) (rate(pdfleet_transfer_bytes_total{_sel()}[{RATE}]))")]),
-        ("Transfer bytes/s per path (staged, direct)", "Bps", [
-            ("{{pod}} {{path}}", f"sum by (pod, path) (rate(pdfleet_staged_path_bytes_total{_sel()}[{RATE}]))")]),
+        ("State bytes/s of served requests (rooms)", "Bps", [
+            ("{{pod}}", f"sum by (pod) (rate(pdfleet_room_transfer_bytes_total{_sel()}[{RATE}]))")]),
         ("Transfer latency per pod (p50, p99)", "s", [
             ("p50 {{pod}}", _quantile(0.5, "pdfleet_transfer_seconds", "pod", 'kind="request"')),
             ("p99 {{pod}}", _quantile(0.99, "pdfleet_transfer_seconds", "pod", 'kind="request"'))]),
