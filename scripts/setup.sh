@@ -25,6 +25,19 @@ if ((${#need_apt[@]})); then
   if [ ! -f "$cache/.apt-updated" ]; then apt-get update -qq && touch "$cache/.apt-updated"; fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# Prometheus 2.42 and promtool (docs/monitoring.md: the rules' promtool tests, the e2e's own prometheus process).
+# The packaged service is never started: policy-rc.d denies it during the install (one is written only if none is).
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  say "installing Debian package: prometheus (its service is not started)"
+  if [ ! -f "$cache/.apt-updated" ]; then apt-get update -qq && touch "$cache/.apt-updated"; fi
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"
+  fi
+  rc=0; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || rc=$?
+  if [ -n "$policy" ]; then rm -f "$policy"; fi
+  if [ "$rc" != 0 ]; then echo "error: apt-get install prometheus failed ($rc)" >&2; exit 1; fi
+fi
 gov=$(go env GOVERSION | sed 's/^go//')
 if [ "$(printf '%s\n1.26\n' "$gov" | sort -V | head -1)" != "1.26" ]; then
   echo "error: Go >= 1.26 is needed to build the control plane (found $gov)" >&2; exit 1

@@ -5,6 +5,7 @@
     python3 scripts/venvs.py checkout --deps DIR  this checkout's layer over DIR; prints its path
     python3 scripts/venvs.py sglang               the SGLang check venv (tests/sglang); prints its path
     python3 scripts/venvs.py vllm                 the vLLM check venv (tests/vllm); prints its path
+    python3 scripts/venvs.py grafana              grafanalib, which builds the dashboard JSON; prints its path
 
 Two levels, so heavy packages are shared and code never is (docs/local-cluster.md, "Whose code runs"):
 
@@ -271,6 +272,28 @@ def ensure_sglang() -> Path:
     return ensure_built(venv, f"the SGLang check venv sglang-venv-{key}", build, check=check, tag="sglang-venv")
 
 
+def ensure_grafana() -> Path:
+    """grafanalib (scripts/grafana/requirements.txt), keyed by that file and the Python version: it builds the
+    committed dashboard JSON (scripts/grafana/dashboard.py), a few hundred kilobytes, kept out of the shared venv's pins."""
+    pins_file = REPO / "scripts" / "grafana" / "requirements.txt"
+    py = sys.executable
+    version = subprocess.run([py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             check=True, timeout=60).stdout
+    key = hashlib.sha256(pins_file.read_bytes() + version).hexdigest()[:12]
+    venv = cache_root() / f"grafana-venv-{key}"
+    log = cache_root() / "logs" / f"grafana-venv-{key}.log"
+
+    def build(path: Path) -> None:
+        say(TAG, f"  pip install of grafanalib's pins; log {log}")
+        run_logged([py, "-m", "venv", path], log, "python -m venv")
+        _pip(path, log, "-r", str(pins_file))
+
+    def check(path: Path) -> None:
+        run_logged([path / "bin" / "python", "-c", "import grafanalib.core"], log, "import grafanalib")
+
+    return ensure_built(venv, f"the grafanalib venv grafana-venv-{key}", build, check=check, tag="grafana-venv")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -279,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     co.add_argument("--deps", type=Path, required=True, help="the shared venv (what `deps` printed)")
     sub.add_parser("sglang", help="the SGLang check venv")
     sub.add_parser("vllm", help="the vLLM check venv")
+    sub.add_parser("grafana", help="grafanalib's venv (the dashboard generator)")
     args = parser.parse_args(argv)
     try:
         if args.what == "deps":
@@ -287,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             path = ensure_checkout(args.deps)
         elif args.what == "vllm":
             path = ensure_vllm()
+        elif args.what == "grafana":
+            path = ensure_grafana()
         else:
             path = ensure_sglang()
     except BuildError as exc:

@@ -33,6 +33,7 @@ __all__ = [
     "GROUP_MEMBER_ENV",
     "GROUP_PORT",
     "HTTP_PORT",
+    "METRICS_PORT",
     "READINESS_GATE",
     "SERVED_NAME_PATTERN",
     "ComputeCost",
@@ -48,7 +49,8 @@ __all__ = [
 ]
 
 CONFIG_SCHEMA_VERSION = 1
-HTTP_PORT = 8080  # /healthz, /readyz, /metrics
+HTTP_PORT = 8080  # /healthz, /readyz, /metrics, the worker API
+METRICS_PORT = 8090  # /metrics alone: a scraper needs no route to the worker API (docs/monitoring.md)
 ADMIN_PORT = 8081  # POST|DELETE /drain, on 127.0.0.1 only: the exec preStop hook (``pdfleet-runtime drain``)
 BOOTSTRAP_PORT = 8998  # prefill only: where decode ranks register and send requests
 ENGINE_PORT = 17000  # first engine port; rank r of a pod uses ENGINE_PORT + r
@@ -182,6 +184,7 @@ class RuntimeConfig(_Model):
         None, description="File holding the deployment's worker key: the routes of the HTTP port that start or hold "
         "work want it as 'Authorization: Bearer <key>' (the routers send it). Unset: no key asked (local runs).")
     http_port: int = Field(HTTP_PORT, ge=1, le=65535)
+    metrics_port: int = Field(METRICS_PORT, ge=1, le=65535, description="GET /metrics alone (Prometheus).")
     admin_port: int = Field(ADMIN_PORT, ge=1, le=65535,
                             description="Drain and cancel; listens on the pod's loopback only (docs/security.md).")
     bootstrap_port: int = Field(BOOTSTRAP_PORT, ge=1, le=65535)
@@ -222,13 +225,14 @@ class RuntimeConfig(_Model):
     @model_validator(mode="after")
     def _ports_distinct(self) -> RuntimeConfig:
         last_engine = self.engine_port + self.shape.world - 1
-        for name, port in (("httpPort", self.http_port), ("adminPort", self.admin_port),
-                           ("bootstrapPort", self.bootstrap_port)):
+        for name, port in (("httpPort", self.http_port), ("metricsPort", self.metrics_port),
+                           ("adminPort", self.admin_port), ("bootstrapPort", self.bootstrap_port)):
             if self.engine_port <= port <= last_engine:
                 raise ValueError(f"{name} {port} overlaps the engine ports {self.engine_port}-{last_engine}")
-        ports = [self.http_port, self.admin_port, self.bootstrap_port] + ([self.group.port] if self.group else [])
+        ports = [self.http_port, self.metrics_port, self.admin_port, self.bootstrap_port] + (
+            [self.group.port] if self.group else [])
         if len(set(ports)) < len(ports):
-            raise ValueError("httpPort, adminPort, bootstrapPort and group.port must differ")
+            raise ValueError("httpPort, metricsPort, adminPort, bootstrapPort and group.port must differ")
         if self.group is not None:
             if self.engine_port <= self.group.port <= last_engine:
                 raise ValueError(f"group.port {self.group.port} overlaps the engine ports {self.engine_port}-{last_engine}")

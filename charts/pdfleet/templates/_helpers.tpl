@@ -78,3 +78,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- dict "dns" $dns "ips" $ips | toJson -}}
 {{- end -}}
+
+{{/* The target labels pdfleet's rules and dashboard use (files/prometheus-rules.yaml): the deployment (a runtime
+pod's pdfleet.io/deployment, a router pod's pdfleet.io/router), the role (prefill, decode, router) and the
+generation key. The same relabelling as the e2e's Prometheus (tests/e2e/test_monitoring_runtimes.py). */}}
+{{- define "pdfleet.monitorRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_pdfleet_io_deployment, __meta_kubernetes_pod_label_pdfleet_io_router]
+  separator: ""
+  targetLabel: pdfleet_deployment
+- sourceLabels: [__meta_kubernetes_pod_label_pdfleet_io_role]
+  targetLabel: pdfleet_role
+- sourceLabels: [__meta_kubernetes_pod_label_pdfleet_io_router]
+  regex: .+
+  targetLabel: pdfleet_role
+  replacement: router
+- sourceLabels: [__meta_kubernetes_pod_label_pdfleet_io_compat]
+  targetLabel: pdfleet_compat
+{{- end -}}
+
+{{- define "pdfleet.namespaceSelector" -}}
+{{- if .Values.watch.clusterWide }}
+any: true
+{{- else }}
+matchNames: {{- include "pdfleet.namespaces" . | fromJsonArray | toYaml | nindent 2 }}
+{{- end }}
+{{- end -}}

@@ -43,6 +43,7 @@ from pdfleet_runtime.config import (
     GROUP_LEADER_ENV,
     GROUP_MEMBER_ENV,
     HTTP_PORT,
+    METRICS_PORT,
     READINESS_GATE,
 )
 from pdfleet_runtime.links import LinkProtocol
@@ -152,7 +153,8 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
     nodes = rs.parallelism.nodes_per_replica
     ranks = rs.parallelism.tensor * rs.parallelism.pipeline // nodes
     pod = group_pod_name(name, role, revision, index, member)
-    ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+    ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]  # the PodMonitor's port
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
     ports += [{"name": f"engine-{r}", "containerPort": ENGINE_PORT + r, "protocol": "TCP"} for r in range(ranks)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.resources.names import LABEL_MEMBER, owner_labels, role_selector, service_name
-from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT
+from pdfleet_runtime.config import BOOTSTRAP_PORT, ENGINE_PORT, HTTP_PORT, METRICS_PORT
 
 __all__ = ["headless_service"]
 
@@ -19,7 +19,8 @@ def headless_service(name: str, namespace: str, role: Role, engine_ports: int, l
     pod that serves the worker API and the bootstrap, so peers discovering the role see one pod per
     replica; the members are reached through the group Service."""
     selector = role_selector(name, role) | ({LABEL_MEMBER: "0"} if leaders_only else {})
-    ports = [{"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT, "protocol": "TCP"}]
+    ports = [{"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT, "protocol": "TCP"},
+             {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"}]
     if role is Role.PREFILL:
         ports.append({"name": "bootstrap", "port": BOOTSTRAP_PORT, "targetPort": BOOTSTRAP_PORT, "protocol": "TCP"})
     ports += [

@@ -9,7 +9,8 @@ Where a synthetic request goes is ``routing.RequestRouter``.
 HTTP (``httpPort``, 8080): ``GET /healthz`` (the pod process and every rank process are alive),
 ``GET /readyz`` (the transfer-path verdict with its reason; 200 or 503), ``GET /metrics``
 (Prometheus), ``POST /v1/synthetic`` (decode pods: one synthetic request end to end), and the worker
-API (``openai_api``: the OpenAI endpoints, SGLang's ``/generate`` and registration endpoints). Admin
+API (``openai_api``: the OpenAI endpoints, SGLang's ``/generate`` and registration endpoints). Metrics
+(``metricsPort``, 8090, ``pod.metrics_port``): ``GET /metrics`` alone, for a scraper kept off the worker API. Admin
 (``adminPort``, 8081, on 127.0.0.1 only, ``pod.admin``): ``POST /drain[?wait=true]`` (stop
 admitting, finish in-flight; the exec preStop hook) and ``DELETE /drain`` (cancel a drain: routable
 again). docs/runtime-server.md describes each answer.
@@ -56,6 +57,7 @@ from .gate import GateWriter, NoGate
 from .group import GroupRanks
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .metrics_port import start_metrics
 from .model_text import ChatMessage, ModelTextError
 from .openai_api import WorkerApi, request_items
 from .options import ServeOptions
@@ -126,6 +128,7 @@ class PodServer:
         self.auth = WorkerAuth(Keyring.from_file(cfg.worker_key_path) if cfg.worker_key_path else None)
         """The worker key required on the routes that start or hold work, and the port's bounds."""
         self._admin: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self.metrics.in_flight_from(lambda: float(self._in_flight_estimate()))
         self.worker = WorkerApi(self, self.metrics.registry)
         """The OpenAI endpoints and SGLang's PD worker contract (``openai_api``), over this server as its
@@ -216,8 +219,9 @@ class PodServer:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._admin is not None:
-            await self._admin.cleanup()
+        for aux in (self._admin, self._metrics_runner):
+            if aux is not None:
+                await aux.cleanup()
         if self._http_server is not None:
             self._http_server.close()
         if self._runner is not None:  # first: no request may reach a rank that is stopping
@@ -249,6 +253,7 @@ class PodServer:
         self.http_port = sock.getsockname()[1]  # port 0 (tests): the one chosen
         self._http_server = await asyncio.get_running_loop().create_server(auth.guard, sock=sock, backlog=1024)
         self._admin = await start_admin(self._drain, self._undrain, self.opts.admin_port)
+        self._metrics_runner = await start_metrics(self._metrics, self.opts.bind_host, self.opts.metrics_port)
 
     async def read_body(self, request: web.Request) -> bytes:
         """A request's body within the port's read deadline (``ApiError`` 408 when it trickles in)."""

@@ -51,6 +51,7 @@ from .gate import GateWriter, NoGate
 from .group import OPS, config_digest, dump, load
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .metrics_port import start_metrics
 from .options import ServeOptions
 from .readiness import Problem
 
@@ -82,6 +83,7 @@ class MemberServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._admin: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self.first = opts.group_member * self.cfg.local_world
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,7 +142,7 @@ class MemberServer:
             await asyncio.gather(gate, *self._tasks, return_exceptions=True)
             if self.link is not None:
                 self.link.close()
-            for runner in (self._admin, self._runner):
+            for runner in (self._admin, self._metrics_runner, self._runner):
                 if runner is not None:
                     await runner.cleanup()
             if self.launcher is not None:
@@ -271,6 +273,7 @@ class MemberServer:
         await self._runner.setup()
         await web.TCPSite(self._runner, self.opts.bind_host, self.opts.http_port, reuse_address=True).start()
         self._admin = await start_admin(self._drain, self._drain, self.opts.admin_port)
+        self._metrics_runner = await start_metrics(self._metrics, self.opts.bind_host, self.opts.metrics_port)
 
     async def _drain(self, _: web.Request) -> web.Response:
         return web.json_response({"phase": "drained", "drained": True, "forced": False, "inFlight": 0,

@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -145,6 +145,9 @@ def room_error(room: int, failure: RoomFailure, ttl_s: float) -> ApiError:
                             code="transfer_failed")
 
 
+HandshakeRefusal = Literal["engine_id", "compatibility"]
+HANDSHAKE_REFUSALS: tuple[HandshakeRefusal, ...] = ("engine_id", "compatibility")
+
 class WorkerPod(Protocol):
     """What the worker API asks of its pod server, and nothing more (``app.PodServer`` is one; the worker API
     never imports the app). The pod server owns the rooms' wiring: a prefill's bootstrap admits claims
@@ -232,6 +235,8 @@ class WorkerApi:
                                 "pulling, by why (engine_id: the id it was handed is not the prefill's engine now; "
                                 "compatibility: the prefill's engine, model, layout or backend differs)",
                                 ["reason"], registry=r)
+        for reason in HANDSHAKE_REFUSALS:  # at 0 from the start: an alert's rate() needs the series before its first
+            self.refusals.labels(reason)
         self._background: set[asyncio.Task[None]] = set()
         self._refusals_logged: set[tuple[str, str]] = set()
         self._peers: aiohttp.ClientSession | None = None
@@ -381,7 +386,7 @@ class WorkerApi:
                            "roll both roles as one generation and keep the router from pairing two",
                            code="incompatible_engine")
 
-    def _refused(self, reason: str, where: str, what: str) -> None:
+    def _refused(self, reason: HandshakeRefusal, where: str, what: str) -> None:
         """Count a refused pair; log it once per prefill and reason (a router pairing two generations refuses
         every request it sends across them)."""
         self.refusals.labels(reason).inc()

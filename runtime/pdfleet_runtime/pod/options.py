@@ -160,6 +160,10 @@ class ServeOptions:
         return self.config.http_port + self.port_offset
 
     @property
+    def metrics_port(self) -> int:
+        return self.config.metrics_port + self.port_offset
+
+    @property
     def admin_port(self) -> int:
         """Drain and cancel, on 127.0.0.1 only (``pod.admin``)."""
         return self.config.admin_port + self.port_offset
@@ -211,8 +215,10 @@ class ServeOptions:
         if (place := _group_env(config, environ)) is not None:
             member, leader, leader_address = place
             opts = replace(opts, group_member=member, group_leader=leader, group_leader_address=leader_address)
-        highest = max(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port + config.shape.world - 1)
-        if min(opts.http_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 or highest > 65535:
+        highest = max(opts.http_port, opts.metrics_port, opts.admin_port, opts.bootstrap_port,
+                      opts.engine_port + config.shape.world - 1)
+        if min(opts.http_port, opts.metrics_port, opts.admin_port, opts.bootstrap_port, opts.engine_port) < 1 \
+                or highest > 65535:
             raise OptionsError(f"port offset {opts.port_offset} moves a port outside 1-65535")
         if opts.canary_tokens < 1 or opts.canary_period_s <= 0 or opts.retry_period_s <= 0:
             raise OptionsError("canary tokens and periods must be positive")

@@ -31,6 +31,7 @@ from pdfleet_runtime.config import (
     ENGINE_PORT,
     GROUP_PORT,
     HTTP_PORT,
+    METRICS_PORT,
     RuntimeConfig,
 )
 from pdfleet_runtime.lifetime import die_with_parent
@@ -52,7 +53,7 @@ def free_offset() -> int:
     if top <= 2_000:
         raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it for a pod's ports "
                            f"(engine ports start at {ENGINE_PORT}); raise net.ipv4.ip_local_port_range")
-    ports = (HTTP_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + _RANKS))
+    ports = (HTTP_PORT, METRICS_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + _RANKS))
     rng = random.Random()
     for _ in range(200):
         offset = rng.randrange(1_000, top)
@@ -109,6 +110,11 @@ class LocalPod:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.cfg.http_port + self.offset}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The metrics port's ``/metrics`` (the port that serves nothing else)."""
+        return f"http://127.0.0.1:{self.cfg.metrics_port + self.offset}/metrics"
 
     @property
     def admin_url(self) -> str:

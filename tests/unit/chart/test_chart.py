@@ -24,6 +24,7 @@ VALUE_SETS = {
     "dev-url": ("webhook.url=https://127.0.0.1:9555", "deployment.enabled=false"),
     "cert-manager": ("webhook.certificate.source=cert-manager",),
     "service-monitor": ("serviceMonitor.enabled=true",),
+    "monitoring": ("podMonitor.enabled=true", "prometheusRule.enabled=true", "grafanaDashboard.enabled=true"),
     "no-webhook": ("webhook.enabled=false",),
 }
 
@@ -202,7 +203,7 @@ def test_service_monitor_is_optional(render: Render) -> None:
     assert not by_kind(render(), "ServiceMonitor")
     sm = one(render("serviceMonitor.enabled=true", "watch.namespaces={a}"), "ServiceMonitor")
     assert sm["spec"]["namespaceSelector"] == {"matchNames": ["a"]}
-    assert sm["spec"]["endpoints"][0]["port"] == "http"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
 
 
 def test_no_webhook_means_no_certificate_or_listener(render: Render) -> None:
