@@ -52,10 +52,14 @@ def test_cache_root_honours_env(monkeypatch, tmp_path: Path) -> None:
 def test_kwok_stages_replace_the_gate_blind_defaults() -> None:
     text = resources.files("pdfleet_devcluster").joinpath("kwok-stages.yaml").read_text()
     stages = {d["metadata"]["name"]: d for d in yaml.safe_load_all(text)}
-    assert set(stages) == {"node-initialize", "pod-start", "pod-gates-ready", "pod-gates-unready", "pod-delete"}
-    # Deletion waits for the hold annotation to go.
-    keys = [e["key"] for e in stages["pod-delete"]["spec"]["selector"]["matchExpressions"]]
-    assert '.metadata.annotations["pdfleet.io/hold-deletion"]' in keys
+    assert set(stages) == {"node-initialize", "pod-start", "pod-gates-ready", "pod-gates-unready", "pod-delete",
+                           "pod-delete-after-grace"}
+    # Deletion waits for the hold annotation to go; a pod whose preStop sleeps stays until its deletionTimestamp.
+    for name in ("pod-delete", "pod-delete-after-grace"):
+        keys = [e["key"] for e in stages[name]["spec"]["selector"]["matchExpressions"]]
+        assert '.metadata.annotations["pdfleet.io/hold-deletion"]' in keys
+    delay = stages["pod-delete-after-grace"]["spec"]["delay"]
+    assert delay["durationFrom"]["jq"]["expression"] == ".metadata.deletionTimestamp"
     # No stage marks readiness-gate conditions True by itself.
     for stage in stages.values():
         assert "range .spec.readinessGates }}\n      - lastTransitionTime" not in stage["spec"]["next"].get("statusTemplate", "")
