@@ -284,17 +284,19 @@ def _end_gang(unit: ObservedPod) -> list[Action]:
 
 def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedPod],
                  peers: list[ObservedPod]) -> str | None:
-    """A decode rollout to a key no ready prefill shares holds (its pods could pair with nobody).
+    """A decode rollout to a key no running prefill shares holds (its pods could pair with nobody).
 
-    Only during a rollout (old decode pods exist): a new deployment's pods start together."""
+    Running, not ready: a prefill pod is ready only once a decode pod of its key canaried it (the handshake
+    refuses a peer of another layout or model), so waiting for a ready one would wait for ever. Only during a
+    rollout (old decode pods exist): a new deployment's pods start together."""
     if role is not Role.DECODE:
         return None
     key = compat_key(target_spec, Role.DECODE)
     if not any(p.compat and p.compat != key and not p.deleting for p in pods):  # "" = unlabelled, older pod
         return None
-    if any(p.compat == key and p.ready and not p.deleting for p in peers):
+    if any(p.compat == key and p.scheduled and not p.deleting and not p.failed for p in peers):
         return None
-    return f"decode revision holds: no ready prefill shares its compatibility key {key} (protocol, layout, TP/PP)"
+    return f"decode revision holds: no running prefill shares its compatibility key {key} (protocol, layout, TP/PP)"
 
 
 def pods_running(snapshot: Snapshot) -> int:

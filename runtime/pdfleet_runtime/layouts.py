@@ -26,6 +26,7 @@ Conventions (design.md sections 1 and 2):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from pdfleet_runtime.layout_schema import (  # the schema, re-exported
 )
 
 __all__ = [
+    "LAYOUT_DIGEST_LEN",
     "PRESETS",
     "AttentionKind",
     "BufferSpec",
@@ -82,6 +84,7 @@ __all__ = [
     "arena_offsets",
     "group_range",
     "item_bytes_by_kind",
+    "layout_digest",
     "pages_for_tokens",
     "pool_counts",
     "rank_buffers",
@@ -104,6 +107,16 @@ class LayoutRef(_Model):
         if (self.preset is None) == (self.inline is None):
             raise ValueError("exactly one of preset or inline must be set")
         return self
+
+
+LAYOUT_DIGEST_LEN = 16
+
+
+def layout_digest(layout: Layout) -> str:
+    """A digest of the whole layout (dtypes, page size, every state): peers of two digests never pair (the
+    handshakes of the pdfleet protocol and of the vLLM contract compare it)."""
+    text = layout.model_dump_json(by_alias=True, exclude_none=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:LAYOUT_DIGEST_LEN]
 
 
 def resolve_layout(ref: LayoutRef | Layout | str) -> Layout:

@@ -613,6 +613,13 @@ def compile_pair(
             a, b = sbufs[i], dbufs[j]
             if is_sentinel(a.spec.layer_id) and (sentinel_stages or {}).get(key, src.pp_rank) != src.pp_rank:
                 continue
+            if a.spec.dtype != b.spec.dtype:
+                # Bytes of one element type read as another: equal item sizes (bfloat16 and float16) would move
+                # and decode would compute on them, nothing failing (the SGLang contract's pair across a
+                # KV-dtype rollout did: docs/router.md).
+                raise PlanError(f"{key[0].value}/{key[1].value} is {a.spec.dtype.value} on {src.label()} and "
+                                f"{b.spec.dtype.value} on {dst.label()}: both roles must keep state in one dtype",
+                                state_type=key[0], layer_id=a.spec.layer_id, rule="dtype-equal")
             blocks = _blocks_for(a, b, src, dst)
             if blocks:
                 pairs.append((a, b, tuple(blocks)))

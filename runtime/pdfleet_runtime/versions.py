@@ -58,7 +58,7 @@ class RuntimeRelease:
 
 RUNTIME_RELEASES: Mapping[str, RuntimeRelease] = MappingProxyType(
     {
-        "0.1.0": RuntimeRelease("0.1.0", matrix_version="1", wire=WireProtocol(1, 2)),
+        "0.1.0": RuntimeRelease("0.1.0", matrix_version="1", wire=WireProtocol(1, 3)),
     }
 )
 

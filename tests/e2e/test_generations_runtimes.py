@@ -8,8 +8,9 @@ traffic through the router's Service:
 - with generations (the default): zero client failures, zero router retries, zero failed transfers and zero
   handshake refusals; the router Deployment's selectors name one generation at every moment;
 - the same rollout back with the operator's ``--no-router-generations``: the router pairs pods of both
-  generations; behind vllm-router the decodes refuse those pairs (the test fails if none is refused), behind
-  sglang-router such pairs are served (the test fails if none was: answers name their prefill and decode).
+  generations, and those pairs fail: behind vllm-router the decodes refuse them at the handshake (the test fails
+  if none is refused), behind sglang-router the prefill refuses to plan state of two dtypes (the test fails if
+  nothing failed, or if any answer came from such a pair: answers name their prefill and decode).
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ def test_a_compatibility_key_rollout_pairs_one_generation_at_a_time_and_without_
             print(f"{kind}-router, KV dtype float16 -> bfloat16 WITHOUT generations: {len(traffic.results)} "
                   f"requests, {c}; handshake refusals {refused}; answers served across generations {crossed} of "
                   f"{known} whose pair is known")
-            # The router paired the two generations: vLLM-contract decodes refuse such pairs (as vLLM's handshake
-            # does); the SGLang contract has no such check, and the pair was served (docs/router.md).
-            assert (refused > 0) if kind == "vllm" else (crossed > 0), (refused, crossed, c)
+            # The router paired the two generations: vLLM-contract decodes refuse such pairs at their handshake (as
+            # vLLM's does); under the SGLang contract the prefill refuses to plan state of two dtypes ("plan").
+            failed = c.client_failures + c.router_retries + c.transfer_failures
+            assert crossed == 0 and ((refused > 0) if kind == "vllm" else (failed > 0)), (refused, crossed, c)
         finally:
             operator.restart()

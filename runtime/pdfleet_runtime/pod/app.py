@@ -33,6 +33,7 @@ from aiohttp import web
 
 from pdfleet_runtime import __version__
 from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
+from pdfleet_runtime.layouts import layout_digest, resolve_layout
 from pdfleet_runtime.model.hf_config import read_config
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.bootstrap import BootstrapServer, BootstrapState
@@ -150,7 +151,8 @@ class PodServer:
         try:
             if self.role is Role.PREFILL:
                 wire = parse_wire(opts.faults.wire) if opts.faults.wire else WIRE
-                state = BootstrapState(cfg.shape, wire=wire, model=cfg.model_identity or "")
+                state = BootstrapState(cfg.shape, wire=wire, model=cfg.model_identity or "",
+                                       layout=layout_digest(resolve_layout(cfg.layout)))
                 state.admit = self.worker.rooms.admit  # claims of rooms go through the worker API's rooms,
                 state.settled = self.worker.rooms.settle  # and so do the ends of their legs
                 codec = Codec(mounted_keys(cfg.secret_path, secret), opts.instance, rank_key=self._rank_key)

@@ -123,6 +123,8 @@ class Readiness:
     died: list[str] = field(default_factory=list)
     draining: bool = False
     peers: dict[str, PeerCheck] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)
+    """The prefill endpoints discovery gave last (``forget_peers``): those without a check are still to canary."""
     discovery_error: str = ""
     failed_in_row: int = 0
     last_failure: str = ""
@@ -159,6 +161,7 @@ class Readiness:
         return check
 
     def forget_peers(self, keep: set[str]) -> None:
+        self.known = set(keep)
         for ep in [e for e in self.peers if e not in keep]:
             del self.peers[ep]
 
@@ -211,8 +214,17 @@ class Readiness:
             if self.discovery_error:
                 return Verdict(False, Problem.NO_PEER, self.discovery_error)
             return Verdict(False, Problem.WAITING, "no canary has run yet")
-        worst = sorted(self.peers.values(), key=lambda c: c.endpoint)
-        return Verdict(False, worst[0].problem, "; ".join(f"prefill pod {c.endpoint}: {c.reason}" for c in worst))
+        # A peer of another generation (its handshake or its plan refuses this pod's layout, model or shape) says
+        # nothing of this pod's path while other peers remain: during a rollout a decode sees both generations,
+        # and judging it by the old prefill would fail the new revision before it canaried the new one.
+        mine = [c for c in self.peers.values() if c.problem is not Problem.INCOMPATIBLE]
+        unchecked = sorted(self.known - set(self.peers))
+        if not mine and unchecked:
+            return Verdict(False, Problem.WAITING, f"prefill pod {unchecked[0]} not canaried yet" + "".join(
+                f"; prefill pod {c.endpoint}: {c.reason}" for c in sorted(self.peers.values(), key=lambda c: c.endpoint)))
+        worst = sorted(mine, key=lambda c: c.endpoint) or sorted(self.peers.values(), key=lambda c: c.endpoint)
+        every = sorted(self.peers.values(), key=lambda c: c.endpoint)
+        return Verdict(False, worst[0].problem, "; ".join(f"prefill pod {c.endpoint}: {c.reason}" for c in every))
 
     def _prefill(self) -> Verdict:
         if self.bootstrap_registered < self.ranks_total:

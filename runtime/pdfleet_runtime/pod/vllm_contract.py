@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdfleet_runtime.config import Role, RuntimeConfig
-from pdfleet_runtime.layouts import resolve_layout
+from pdfleet_runtime.layouts import layout_digest, resolve_layout
 
 __all__ = ["HandshakeKey", "KvTransferParams", "LegKind", "VllmLeg", "engine_id", "handshake_key", "leg_of",
            "names_engine", "nixl_prefill_params", "query_answer", "room_of_transfer"]
@@ -194,7 +194,7 @@ class HandshakeKey(BaseModel):
 def handshake_key(config: RuntimeConfig, stand_in_for: str | None, version: str) -> HandshakeKey:
     """This pod's ``HandshakeKey`` (``version``: this runtime's, when it stands in for no engine)."""
     layout = resolve_layout(config.layout)
-    digest = hashlib.sha256(layout.model_dump_json(by_alias=True, exclude_none=True).encode()).hexdigest()[:16]
+    digest = layout_digest(layout)
     return HandshakeKey(engine=stand_in_for or f"pdfleet-runtime=={version}",
                         model=config.model_identity or config.served_model_name or config.deployment,
                         kv_dtype=layout.dtype.value, layout=digest,

@@ -117,10 +117,14 @@ class BootstrapState:
     """The registry and mailboxes of one prefill pod (pure; one instance per pod incarnation)."""
 
     def __init__(self, prefill: ParallelShape, *, limits: BootstrapLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic, wire: WireProtocol = WIRE, model: str = "") -> None:
+                 clock: Callable[[], float] = time.monotonic, wire: WireProtocol = WIRE, model: str = "",
+                 layout: str = "") -> None:
         self.prefill, self.limits, self._clock, self.wire = prefill, limits or BootstrapLimits(), clock, wire
         self.model = model
         """The model this pod serves (``RuntimeConfig.model_identity``); a decode of another one is refused."""
+        self.layout = layout
+        """This pod's layout digest (``layouts.layout_digest``); a decode of another one is refused ('': not
+        checked)."""
         self.draining = False
         self.broken = ""
         """Why this replica lost ranks for good (``fail_sources``); '' while whole."""
@@ -204,8 +208,12 @@ class BootstrapState:
             raise ProtocolError(RefusalCode.CONFLICT, f"{msg.role.value} {msg.instance} serves model "
                                 f"{msg.model or '(not pinned)'}; this prefill pod serves {self.model or '(not pinned)'}: "
                                 "pods of two model generations never pair")
+        if msg.layout and self.layout and msg.layout != self.layout:  # '': a pod from before wire 1.3
+            raise ProtocolError(RefusalCode.CONFLICT, f"{msg.role.value} {msg.instance} keeps state in layout "
+                                f"{msg.layout}; this prefill pod's is {self.layout}: pods of two layout generations "
+                                "(a dtype, a page size, a state) never pair")
         return Welcome(runtime_version=CURRENT_RUNTIME_VERSION, wire=str(self.wire), prefill_tp=self.prefill.tp,
-                       prefill_pp=self.prefill.pp, ready=self.ready, model=self.model)
+                       prefill_pp=self.prefill.pp, ready=self.ready, model=self.model, layout=self.layout)
 
     def prefill_register(self, msg: PrefillRegister) -> Ack:
         key = msg.rank.rank.pair

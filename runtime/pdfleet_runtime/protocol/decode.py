@@ -155,7 +155,7 @@ class DecodeRank:
                  instance: str, settings: DecodeSettings | None = None,
                  release: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  runtime_version: str = CURRENT_RUNTIME_VERSION, wire: str = str(WIRE),
-                 staging: DecodeStaging | None = None, model: str = "") -> None:
+                 staging: DecodeStaging | None = None, model: str = "", layout: str = "") -> None:
         self.registration, self.resolver, self.codec, self.instance = registration, resolver, codec, instance
         self.settings = settings or DecodeSettings()
         self.me: Pair = (registration.tp_rank, registration.pp_rank)
@@ -167,6 +167,8 @@ class DecodeRank:
         self._runtime_version, self._wire = runtime_version, wire
         self.model = model
         """The model this rank serves (``RuntimeConfig.model_identity``): a prefill pod of another one is refused."""
+        self.layout = layout
+        """This rank's layout digest (``layouts.layout_digest``): a prefill pod of another one is refused."""
         self.tracker = RequestTracker(self.settings.timeouts, clock)
         self._link: _Link | None = None
         self._link_lock = asyncio.Lock()
@@ -249,7 +251,7 @@ class DecodeRank:
         client = BootstrapClient(endpoint, self.codec)
         try:
             hello = Hello(role=Role.DECODE, runtime_version=self._runtime_version, wire=self._wire,
-                          instance=self.instance, model=self.model)
+                          instance=self.instance, model=self.model, layout=self.layout)
             reply = await client.call(hello, timeout_s=self._rpc(deadline))
             welcome = reply.body
             assert isinstance(welcome, Welcome)
@@ -262,6 +264,10 @@ class DecodeRank:
                 raise HandshakeRefused(RefusalCode.CONFLICT, f"prefill pod {endpoint} serves model "
                                        f"{welcome.model or '(not pinned)'}; this decode rank serves "
                                        f"{self.model or '(not pinned)'}: pods of two model generations never pair")
+            if welcome.layout and self.layout and welcome.layout != self.layout:
+                raise HandshakeRefused(RefusalCode.CONFLICT, f"prefill pod {endpoint} keeps state in layout "
+                                       f"{welcome.layout}; this decode rank's is {self.layout}: pods of two layout "
+                                       "generations (a dtype, a page size, a state) never pair")
             reg = await client.call(self._register_msg, timeout_s=self._rpc(deadline))
             assert isinstance(reg.body, DecodeRegistered)
             if reg.boot != reply.boot:

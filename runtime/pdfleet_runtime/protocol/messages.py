@@ -21,7 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pdfleet_runtime.engines.base import PeerInfo  # a pure module: it imports no engine library
 from pdfleet_runtime.ids import LayerId, RowId, SlotId
-from pdfleet_runtime.layouts import BufferSpec, DType, EntryField, IndexKind, Sharding, StateType
+from pdfleet_runtime.layouts import (
+    LAYOUT_DIGEST_LEN,
+    BufferSpec,
+    DType,
+    EntryField,
+    IndexKind,
+    Sharding,
+    StateType,
+)
 from pdfleet_runtime.records import (
     BufferRecord,
     ParallelShape,
@@ -265,6 +273,9 @@ class Hello(_Msg):
     model: str = Field("", max_length=MODEL_IDENTITY_MAX)
     """The model the decode serves (``RuntimeConfig.model_identity``; wire 1.2): a prefill pod of another one
     refuses it, so pods of two model generations never pair. '' = not pinned."""
+    layout: str = Field("", max_length=LAYOUT_DIGEST_LEN)
+    """The digest of the decode's layout (``layouts.layout_digest``; wire 1.3): a prefill pod of another layout
+    refuses it, so pods of two layout generations (a KV dtype rolled) never pair. '' = an older pod."""
 
 
 class Welcome(_Msg):
@@ -274,9 +285,11 @@ class Welcome(_Msg):
     prefill_tp: int = Field(ge=1, le=1024)
     prefill_pp: int = Field(ge=1, le=1024)
     ready: bool
+    """True once every prefill rank of the pod has registered."""
     model: str = Field("", max_length=MODEL_IDENTITY_MAX)
     """The model this prefill pod serves (wire 1.2; '' from an older pod, or not pinned)."""
-    """True once every prefill rank of the pod has registered."""
+    layout: str = Field("", max_length=LAYOUT_DIGEST_LEN)
+    """The digest of this prefill pod's layout (wire 1.3; '' from an older pod)."""
 
 
 class PrefillRegister(_Msg):

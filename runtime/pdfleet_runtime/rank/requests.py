@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pdfleet_runtime.engines.base import PeerInfo
+from pdfleet_runtime.layouts import layout_digest, resolve_layout
 from pdfleet_runtime.pools import PoolExhausted, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import Codec
 from pdfleet_runtime.protocol.decode import DecodeRank, DecodeSettings
@@ -215,7 +216,8 @@ class DecodeRequests(_Items):
                 Codec(mounted_keys(spec.config.secret_path, spec.secret), f"{spec.instance}-{spec.tp}-{spec.pp}"),
                 instance=spec.instance,
                 settings=DecodeSettings(timeouts=timeouts, fence_timeout_s=spec.fence_timeout_s),
-                release=self.release, staging=self.staging, model=spec.config.model_identity or "", **wire)
+                release=self.release, staging=self.staging, model=spec.config.model_identity or "",
+                layout=layout_digest(resolve_layout(spec.config.layout)), **wire)
         return coord
 
     async def transfer(self, op: TransferOp) -> TransferResult:

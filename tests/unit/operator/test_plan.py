@@ -247,7 +247,9 @@ def test_long_names_fit_hostnames() -> None:
     assert pod["spec"]["hostname"] == pod["metadata"]["name"]
 
 
-def test_decode_rollout_holds_until_a_ready_prefill_shares_its_key() -> None:
+def test_decode_rollout_holds_until_a_running_prefill_shares_its_key() -> None:
+    """Running, not ready: a new-key prefill is ready only once a new-key decode canaried it (the handshake refuses
+    the old decodes), so the decode starts beside a prefill still waiting for it."""
     from pdfleet_operator.resources.compat import compat_key
 
     old_spec = base_spec(replicas=1)
@@ -261,7 +263,11 @@ def test_decode_rollout_holds_until_a_ready_prefill_shares_its_key() -> None:
     held = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill), secret_exists=True))
     assert next(a.reason for a in held if a.kind is ActionKind.HOLD).startswith("decode revision holds")
     assert not pods_of(held, Role.DECODE)
-    new_prefill = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, True, compat=new_key)
+    unscheduled = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, False, compat=new_key,
+                              scheduled=False)
+    held = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, unscheduled), secret_exists=True))
+    assert any(a.kind is ActionKind.HOLD for a in held)  # no node yet: nothing runs to pair with
+    new_prefill = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, False, compat=new_key)
     moving = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, new_prefill), secret_exists=True))
     assert not [a for a in moving if a.kind is ActionKind.HOLD]
     assert pods_of(moving, Role.DECODE)[0]["metadata"]["labels"]["pdfleet.io/compat"] == new_key

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdfleet_runtime.engines import EngineConfig, create_engine
-from pdfleet_runtime.layouts import PRESETS
+from pdfleet_runtime.layouts import PRESETS, DType, layout_digest
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.auth import AUTH_HEADER, SIGNATURE_HEADER, Codec
 from pdfleet_runtime.protocol.bootstrap import MESSAGES_PATH, BootstrapServer, BootstrapState
@@ -61,10 +61,11 @@ class Rig:
 
 async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeouts | None = None,
               prefill_timeouts: StateTimeouts | None = None, wire: str = str(WIRE), layout: str = LAYOUT_NAME,
-              models: tuple[str, str] = ("", "")) -> Rig:
+              models: tuple[str, str] = ("", ""), digests: tuple[str, str] = ("", "")) -> Rig:
     lay = PRESETS[layout]
     cap = Capacity(REQUESTS, TOKENS)
-    server = BootstrapServer(BootstrapState(p, model=models[0]), Codec(SECRET, "pod", rank_key=RANK_KEY))
+    server = BootstrapServer(BootstrapState(p, model=models[0], layout=digests[0]),
+                             Codec(SECRET, "pod", rank_key=RANK_KEY))
     ep = await server.start()
     src = [RankPools(lay, p, t, k, cap) for t, k in p.coords()]
     dst = [RankPools(lay, d, t, k, cap) for t, k in d.coords()]
@@ -91,6 +92,7 @@ async def rig(p: ParallelShape, d: ParallelShape, *, decode_timeouts: StateTimeo
         info = eng.register_rank(pools.registration())
         r.decode.append(DecodeRank(pools.registration(), info, StaticResolver([ep]), Codec(SECRET, "d"),
                                    instance="dec", release=r.released["decode"].append, wire=wire, model=models[1],
+                                   layout=digests[1],
                                    settings=DecodeSettings(timeouts=decode_timeouts or StateTimeouts())))
     return r
 
@@ -165,6 +167,30 @@ def test_pods_of_two_model_generations_refuse_each_other_at_the_handshake() -> N
     run(S(1), S(1), body, models=(B, A))
     run(S(1), S(1), body, models=(A, B))
     run(S(1), S(1), same, models=(A, A))
+
+
+def test_pods_of_two_layouts_refuse_each_other_at_the_handshake() -> None:
+    """The layout digest (wire 1.3): a bfloat16 decode and a float16 prefill (a KV dtype rolled) never pair, on
+    either side's check; the request fails as refused before anything is written; one digest pairs; a pod from
+    before wire 1.3 ('' digest) is not held to it."""
+    bf16 = layout_digest(PRESETS[LAYOUT_NAME])
+    f16 = layout_digest(PRESETS[LAYOUT_NAME].model_copy(update={"dtype": DType.FLOAT16}))
+    assert bf16 != f16
+
+    async def body(r: Rig) -> None:
+        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=5)
+        assert out.state is RequestState.FAILED and out.failure is FailureReason.REFUSED, out
+        assert bf16 in out.reason and f16 in out.reason and "two layout generations" in out.reason
+        assert r.released["decode"] == ["q0"] and r.server.state.decodes == {}
+
+    async def same(r: Rig) -> None:
+        r.prefill[0].add_request("q0", r.src_reqs[0])
+        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=10)
+        assert out.state is RequestState.SUCCESS, out
+
+    run(S(1), S(1), body, digests=(f16, bf16))
+    run(S(1), S(1), same, digests=(bf16, bf16))
+    run(S(1), S(1), same, digests=("", bf16))
 
 
 def test_an_older_prefill_pod_is_refused_by_the_decode(monkeypatch: pytest.MonkeyPatch) -> None:

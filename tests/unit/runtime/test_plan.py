@@ -141,3 +141,15 @@ def test_every_source_rank_listed_even_when_not_elected() -> None:
     kv = {r: _state_blocks(b, StateType.KV) for r, b in per_src.items()}
     assert kv == {4: 24, 5: 0, 6: 0, 7: 0}  # pages 0, 1 -> 2, 3 are one run per entry
     assert all(_state_blocks(b, StateType.MAMBA) for b in per_src.values())  # sharded: everyone writes
+
+
+def test_state_of_two_dtypes_with_equal_item_sizes_is_not_paired() -> None:
+    """bfloat16 and float16 have the same item size: bytes would move and the decode compute on them. The pair
+    is refused, naming the dtypes (a prefill and a decode of two KV-dtype generations, docs/router.md)."""
+    lay = PRESETS["llama-dense"]
+    fp16 = lay.model_copy(update={"dtype": lay.dtype.__class__("float16")})
+    with pytest.raises(PlanError) as e:
+        compile_pair(_reg(lay, S(1), 0, 0, 1 << 40), _reg(fp16, S(1), 0, 0, 1 << 42))
+    assert e.value.rule == "dtype-equal" and e.value.state_type is StateType.KV
+    assert "bfloat16" in str(e.value) and "float16" in str(e.value)
+    compile_pair(_reg(fp16, S(1), 0, 0, 1 << 40), _reg(fp16, S(1), 0, 0, 1 << 42))  # one dtype: planned

@@ -93,6 +93,25 @@ def test_one_good_prefill_pod_is_enough_and_bytes_that_differ_never_are() -> Non
     assert "12 bytes differ" in r.verdict().reason and r.peers["b:1"].problem is Problem.CORRUPT
 
 
+def test_a_prefill_of_another_generation_does_not_fail_a_decode_that_has_others_to_canary() -> None:
+    """During a rollout a new decode discovers the old prefill (its handshake refuses the new layout) and the new
+    one: it waits for the new one's canary rather than report the old one's refusal (which fails its revision);
+    with nothing else to try the refusal is its problem; another peer's failure leads over the refusal."""
+    refused = CanaryResult(False, F.REFUSED, "prefill pod refused the handshake: conflict: two layout generations")
+    r = decode()
+    r.forget_peers({"old:1", "new:1"})
+    r.record_canary("old:1", refused)
+    v = r.verdict()
+    assert not v.ready and v.problem is Problem.WAITING and "new:1 not canaried yet" in v.reason
+    assert "two layout generations" in v.reason
+    r.record_canary("new:1", GOOD)
+    assert r.verdict().ready
+    r.record_canary("new:1", CanaryResult(False, F.PEER_UNREACHABLE, "gone"))
+    assert r.verdict().problem is Problem.UNREACHABLE  # the peer of its own generation's problem
+    r.forget_peers({"old:1"})
+    assert r.verdict().problem is Problem.INCOMPATIBLE  # nobody else: pairing with nobody is its problem
+
+
 def test_transfers_failing_in_a_row_make_it_not_ready_until_a_canary_passes() -> None:
     r = decode()
     r.record_canary("p:1", GOOD)
