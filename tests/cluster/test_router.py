@@ -33,7 +33,14 @@ from pdfleet_devcluster.kubelet import Kubelet, wait
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.plan import ActionKind, Owner, Snapshot, plan
-from pdfleet_operator.resources.names import LABEL_ROUTABLE, pod_labels, router_name, worker_secret_name
+from pdfleet_operator.resources.compat import compat_key
+from pdfleet_operator.resources.names import (
+    LABEL_COMPAT,
+    LABEL_ROUTABLE,
+    pod_labels,
+    router_name,
+    worker_secret_name,
+)
 from pdfleet_operator.resources.plugins.front import upstream_port
 from pdfleet_operator.resources.plugins.sglang_router import CONTROL_PLANE_KEY
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
@@ -96,7 +103,7 @@ def router_objects(namespace: str) -> list[dict]:
 
 
 def worker(role: Role, index: int) -> dict:
-    labels = {**pod_labels(NAME, role, "standin000", index), **TEST_LABEL}
+    labels = {**pod_labels(NAME, role, "standin000", index), LABEL_COMPAT: compat_key(_spec(), role), **TEST_LABEL}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"{NAME}-{role.value}-{index}", "labels": labels},

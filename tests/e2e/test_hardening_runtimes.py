@@ -333,8 +333,10 @@ def test_what_a_pod_that_only_carries_the_labels_can_and_cannot_see(fleet: Fleet
     """What a labelled pod made by a holder of ``own-pods`` (a cluster admin here; a tenant is refused: above) but
     not by the operator can see, as docs/security.md says: the routers add it, so it receives prompts and the
     router's worker key; it gets no transfer state and no Secret."""
+    compat = pods(fleet, "decode")[0].pod["metadata"]["labels"]["pdfleet.io/compat"]  # the routers select its generation
     rogue = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rogue-decode", "labels": {
-        "pdfleet.io/deployment": NAME, "pdfleet.io/role": "decode", "app.kubernetes.io/managed-by": "pdfleet-operator"}},
+        "pdfleet.io/deployment": NAME, "pdfleet.io/role": "decode", "pdfleet.io/compat": compat,
+        "app.kubernetes.io/managed-by": "pdfleet-operator"}},
         "spec": {"automountServiceAccountToken": True, "containers": [{
             "name": "main", "image": "host", "command": ["python3", "-c", ROGUE, NAME],
             "ports": [{"name": "http", "containerPort": 8080}]}]}}
