@@ -70,11 +70,13 @@ from pdfleet_operator.resources.secret import (
 )
 from pdfleet_operator.rollout_state import decide_rollouts, next_wake, rollout_targets, with_rollout_failures
 from pdfleet_operator.status import (
+    broken_wake,
     pass_status,
     spec_unreadable_status,
     status_document,
     with_degraded,
     with_placement,
+    with_transfer_health,
 )
 from pdfleet_operator.watched import (
     INDEX_NODES,
@@ -109,6 +111,10 @@ class PassResult:
 
 def _admitted(conditions: list[Condition]) -> bool:
     return not any(c.type is ConditionType.ADMITTED and c.status is ConditionStatus.FALSE for c in conditions)
+
+
+def _earliest(*waits: float | None) -> float | None:
+    return min((w for w in waits if w is not None), default=None)
 
 
 class StatusUnreadable(ValueError):
@@ -326,6 +332,7 @@ class Reconciler:
         decisions = decide_rollouts(spec, snapshot, old_status.rollout, now)
         targets = rollout_targets(spec, snapshot, decisions)
         admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
+        admission = with_transfer_health(admission, snapshot.pods, now, meta.get("generation", 0))
         actions = plan(owner, spec, snapshot, now=now, targets=targets, by_generation=self._router_generations)
         have = {(s.get("metadata") or {}).get("name") for s in scales}
         actions += [Action(ActionKind.CREATE, API_VERSION, RS_KIND, rolescale_name(name, role),
@@ -362,7 +369,8 @@ class Reconciler:
         self._write_status(owner, raw_status, status)
         self._write_scales(owner, declared, scales, status)
         return PassResult(outcomes=outcomes, transitions=transitions, body=obj, conditions=conditions,
-                          requeue_after=next_wake(spec, snapshot, decisions, now))
+                          requeue_after=_earliest(next_wake(spec, snapshot, decisions, now),
+                                                  broken_wake(snapshot.pods, now)))
 
     def _hub_token(self, namespace: str, spec: PDDeploymentSpec) -> str | None:
         """The Hub token of ``huggingFace.tokenSecret`` (key ``token``), read by name; None without one."""

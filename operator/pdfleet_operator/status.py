@@ -32,9 +32,14 @@ from pdfleet_operator.resources.pods import role_spec
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.router import endpoint_url
 from pdfleet_operator.rollout_state import RoleDecision, rollout_status
+from pdfleet_runtime.readiness_problems import GATE_FAILURES, PATH_BROKEN
 
 __all__ = [
+    "BROKEN_AFTER_S",
+    "TRANSFER_PATH_BROKEN",
     "RoleCounts",
+    "broken_paths",
+    "broken_wake",
     "compute_status",
     "merge_conditions",
     "pass_status",
@@ -43,6 +48,7 @@ __all__ = [
     "status_document",
     "with_degraded",
     "with_placement",
+    "with_transfer_health",
 ]
 
 
@@ -76,6 +82,43 @@ def with_placement(admission: Sequence[Condition], problems: Sequence[PlacementP
         return list(admission)
     text = "; ".join(f"{p.role.value}: {p.message}" for p in problems)
     return with_degraded(admission, problems[0].problem.value, text, generation)
+
+
+BROKEN_AFTER_S = 30.0
+"""A pod's gate closed for an unreachable peer or held pools counts as a broken path once the pod has run this long
+(a peer still starting is unreachable too); the other ``PATH_BROKEN`` reasons count at once."""
+TRANSFER_PATH_BROKEN = "TransferPathBroken"
+
+
+def broken_paths(pods: Iterable[ObservedPod], now: float) -> list[ObservedPod]:
+    """Pods whose transfer-path gate names a broken path now (``PATH_BROKEN``), draining and deleted pods aside."""
+    out = []
+    for p in pods:
+        if p.deleting or p.drain_started is not None or p.gate != "False" or p.gate_problem not in PATH_BROKEN:
+            continue
+        if p.gate_problem in GATE_FAILURES or (p.running_since is not None and now - p.running_since >= BROKEN_AFTER_S):
+            out.append(p)
+    return sorted(out, key=lambda p: (p.role.value, p.name))
+
+
+def broken_wake(pods: Iterable[ObservedPod], now: float) -> float | None:
+    """Seconds until a pod's closed gate starts to count as broken (no event brings that); None: none due."""
+    due = [p.running_since + BROKEN_AFTER_S - now for p in pods
+           if p.gate == "False" and p.gate_problem in PATH_BROKEN - GATE_FAILURES and p.running_since is not None
+           and not p.deleting and p.drain_started is None and p.running_since + BROKEN_AFTER_S > now]
+    return min(due) + 0.05 if due else None
+
+
+def with_transfer_health(conditions: Sequence[Condition], pods: Iterable[ObservedPod], now: float,
+                         generation: int) -> list[Condition]:
+    """Fold pods whose transfer path is broken into ``Degraded`` (reason ``TransferPathBroken`` unless an earlier
+    reason holds it), each named with its role and its gate's reason and message: routers pair pods, so a pod is
+    what leaves them, and the deployment says which and why (``kubectl get pdd``; an event on the transition)."""
+    broken = broken_paths(pods, now)
+    if not broken:
+        return list(conditions)
+    text = "; ".join(f"{p.role.value} pod {p.name}: {p.gate_message or p.gate_problem}" for p in broken)
+    return with_degraded(conditions, TRANSFER_PATH_BROKEN, f"transfer path broken: {text}", generation)
 
 
 def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:

@@ -190,6 +190,9 @@ class RuntimeConfig(_Model):
     bootstrap_port: int = Field(BOOTSTRAP_PORT, ge=1, le=65535)
     engine_port: int = Field(ENGINE_PORT, ge=1, le=65535)
     readiness_gate: str = Field(READINESS_GATE, description="Pod condition type the runtime sets.")
+    canary_period_seconds: float | None = Field(
+        None, gt=0, le=3600, description="A ready pod's canary period (spec.transfer.canaryPeriodSeconds); unset: the "
+        "runtime's default. A --canary-period flag wins.")
     drain_timeout_seconds: int = Field(600, ge=0, description="Budget for finishing in-flight transfers.")
     router_drop_seconds: float = Field(
         0.0, ge=0, le=60,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["GATE_FAILURES", "Problem", "gate_problem"]
+__all__ = ["GATE_FAILURES", "PATH_BROKEN", "Problem", "gate_problem"]
 
 
 class Problem(StrEnum):
@@ -44,6 +44,12 @@ GATE_FAILURES: frozenset[Problem] = frozenset({
     Problem.GROUP_MEMBER_LOST,
 })
 """Reasons of a False gate that mean the pod's path is broken (not "not yet")."""
+
+
+PATH_BROKEN: frozenset[Problem] = GATE_FAILURES | {Problem.UNREACHABLE, Problem.POOLS_HELD}
+"""Reasons of a False gate the PDDeployment reports as ``Degraded`` (``TransferPathBroken``): the pod's path is broken
+now. A rollout fails only on ``GATE_FAILURES``; an unreachable peer or held pools count once the pod ran a while
+(the operator's ``status.BROKEN_AFTER_S``): a prefill still starting is unreachable too."""
 
 
 def gate_problem(reason: str | None) -> Problem | None:

@@ -68,6 +68,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Canary throughput vs floor", "decgbytes", [
             ("{{pod}} -> {{peer}}", f"pdfleet_canary_throughput_gbps{_sel()}"),
             ("floor {{pod}}", f"max by (pod) (pdfleet_canary_floor_gbps{_sel()})")]),
+        ("Canary pairs: 1 passed, 0 failed", "short", [("{{pod}} -> {{peer}}", f"pdfleet_canary_peer_ok{_sel()}")]),
         ("Transfer-path gate (pdfleet_ready)", "short", [("{{pod}}", f"max by (pod) (pdfleet_ready{_sel()})")]),
         ("Pool items free (lowest rank)", "short", [
             ("{{pod}} {{kind}}", f"min by (pod, kind) (pdfleet_pool_items_free{_sel()})")]),

@@ -5,7 +5,10 @@ it would in any cluster.
 - the healthy fleet, with chat traffic through the router: every check passes (exit 0), the counters judged
   over a window in which requests were served;
 - the prefill's processes killed (a crash on the data path, not on what the doctor reads): the decodes' canaries
-  fail, and the doctor fails naming the check (``transfer-path``), the pod and the reason (exit 1).
+  fail, and the doctor fails naming the check (``transfer-path``), the pod and the reason (exit 1); the
+  PDDeployment turns ``Degraded`` (``TransferPathBroken``) naming both decodes and the reason, with a warning event.
+
+The fleet runs its canaries every 2 s (``spec.transfer.canaryPeriodSeconds``): the decodes' canary counters show it.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pdfleet_devcluster import LocalCluster
+from pdfleet_runtime.testing.scrape import scrape
 from tests.cluster.conftest import OperatorProcess
 from tests.e2e.traffic import NAME, running_fleet
 
@@ -34,9 +39,22 @@ def _doctor(cluster: LocalCluster, namespace: str, *args: str) -> tuple[int, dic
     return out.returncode, json.loads(out.stdout)
 
 
+def _canaries(url: str) -> float:
+    """The decode's canaries so far, passed or failed (its /metrics)."""
+    m = scrape(url + "/metrics")
+    return sum(v for k, v in m.items() if k.startswith("pdfleet_transfers_total{") and 'kind="canary"' in k)
+
+
 def test_the_doctor_passes_a_healthy_fleet_and_names_a_crashed_prefill(
         cluster: LocalCluster, operator: OperatorProcess, namespace: str, tmp_path: Path) -> None:
-    with running_fleet(cluster, namespace, tmp_path / "pods") as fleet:
+    with running_fleet(cluster, namespace, tmp_path / "pods", canary_period=2) as fleet:
+        decode_pods = [p for p in fleet.runner.running("decode").values()]
+        before = [_canaries(p.url) for p in decode_pods]
+        time.sleep(9.0)
+        # every 2 s (10 s without the field): at least 3 each in 9 s
+        ran = [_canaries(p.url) - b for p, b in zip(decode_pods, before, strict=True)]
+        print("canaries in 9 s per decode:", ran)
+        assert min(ran) >= 3, ran
         traffic = fleet.traffic()
         traffic.wait_served(4)
         rc, report = _doctor(cluster, namespace, "--window", "3")
@@ -62,6 +80,17 @@ def test_the_doctor_passes_a_healthy_fleet_and_names_a_crashed_prefill(
                        for c in p.status.conditions or ())
 
         fleet.wait(decode_gate_failed, 90, "a decode's canary failing against the killed prefill")
+
+        def degraded() -> dict | None:
+            cond = fleet.conditions().get("Degraded") or {}
+            named = all(f"decode pod {d}: PeerUnreachable" in (cond.get("message") or "") for d in decodes)
+            return cond if cond.get("status") == "True" and named else None
+
+        cond = fleet.wait(degraded, 90, "Degraded naming both decodes (their pods ran 30 s)")
+        print("Degraded:", cond["reason"], cond["message"][:400])
+        assert cond["reason"] == "TransferPathBroken", cond
+        warned = [e for e in fleet.events() if e.get("reason") == "TransferPathBroken" and e.get("type") == "Warning"]
+        assert warned and "decode pod" in warned[0]["message"], [e.get("reason") for e in fleet.events()]
         rc, report = _doctor(cluster, namespace)
         bad = [(c["check"], c["subject"], c["detail"]) for c in report["checks"] if c["verdict"] == "fail"]
         print("doctor, prefill killed:", bad)

@@ -5,7 +5,7 @@ PodMonitor says) and the operator, and evaluates the chart's rules. With chat tr
 - every dashboard panel's query returns data over the run, asked as Grafana asks it (a range query; the test
   lists any that return nothing);
 - every recording rule returns data, and the alerts the fault raises (failed transfers, a canary below the floor,
-  a closed transfer-path gate) return data; the other alerts' conditions are not produced here: their promtool
+  a failing canary pair, a closed transfer-path gate) return data; the other alerts' conditions are not produced here: their promtool
   tests (tests/unit/monitoring/rules_test.yaml) run over input series whose names and label names are checked here
   against the series this Prometheus scraped.
 """
@@ -28,7 +28,8 @@ from tests.e2e.traffic import NAME, running_fleet
 pytestmark = pytest.mark.cluster
 
 RULES_TEST = Path(__file__).resolve().parents[1] / "unit" / "monitoring" / "rules_test.yaml"
-FIRED_HERE = {"PdfleetTransferFailures", "PdfleetCanaryBelowFloor", "PdfleetTransferPathNotReady"}
+FIRED_HERE = {"PdfleetTransferFailures", "PdfleetCanaryBelowFloor", "PdfleetTransferPathNotReady",
+              "PdfleetCanaryPeerFailing"}
 # Replicas pinned (min = max): the autoscaler decides every pass and records it, and scales nothing.
 AUTOSCALING = {"prefill": {"minReplicas": 1, "maxReplicas": 1,
                            "signals": {"backlog": {"targetSeconds": 1.0, "prefillTokensPerSecond": 1000}}},

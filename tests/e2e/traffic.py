@@ -51,12 +51,14 @@ RETRY_METRICS = ("smg_worker_retries_total", "vllm_router_retries_total")  # sgl
 
 def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, nodes: int = 1,
              scheduling: dict | None = None, model: dict | None = None, prefill_tp: int = 1,
-             router_kind: str | None = None, backend: str = "mooncake", **rollout: Any) -> dict:
+             router_kind: str | None = None, backend: str = "mooncake", canary_period: int | None = None,
+             **rollout: Any) -> dict:
     """``decode`` pods carry ``ROLLOUT_MARK=mark`` (change it to roll them); ``rollout`` overrides the budgets;
     ``nodes`` > 1: every replica is a group of that many pods (tensor ``nodes``, one rank per pod);
     ``scheduling``: spec.scheduling (gangs, topology key); ``model``: spec.model of a model the pods compute
     (default: llama-dense's seeded state), with ``prefill_tp`` ranks in each prefill pod; ``router_kind``:
-    spec.router.kind (default: the engine's own, sglang-router); ``backend``: spec.transfer.backend."""
+    spec.router.kind (default: the engine's own, sglang-router); ``backend``: spec.transfer.backend;
+    ``canary_period``: spec.transfer.canaryPeriodSeconds (default: unset, the runtime's 10 s)."""
     parallelism = {"tensor": 1} if nodes == 1 else {"tensor": nodes, "nodesPerReplica": nodes}
     role = {"parallelism": parallelism, "image": IMAGE}
     pre_role = {**role, "parallelism": {"tensor": prefill_tp}} if prefill_tp != 1 else role
@@ -66,7 +68,8 @@ def manifest(ns: str, mark: str = "v1", *, prefill: int = 1, decode: int = 2, no
         "metadata": {"name": NAME, "namespace": ns},
         "spec": {
             "model": model or {"layout": {"preset": "llama-dense"}},
-            "transfer": {"backend": backend, "protocol": "tcp"},
+            "transfer": {"backend": backend, "protocol": "tcp",
+                         **({"canaryPeriodSeconds": canary_period} if canary_period else {})},
             # A prefill pod serves every decode pod's traffic and canaries (two requests in flight per
             # decode pod, surge pods included): room for all of them, so no request is shed for load.
             "prefill": {"replicas": prefill, **pre_role, "pool": {**pool, "maxConcurrentRequests": 16}},

@@ -318,11 +318,19 @@ def test_the_canary_gauge_of_a_prefill_pod_that_went_goes_too(tmp_path: Path) ->
         while len(series()) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert series() == {f"pdfleet_canary_throughput_gbps{{peer={p}}}" for p in (prefill.bootstrap, gone)}
+        # each pair's verdict: the live prefill's passed, the gone one's failed, and the decode stays ready (one
+        # failing pair is reported, not acted on)
+        ok = {k: v for k, v in decode.metrics().items() if k.startswith("pdfleet_canary_peer_ok{")}
+        assert ok == {f"pdfleet_canary_peer_ok{{peer={prefill.bootstrap}}}": 1.0,
+                      f"pdfleet_canary_peer_ok{{peer={gone}}}": 0.0}, ok
+        assert decode.readyz()["ready"], decode.readyz()
         addresses.write_text(json.dumps([prefill.bootstrap]))  # the Service no longer names it
         deadline = time.monotonic() + 30
         while len(series()) > 1 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert series() == {f"pdfleet_canary_throughput_gbps{{peer={prefill.bootstrap}}}"}
+        assert {k for k in decode.metrics() if k.startswith("pdfleet_canary_peer_ok{")} == {
+            f"pdfleet_canary_peer_ok{{peer={prefill.bootstrap}}}"}
     finally:
         decode.stop()
         prefill.stop()

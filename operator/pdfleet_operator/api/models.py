@@ -216,6 +216,13 @@ class TransferSpec(ApiModel):
             "--disaggregation-ib-device. Exclusive with rdmaDevices.",
         )
     )
+    canary_period_seconds: int | None = Field(
+        None, ge=1, le=3600,
+        description="How often a ready pod re-proves its transfer path: each decode pod sends a canary through every "
+        "prefill pod it discovers, this often (a pod that is not ready retries every second). A decode whose canaries "
+        "fail against most prefill pods (two at least) leaves the routers; one failing pair is reported. Unset: the "
+        "runtime's default, 10. Lower finds a broken path sooner, at one small transfer per pair and period.",
+    )
     rdma_resource: Annotated[str, StringConstraints(
         pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", max_length=253
     )] = Field(

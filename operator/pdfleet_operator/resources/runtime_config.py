@@ -52,6 +52,7 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
         secret_path=f"{SECRET_MOUNT}/{SECRET_FILE}",
         worker_key_path=f"{WORKER_SECRET_MOUNT}/{SECRET_FILE}",
         drain_timeout_seconds=spec.rollout.drain_timeout_seconds,
+        canary_period_seconds=spec.transfer.canary_period_seconds,  # unset: not written (older runtimes read it)
         # With routers, a drain answers /health 503 this long before it refuses work (docs/router.md).
         router_drop_seconds=ROUTER_DROP_BOUND_S if spec.router is not None else 0.0,
         # ... or until every router has failed that many checks, answered 503 by the pod (pod/router_checks.py).

@@ -75,7 +75,9 @@ class AgentOptions:
         opts = cls(config=config, engine_version=str(flags.pop("engine_version")), group_member=int(member),
                    pod_name=environ.get("POD_NAME", ""), pod_namespace=environ.get("POD_NAMESPACE", config.namespace),
                    prefill_targets=parse_prefill_targets(str(targets)) if targets else (),
-                   **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
+                   **{**({} if config.canary_period_seconds is None  # the deployment's period; a flag wins
+                         else {"canary_period_s": config.canary_period_seconds}),
+                      **{k: v for k, v in flags.items() if v is not None}})  # type: ignore[arg-type]
         if min(opts.check_period_s, opts.canary_period_s, opts.retry_period_s, opts.canary_timeout_s) <= 0:
             raise OptionsError("the agent's periods and the canary timeout must be positive")
         if opts.router_drop_s < 0:

@@ -411,7 +411,7 @@ class PodServer:
                     check = self.readiness.record_canary(str(ep), canary)
                     if check.ok:
                         self.router.shunned.discard(str(ep))
-                    self.metrics.canary(str(ep), check.gbps or 0.0)
+                    self.metrics.canary(str(ep), check.gbps or 0.0, check.ok)
             period = o.canary_period_s if self.readiness.verdict().ready else o.retry_period_s
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._recheck.wait(), period)

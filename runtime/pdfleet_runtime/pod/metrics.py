@@ -63,6 +63,9 @@ class ServerMetrics:
                                ["rank", "backend", "requested", "engine_protocol", "effective", "pinned"], registry=r)
         self.canary_gbps = Gauge("pdfleet_canary_throughput_gbps", "Engine write throughput of the last canary "
                                  "per prefill pod (decode pods)", ["peer"], registry=r)
+        self.canary_ok = Gauge("pdfleet_canary_peer_ok", "1 when the last canary through this prefill pod passed, 0 "
+                               "when it failed (decode pods; a failed pair is reported here, acted on only when most "
+                               "prefill pods fail)", ["peer"], registry=r)
         self.floor_gbps = Gauge("pdfleet_canary_floor_gbps", "Readiness floor of canary throughput for the "
                                 "configured protocol", registry=r)
         self.ready = Gauge("pdfleet_ready", "1 when /readyz answers ready (the transfer-path gate)", registry=r)
@@ -106,16 +109,18 @@ class ServerMetrics:
                 self.pool_reclaimed.inc(n - self._reclaimed_seen.get(rank, 0))
             self._reclaimed_seen[rank] = n
 
-    def canary(self, peer: str, gbps: float) -> None:
+    def canary(self, peer: str, gbps: float, ok: bool) -> None:
         self.canary_gbps.labels(peer).set(gbps)
+        self.canary_ok.labels(peer).set(1 if ok else 0)
         self._peers.add(peer)
 
     def forget_peers(self, keep: set[str]) -> None:
         """Prefill pods discovery no longer names: their canary gauge goes (a series per pod ever seen
         would grow with every rollout)."""
         for peer in self._peers - keep:
-            with contextlib.suppress(KeyError):
-                self.canary_gbps.remove(peer)
+            for gauge in (self.canary_gbps, self.canary_ok):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(peer)
         self._peers &= keep
 
     def in_flight_from(self, fn: Callable[[], float]) -> None:

@@ -211,6 +211,8 @@ class ServeOptions:
                    port_offset=int(offset),  # type: ignore[call-overload]
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
+        if config.canary_period_seconds is not None:  # the deployment's period; a flag still wins
+            opts = replace(opts, canary_period_s=config.canary_period_seconds)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]
         if (place := _group_env(config, environ)) is not None:
             member, leader, leader_address = place

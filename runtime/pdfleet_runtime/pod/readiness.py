@@ -2,8 +2,9 @@
 
 A decode pod is ready when, for at least one prefill pod, a canary went through every rank of the
 pod: handshake, a synthetic request whose bytes were all verified, and an engine write throughput
-at or above the floor of the configured protocol. The canary is re-run periodically and after
-failures; ``failures_not_ready`` real transfers failing in a row also make the pod not ready until
+at or above the floor of the configured protocol, unless canaries fail against most of the prefill pods it
+checked (two at least: then the decode is the likelier broken end); one failing pair is named in the reason,
+not acted on. The canaries are re-run periodically and after failures; ``failures_not_ready`` real transfers failing in a row also make the pod not ready until
 a canary passes again. A prefill pod is ready when every rank registered with its bootstrap and it
 has written a canary of some decode pod without failure (so a pod never counts as ready before the
 peers that will use it have found it, Dynamo #13622), unless its writes keep failing. A draining
@@ -21,7 +22,8 @@ from typing import Any
 from pdfleet_runtime.protocol.states import FailureReason
 from pdfleet_runtime.readiness_problems import Problem
 
-__all__ = ["CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy", "classify", "pools_held"]
+__all__ = ["FAILING_PEERS_NOT_READY", "PEER_SIDE", "CanaryResult", "PeerCheck", "Problem", "Readiness", "Verdict", "busy",
+           "classify", "pools_held"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,14 @@ RATE_MIN_BYTES = 1 << 20
 """Below this a canary's write rate is its fixed cost (a round trip, a notification), not the link's: a model pod's
 canary moves its prompt's real state, a few kilobytes for a small model. Such a canary's bytes are still verified
 (or its tokens checked); its rate is reported, not held to the floor."""
+
+
+FAILING_PEERS_NOT_READY = 2
+"""A decode with a passing canary still leaves the routers once this many prefill pods (and more than pass) fail
+its canaries: then the decode, not one prefill, is the likelier broken end."""
+
+PEER_SIDE: frozenset[Problem] = frozenset({Problem.INCOMPATIBLE, Problem.PEER_DRAINING})
+"""Failed canaries that say something of the prefill (another generation, a drain), nothing of this pod."""
 
 
 @dataclass(frozen=True)
@@ -207,9 +217,19 @@ class Readiness:
 
     def _decode(self) -> Verdict:
         ok = [c for c in self.peers.values() if c.ok]
+        # Routers pair pods, not pairs: a decode whose canaries fail against most of the prefills it checked (two
+        # at least) is the broken part and leaves the routers; one failing pair is reported, never acted on, so a
+        # single bad prefill cannot take every decode out (that prefill fails its own writes instead).
+        failing = sorted((c for c in self.peers.values() if not c.ok and c.problem not in PEER_SIDE),
+                         key=lambda c: c.endpoint)
+        if ok and len(failing) >= FAILING_PEERS_NOT_READY and len(failing) > len(ok):
+            return Verdict(False, failing[0].problem, f"canaries fail against {len(failing)} of "
+                           f"{len(ok) + len(failing)} prefill pods: " + "; ".join(
+                               f"prefill pod {c.endpoint}: {c.reason}" for c in failing))
         if ok:
             best = max(ok, key=lambda c: c.gbps or 0.0)
-            return Verdict(True, Problem.NONE, f"prefill pod {best.endpoint}: {best.reason}")
+            reported = "".join(f"; reported, not acted on: prefill pod {c.endpoint}: {c.reason}" for c in failing)
+            return Verdict(True, Problem.NONE, f"prefill pod {best.endpoint}: {best.reason}{reported}")
         if not self.peers:
             if self.discovery_error:
                 return Verdict(False, Problem.NO_PEER, self.discovery_error)

@@ -32,6 +32,7 @@ from pdfleet_operator.status import (
     status_document,
     with_degraded,
     with_placement,
+    with_transfer_health,
 )
 from pdfleet_runtime.readiness_problems import Problem
 
@@ -85,6 +86,7 @@ def run_pass(spec: PDDeploymentSpec, observed: list[ObservedPod], old: dict[str,
         conditions = with_degraded(conditions, AUTH_SECRET_MISSING, secret_missing, 1)
     decisions = decide_rollouts(spec, snapshot, stored_status.rollout, now.timestamp())
     conditions = with_rollout_failures(conditions, decisions, spec, 1)
+    conditions = with_transfer_health(conditions, observed, now.timestamp(), 1)
     return status_document(pass_status(spec, "demo", 1, observed, stored_status, conditions, decisions, list(holds),
                                        now, namespace=namespace, matrix_version=MATRIX))
 

@@ -170,3 +170,30 @@ def test_gate_failure_reasons_are_readiness_problems() -> None:
     assert Problem.WAITING not in GATE_FAILURES and Problem.STARTING not in GATE_FAILURES
     assert all(gate_problem(p.value) is p for p in Problem)  # the reason the runtime writes reads back as itself
     assert gate_problem("EngineStarting") is None and gate_problem("") is None  # the agent's own, or none
+
+
+def test_a_decode_failing_most_of_its_prefills_leaves_the_routers_and_one_failing_pair_is_only_reported() -> None:
+    """Routers pair pods, not pairs: one bad prefill (every decode fails against it) must not take every decode
+    out, while a decode that fails against most prefills (two at least) is the broken end."""
+    corrupt = CanaryResult(False, F.VERIFY, "12 bytes differ", mismatched=12)
+    r = decode()
+    r.record_canary("a:1", GOOD)
+    r.record_canary("b:1", GOOD)
+    r.record_canary("c:1", corrupt)
+    v = r.verdict()
+    assert v.ready and "reported, not acted on: prefill pod c:1: 12 bytes differ" in v.reason
+    r.record_canary("b:1", CanaryResult(False, F.PEER_UNREACHABLE, "gone"))
+    v = r.verdict()  # 2 of 3 fail: the decode is the likelier broken end
+    assert not v.ready and v.problem is Problem.UNREACHABLE and "fail against 2 of 3 prefill pods" in v.reason
+    assert "b:1" in v.reason and "c:1" in v.reason and "a:1" not in v.reason
+    r.record_canary("b:1", GOOD)
+    assert r.verdict().ready
+
+
+def test_a_prefill_of_another_generation_or_draining_never_counts_against_a_decode() -> None:
+    r = decode()
+    r.record_canary("a:1", GOOD)
+    r.record_canary("old:1", CanaryResult(False, F.REFUSED, "conflict: two layout generations"))
+    r.record_canary("old:2", CanaryResult(False, F.DRAINING, "draining"))
+    v = r.verdict()
+    assert v.ready and "old:1" not in v.reason and "old:2" not in v.reason
