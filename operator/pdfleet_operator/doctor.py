@@ -65,8 +65,9 @@ class Metrics(BaseModel):
             out[key] = out.get(key, 0.0) + value
         return out
 
-    def total(self, name: str) -> float:
-        return sum(v for _, v in self.samples.get(name, ()))
+    def total(self, name: str, **where: str) -> float:
+        """The family's sum over the series whose labels hold ``where``."""
+        return sum(v for labels, v in self.samples.get(name, ()) if all(labels.get(k) == w for k, w in where.items()))
 
 
 class PodMetrics(BaseModel):
@@ -88,6 +89,11 @@ class PodMetrics(BaseModel):
         was = self.before.by(name, label)
         return {k: v - was.get(k, 0.0) for k, v in now.items() if v - was.get(k, 0.0) > 0}
 
+    def increase(self, name: str, **where: str) -> float:
+        """A counter family's increase over the window (its total without one), over the series matching ``where``."""
+        assert self.now is not None
+        return self.now.total(name, **where) - (self.before.total(name, **where) if self.before is not None else 0.0)
+
 
 RUNTIME_MARK = "pdfleet_ready"  # the built-in runtime's gauge: its counters below are exported
 FAILURES = "pdfleet_transfer_failures_total"
@@ -96,6 +102,10 @@ EXPIRED = "pdfleet_rooms_expired_total"
 REFUSALS = "pdfleet_vllm_handshake_refusals_total"
 TRANSPORT = "pdfleet_transport_info"
 INFO = "pdfleet_runtime_info"
+TRANSFERS = "pdfleet_transfers_total"
+ANSWERED = "sglang:num_requests_total"  # the built-in runtime exports SGLang's name (a decode: last token out)
+ANSWER_SLACK = 2.0
+"""Answers a window may hold beyond the state received in it: requests whose state arrived just before it began."""
 CANARY_GBPS = "pdfleet_canary_throughput_gbps"
 FLOOR_GBPS = "pdfleet_canary_floor_gbps"
 
@@ -225,6 +235,25 @@ def _canary_speed(p: ObservedPod, m: PodMetrics) -> CheckResult:
                        detail=f"last canaries: {best}" + (f" (floor {floor:.3g} GB/s)" if floor > 0 else " (no floor)"))
 
 
+def _state_received(p: ObservedPod, m: PodMetrics, window: str) -> CheckResult:
+    """A decode that answers more requests than it received prefilled state for recomputes prompts: PD is not
+    happening while every gate reads healthy (a decode engine started without its PD mode, a router not in PD mode)."""
+    assert m.now is not None
+    if not m.now.has(RUNTIME_MARK) or not m.now.has(ANSWERED):
+        return CheckResult(check="state-received", subject=p.name, verdict=Verdict.CANNOT_CHECK,
+                           detail=f"the pod does not export both {ANSWERED} and the state it received ({TRANSFERS}): "
+                                  "an engine beside the agent does not count what it received")
+    answered = m.increase(ANSWERED)
+    received = m.increase(TRANSFERS, role="decode", kind="request", outcome="success")
+    said = f"{answered:g} requests answered, {received:g} received prefilled state {window}"
+    if answered - received > max(ANSWER_SLACK, 0.1 * answered):
+        return CheckResult(check="state-received", subject=p.name, verdict=Verdict.FAIL,
+                           detail=f"{said}: the decode recomputes prompts (PD is not happening)",
+                           fix="check the decode's PD settings (SGLang --disaggregation-mode decode; vLLM "
+                               "kv_transfer_config kv_role kv_consumer) and that the router runs in PD mode")
+    return CheckResult(check="state-received", subject=p.name, verdict=Verdict.OK, detail=said)
+
+
 def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> list[CheckResult]:
     if m is None or m.now is None:
         why = m.error if m is not None and m.error else "not read"
@@ -251,6 +280,7 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> li
                                   window=window, fix="engine_id: pin prefill engine ids (--pin-engine-id); "
                                   "compatibility: the roles run two generations, let the rollout finish"))
         out.append(_canary_speed(p, m))
+        out.append(_state_received(p, m, window))
     return out
 
 

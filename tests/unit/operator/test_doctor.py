@@ -10,6 +10,7 @@ from pdfleet_operator.commands.doctor import format_results, parse_metrics
 from pdfleet_operator.doctor import PodMetrics, Verdict, diagnose, failed
 from pdfleet_operator.observed import ObservedPod
 from pdfleet_runtime.pod.metrics import ServerMetrics
+from pdfleet_runtime.pod.seeded_load import LoadMetrics
 
 
 def _pod(name: str, role: Role, *, compat: str = "k1", gate: str | None = "True", message: str = "",
@@ -19,15 +20,25 @@ def _pod(name: str, role: Role, *, compat: str = "k1", gate: str | None = "True"
                        drain_started=1.0 if draining else None)
 
 
-def _healthy(role: str, version: str = "0.1.0", expected: str = "0.1.0", engine: str = "") -> ServerMetrics:
+def _healthy(role: str, version: str = "0.1.0", expected: str = "0.1.0", engine: str = "",
+             answered: int = 5) -> ServerMetrics:
+    return _healthy_with_load(role, version, expected, engine, answered)[0]
+
+
+def _healthy_with_load(role: str, version: str = "0.1.0", expected: str = "0.1.0", engine: str = "",
+                       answered: int = 5) -> tuple[ServerMetrics, LoadMetrics]:
     m = ServerMetrics(role)
+    load = LoadMetrics(m.registry, "m", role, 1024)
+    for _ in range(answered):  # each answer's state received (a decode), or its prompt computed (a prefill)
+        load.requests.inc()
+        m.transfers.labels(role, "request", "success").inc()
     m.ready.set(1)
     m.info.labels(version, expected, engine).set(1)
     m.transport.labels("0", "mooncake", "tcp", "tcp", "tcp", "false").set(1)
     if role == "decode":
         m.floor_gbps.set(0.5)
         m.canary_gbps.labels("p-0").set(2.0)
-    return m
+    return m, load
 
 
 def _read(m: ServerMetrics) -> PodMetrics:
@@ -45,7 +56,8 @@ def test_a_healthy_fleet_passes_and_says_what_it_cannot_check() -> None:
     assert failed(results) == [], format_results("x", "ns", results)
     assert _verdicts(results, "d-0") == {"transfer-path": Verdict.OK, "transfer-failures": Verdict.OK,
                                          "state-integrity": Verdict.OK, "link": Verdict.OK, "version": Verdict.OK,
-                                         "handshake": Verdict.OK, "canary-throughput": Verdict.OK}
+                                         "handshake": Verdict.OK, "canary-throughput": Verdict.OK,
+                                         "state-received": Verdict.OK}
     assert _verdicts(results, "fleet")["router-workers"] is Verdict.CANNOT_CHECK
     assert "no check failed" in format_results("x", "ns", results)
 
@@ -95,7 +107,7 @@ def test_an_engine_pod_without_the_runtimes_counters_cannot_be_checked_never_ok(
     assert {c: v for c, v in _verdicts(results, "d-0").items() if c != "transfer-path"} == {
         "transfer-failures": Verdict.CANNOT_CHECK, "state-integrity": Verdict.CANNOT_CHECK,
         "link": Verdict.CANNOT_CHECK, "version": Verdict.CANNOT_CHECK, "handshake": Verdict.CANNOT_CHECK,
-        "canary-throughput": Verdict.CANNOT_CHECK}
+        "canary-throughput": Verdict.CANNOT_CHECK, "state-received": Verdict.CANNOT_CHECK}
 
 
 def test_versions_the_pods_run_against_the_spec_and_each_other() -> None:
@@ -111,3 +123,21 @@ def test_versions_the_pods_run_against_the_spec_and_each_other() -> None:
                                        "runtimeVersion is 0.1.0")
     assert "0.1.0 (vllm==0.33.0): p-0; 0.1.0 (vllm==0.33.1): d-1; 0.1.1 (vllm==0.33.0): d-0" in \
         bad[("versions", "fleet")]
+
+
+def test_a_decode_answering_more_than_it_received_state_for_recomputes() -> None:
+    """Answers without state received (the decode recomputed the prompt): PD is not happening while the gates read
+    healthy. Judged over the window; a couple of answers whose state arrived before it began are no fault."""
+    dec, load = _healthy_with_load("decode", answered=0)
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+
+    def window(answers: int, received: int) -> list:
+        before = _read(dec)
+        load.requests.inc(answers)
+        dec.transfers.labels("decode", "request", "success").inc(received)
+        return diagnose(pods, {"d-0": PodMetrics(now=_read(dec).now, before=before.now)}, window_s=30)
+
+    [ok] = [r for r in window(12, 10) if r.check == "state-received"]
+    assert ok.verdict is Verdict.OK and ok.detail == "12 requests answered, 10 received prefilled state in the last 30 s"
+    [bad] = [r for r in failed(window(40, 10)) if r.check == "state-received"]
+    assert "40 requests answered, 10 received prefilled state" in bad.detail and "recomputes" in bad.detail and bad.fix
