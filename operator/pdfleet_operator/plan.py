@@ -48,7 +48,7 @@ from pdfleet_operator.resources.policy import group_network_policy, network_poli
 from pdfleet_operator.resources.rbac import runtime_role, runtime_role_binding, runtime_service_account
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.revisions import controller_revision
-from pdfleet_operator.resources.router import router_children, worker_port
+from pdfleet_operator.resources.router import router_children, scrape_port, worker_port
 from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use, worker_secret
 from pdfleet_operator.resources.services import headless_service
@@ -145,7 +145,7 @@ def desired_children(owner: Owner, spec: PDDeploymentSpec, snapshot: Snapshot | 
         objs.append(pod_disruption_budget(n, ns, role, budgets(spec, rs.replicas)[1]))
         if role in grouped:
             objs += _group_children(n, ns, spec, role)
-    objs.append(network_policy(n, ns, worker_port(spec), groups=bool(grouped)))
+    objs.append(network_policy(n, ns, worker_port(spec), groups=bool(grouped), scrape_port=scrape_port(spec)))
     objs += router_children(n, ns, spec, generation)
     return [_owned(o, owner) for o in objs]
 

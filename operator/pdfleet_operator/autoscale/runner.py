@@ -41,7 +41,7 @@ from pdfleet_operator.autoscale.telemetry import AutoscaleMetrics
 from pdfleet_operator.metrics import METRICS
 from pdfleet_operator.observe import snapshot_of
 from pdfleet_operator.observed import ObservedPod, Owner
-from pdfleet_operator.resources.router import LABEL_ROUTER, worker_port
+from pdfleet_operator.resources.router import LABEL_ROUTER, scrape_port
 from pdfleet_operator.watched import WatchedState
 
 __all__ = ["DEFAULT_INTERVAL_S", "Autoscaler", "register"]
@@ -91,7 +91,7 @@ class Autoscaler:
         started = time.monotonic()
         owner = Owner(name=name, namespace=namespace, uid=body["metadata"]["uid"])
         pods = list(snapshot_of(owner, view.of("Pod"), (), secret_exists=True, router_secret_exists=True).pods)
-        port = worker_port(spec)
+        port = scrape_port(spec)  # the built-in runtime's metrics port, or the engine's own
         loop = asyncio.get_running_loop()
         routers = await loop.run_in_executor(None, self._router_targets, namespace, name, spec)
         targets = {role: _targets(pods, role, port) for role in Role}

@@ -48,12 +48,22 @@ def parse_metrics(text: str) -> Metrics:
     return Metrics(samples={k: tuple(v) for k, v in samples.items()})
 
 
-def _read_metrics(core: Any, namespace: str, pod: str) -> Metrics | str:
+def metrics_port(pod: Mapping[str, Any]) -> int:
+    """The port a pod declares as ``metrics`` (the built-in runtime's: /metrics alone), else the HTTP port (an agent
+    beside an engine serves its own metrics there). The pod proxy takes a number, not a port's name."""
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        for port in c.get("ports") or ():
+            if port.get("name") == "metrics" and isinstance(port.get("containerPort"), int):
+                return int(port["containerPort"])
+    return HTTP_PORT
+
+
+def _read_metrics(core: Any, namespace: str, pod: str, port: int) -> Metrics | str:
     """A pod's /metrics through the apiserver's proxy, or why not."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        resp = core.connect_get_namespaced_pod_proxy_with_path(f"{pod}:{HTTP_PORT}", namespace, "metrics",
+        resp = core.connect_get_namespaced_pod_proxy_with_path(f"{pod}:{port}", namespace, "metrics",
                                                                _preload_content=False)  # urllib3's response
         try:
             body = resp.read(MAX_METRICS_BYTES + 1)
@@ -68,8 +78,9 @@ def _read_metrics(core: Any, namespace: str, pod: str) -> Metrics | str:
         return f"{type(e).__name__}: {e}"
 
 
-def _read_all(core: Any, namespace: str, pods: list[ObservedPod]) -> dict[str, Metrics | str]:
-    return {p.name: _read_metrics(core, namespace, p.name) for p in pods if not p.deleting and p.ip}
+def _read_all(core: Any, namespace: str, pods: list[ObservedPod], ports: Mapping[str, int]) -> dict[str, Metrics | str]:
+    return {p.name: _read_metrics(core, namespace, p.name, ports.get(p.name, HTTP_PORT))
+            for p in pods if not p.deleting and p.ip}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,14 +95,16 @@ def run(args: argparse.Namespace) -> int:
         uid = (obj.get("metadata") or {}).get("uid", "") if isinstance(obj, dict) else ""
         core = CoreV1Api(api)
         listed = core.list_namespaced_pod(args.namespace, label_selector=f"{LABEL_DEPLOYMENT}={args.name}").items
-        pods = [o for o in (observed_pod(api.sanitize_for_serialization(p), uid) for p in listed) if o is not None]
+        raw = [api.sanitize_for_serialization(p) for p in listed]
+        pods = [o for o in (observed_pod(p, uid) for p in raw) if o is not None]
+        ports = {p["metadata"]["name"]: metrics_port(p) for p in raw}
     except Exception as e:  # the apiserver's refusal, no kubeconfig, an apiserver away: said, not a traceback
         return read_failed(args.name, args.namespace, e)
-    first = _read_all(core, args.namespace, pods) if args.window > 0 else {}
+    first = _read_all(core, args.namespace, pods, ports) if args.window > 0 else {}
     if args.window > 0:
         print(f"reading the pods' counters again in {args.window:g} s ...", file=sys.stderr, flush=True)
         time.sleep(args.window)
-    last = _read_all(core, args.namespace, pods)
+    last = _read_all(core, args.namespace, pods, ports)
     metrics = {}
     for name, now in last.items():
         before = first.get(name)

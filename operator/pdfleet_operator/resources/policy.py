@@ -23,7 +23,7 @@ from pdfleet_operator.resources.names import group_policy_name, owner_labels, ro
 from pdfleet_operator.resources.router import LABEL_ROUTER
 from pdfleet_runtime.config import GROUP_PORT, HTTP_PORT
 
-__all__ = ["group_network_policy", "network_policy", "pdb_name", "pod_disruption_budget", "policy_name"]
+__all__ = ["OPERATOR_LABELS", "group_network_policy", "network_policy", "pdb_name", "pod_disruption_budget", "policy_name"]
 
 
 def policy_name(deployment: str) -> str:
@@ -34,8 +34,14 @@ def pdb_name(deployment: str, role: Role) -> str:
     return f"{deployment}-{role.value}"[:253]
 
 
-def network_policy(name: str, namespace: str, worker_port: int = HTTP_PORT, groups: bool = False) -> dict:
-    """``groups``: some role's replicas span nodes, so the group port is left out of the deployment-wide rule."""
+OPERATOR_LABELS = {"app.kubernetes.io/part-of": "pdfleet", "app.kubernetes.io/component": "operator"}
+"""The operator's pods (the chart's labels), in whichever namespace the chart put them."""
+
+
+def network_policy(name: str, namespace: str, worker_port: int = HTTP_PORT, groups: bool = False,
+                   scrape_port: int | None = None) -> dict:
+    """``groups``: some role's replicas span nodes, so the group port is left out of the deployment-wide rule.
+    ``scrape_port``: where the operator's autoscaler reads the pods' ``/metrics``, admitted from its pods only."""
     same_deployment: dict = {"from": [{"podSelector": {"matchLabels": owner_labels(name)}}]}
     if groups:
         same_deployment["ports"] = [{"protocol": "TCP", "port": 1, "endPort": GROUP_PORT - 1},
@@ -52,6 +58,8 @@ def network_policy(name: str, namespace: str, worker_port: int = HTTP_PORT, grou
             "ingress": [
                 same_deployment,  # bootstrap, handshake and the engines' own data ports
                 {"from": [routers], "ports": [{"protocol": "TCP", "port": worker_port}]},
+                *([{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_LABELS)}}],
+                    "ports": [{"protocol": "TCP", "port": scrape_port}]}] if scrape_port is not None else []),
             ],
         },
     }

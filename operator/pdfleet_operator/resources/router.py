@@ -37,6 +37,7 @@ from pdfleet_operator.resources.names import (
 )
 from pdfleet_operator.resources.plugins.contract import ROUTER_CONTAINER, RouterDiscovery
 from pdfleet_operator.resources.plugins.registry import engine_plugin, router_kind, router_plugin
+from pdfleet_runtime.config import METRICS_PORT
 
 __all__ = [
     "HEALTH_FAILURES",
@@ -55,6 +56,7 @@ __all__ = [
     "router_role_binding",
     "router_service",
     "router_service_account",
+    "scrape_port",
     "worker_port",
 ]
 
@@ -78,6 +80,12 @@ STARTUP_CHECK_S = 1
 def worker_port(spec: PDDeploymentSpec) -> int:
     """The workers' HTTP port the router sends requests to: the engine kind's worker contract."""
     return engine_plugin(spec).worker.port
+
+
+def scrape_port(spec: PDDeploymentSpec) -> int:
+    """Where the operator (the autoscaler) reads a worker pod's ``/metrics``: the built-in runtime's metrics port
+    (nothing else is served there), or an engine's worker port, where the engine serves its own metrics."""
+    return METRICS_PORT if engine_plugin(spec).container is None else worker_port(spec)
 
 
 # app.kubernetes.io/name of every router pod, whatever its kind: the name the first router kind gave them,

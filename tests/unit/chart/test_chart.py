@@ -211,3 +211,13 @@ def test_no_webhook_means_no_certificate_or_listener(render: Render) -> None:
     assert not by_kind(objs, "ValidatingWebhookConfiguration") and not by_kind(objs, "Secret")
     args = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not any(a.startswith("--webhook") for a in args)
+
+
+def test_the_operators_pods_carry_what_every_deployments_policy_admits_to_the_metrics_port(render: Render) -> None:
+    """Each PDDeployment's NetworkPolicy admits the operator's pods (any namespace) to the port its autoscaler scrapes
+    (resources/policy.py); the chart's pods must carry those labels, in every release."""
+    from pdfleet_operator.resources.policy import OPERATOR_LABELS
+
+    for objs in (render(),):
+        labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        assert OPERATOR_LABELS.items() <= labels.items(), labels

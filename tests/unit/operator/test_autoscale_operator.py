@@ -323,14 +323,14 @@ def test_the_runner_scrapes_decides_writes_status_posts_events_and_wakes_the_rec
             pod_body("d0", Role.DECODE, role_revision(spec, Role.DECODE), 0, "10.0.0.2"),
             pod_body("d1", Role.DECODE, role_revision(spec, Role.DECODE), 1, "10.0.0.3")]
     prefill_text = "# TYPE pdfleet_queued_prompt_tokens gauge\npdfleet_queued_prompt_tokens 500000\n"
-    scraper = FakeScraper({"http://10.0.0.1:8080/metrics": prefill_text,
-                           "http://10.0.0.2:8080/metrics": SGLANG_TEXT})  # d1 does not answer
+    scraper = FakeScraper({"http://10.0.0.1:8090/metrics": prefill_text,
+                           "http://10.0.0.2:8090/metrics": SGLANG_TEXT})  # d1 does not answer
     state, writer, woken, events = FakeState(body, pods), FakeWriter(body), [], []
     monkeypatch.setattr(runner_mod.kopf, "info", lambda obj, reason, message: events.append((reason, message)))
     a = runner_mod.Autoscaler(object(), state, woken.append, scraper=scraper, writer=writer)  # type: ignore[arg-type]
     out = asyncio.run(a.run(OWNER.namespace, OWNER.name))
     assert out is not None and out.status.prefill is not None
-    assert {u for _, u in scraper.asked} == {f"http://10.0.0.{i}:8080/metrics" for i in (1, 2, 3)}
+    assert {u for _, u in scraper.asked} == {f"http://10.0.0.{i}:8090/metrics" for i in (1, 2, 3)}
     assert out.status.prefill.scraped == 1 and out.status.decode is not None and out.status.decode.scraped == 1
     assert out.status.prefill.startup_seconds == 30.0  # create -> Ready, measured from the pod
     assert writer.patches and set(writer.patches[0]) == {"autoscaling"}  # only its own key of status

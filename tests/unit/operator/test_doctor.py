@@ -141,3 +141,21 @@ def test_a_decode_answering_more_than_it_received_state_for_recomputes() -> None
     assert ok.verdict is Verdict.OK and ok.detail == "12 requests answered, 10 received prefilled state in the last 30 s"
     [bad] = [r for r in failed(window(40, 10)) if r.check == "state-received"]
     assert "40 requests answered, 10 received prefilled state" in bad.detail and "recomputes" in bad.detail and bad.fix
+
+
+def test_the_doctor_reads_the_port_a_pod_declares_as_metrics() -> None:
+    """The built-in runtime's pods declare ``metrics`` (8090: /metrics alone); an agent's pod without it is read on
+    the HTTP port, where the agent serves its own. The number is what the pod proxy takes."""
+    import copy
+
+    from pdfleet_operator.commands.doctor import metrics_port
+    from pdfleet_operator.resources.pods import runtime_pod
+    from pdfleet_runtime.config import HTTP_PORT, METRICS_PORT
+    from tests.unit.operator.test_canary_period import spec
+
+    pod = runtime_pod("d", "ns", spec(None), Role.DECODE, "rev", 0)
+    assert metrics_port(pod) == METRICS_PORT
+    bare = copy.deepcopy(pod)
+    for c in bare["spec"]["containers"]:
+        c["ports"] = [p for p in c.get("ports") or () if p["name"] != "metrics"]
+    assert metrics_port(bare) == HTTP_PORT

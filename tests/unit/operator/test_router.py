@@ -21,15 +21,17 @@ from pdfleet_operator.resources.plugins.front import FRONT_CONTAINER, front_comm
 from pdfleet_operator.resources.plugins.registry import ROUTERS
 from pdfleet_operator.resources.plugins.sglang_router import CONTROL_PLANE_KEY
 from pdfleet_operator.resources.pods import runtime_pod
+from pdfleet_operator.resources.policy import OPERATOR_LABELS
 from pdfleet_operator.resources.router import (
     LABEL_ROUTER,
     ROUTER_CONTAINER,
     router_command,
     router_deployment,
+    scrape_port,
 )
 from pdfleet_operator.status import compute_status, status_document
 from pdfleet_operator.validation import validate_object
-from pdfleet_runtime.config import BOOTSTRAP_PORT, HTTP_PORT
+from pdfleet_runtime.config import BOOTSTRAP_PORT, HTTP_PORT, METRICS_PORT
 from pdfleet_runtime.engine_rules.sglang import ENGINE_PORT
 from pdfleet_runtime.front.routers import SURFACES, FrontedRouter
 
@@ -114,6 +116,9 @@ def test_sglang_workers_are_reached_on_the_engine_port() -> None:
     policy = _by_kind(desired_children(OWNER, spec), "NetworkPolicy", "demo-transfer")
     assert {"from": [{"podSelector": {"matchLabels": {LABEL_ROUTER: "demo"}}}],
             "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]} in policy["spec"]["ingress"]
+    # the autoscaler reads the engine's own /metrics on its worker port: the operator's pods are admitted there
+    assert {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_LABELS}}],
+            "ports": [{"protocol": "TCP", "port": ENGINE_PORT}]} in policy["spec"]["ingress"]
 
 
 def test_router_objects_are_owned_least_privilege_and_wired_together() -> None:
@@ -151,6 +156,10 @@ def test_router_objects_are_owned_least_privilege_and_wired_together() -> None:
     assert all(rule.get("from") for rule in workers)
     assert {"from": [{"podSelector": {"matchLabels": {LABEL_ROUTER: "demo"}}}],
             "ports": [{"protocol": "TCP", "port": HTTP_PORT}]} in workers
+    # the metrics port (/metrics alone) from the operator's pods, in whichever namespace: its autoscaler scrapes there
+    assert {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_LABELS}}],
+            "ports": [{"protocol": "TCP", "port": METRICS_PORT}]} in workers
+    assert scrape_port(spec) == METRICS_PORT
 
 
 def test_vllm_router_listens_on_loopback_behind_the_front() -> None:
