@@ -90,6 +90,7 @@ __all__ = [
     "rank_buffers",
     "rank_state_bytes",
     "replica_bytes",
+    "replica_bytes_by_state",
     "resolve_layout",
     "stage_layers",
     "swa_pages_for_tokens",
@@ -407,6 +408,16 @@ def replica_bytes(layout: Layout, tp: int, pp: int, counts: Mapping[IndexKind, i
     """Bytes of ``counts`` items of each index kind over every rank of a tp x pp replica (a request's
     state on a whole pod, or a pod's pools)."""
     return sum(tp * counts[k] * b for stage in range(pp) for k, b in item_bytes_by_kind(layout, tp, pp, stage).items())
+
+
+def replica_bytes_by_state(layout: Layout, tp: int, pp: int, counts: Mapping[IndexKind, int]) -> dict[StateType, int]:
+    """``replica_bytes`` split by state type (KV, Mamba, sliding window, ...): what each kind of state of a request
+    weighs over a whole pod. The parts sum to ``replica_bytes``."""
+    out: dict[StateType, int] = {}
+    for stage in range(pp):
+        for buf in rank_buffers(layout, tp, pp, 0, stage):
+            out[buf.state_type] = out.get(buf.state_type, 0) + tp * counts[buf.index] * buf.item_bytes
+    return out
 
 
 def rank_state_bytes(layout: Layout, tp: int, pp: int, pp_rank: int, max_requests: int, max_tokens: int) -> int:

@@ -41,6 +41,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
     ("Transfers", [
         ("Transfer bytes/s per pod", "Bps", [
             ("{{pod}} {{kind}}", f"sum by (pod, kind) (rate(pdfleet_transfer_bytes_total{_sel()}[{RATE}]))")]),
+        ("Transfer bytes/s by state type (decode)", "Bps", [
+            ("{{state}} {{kind}}", f"sum by (state, kind) (rate(pdfleet_transfer_state_bytes_total{_sel()}[{RATE}]))")]),
         ("State bytes/s of served requests (rooms)", "Bps", [
             ("{{pod}}", f"sum by (pod) (rate(pdfleet_room_transfer_bytes_total{_sel()}[{RATE}]))")]),
         ("Transfer latency per pod (p50, p99)", "s", [

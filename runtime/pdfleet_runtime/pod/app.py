@@ -60,7 +60,7 @@ from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .metrics_port import start_metrics
 from .model_text import ChatMessage, ModelTextError
-from .openai_api import WorkerApi, request_items
+from .openai_api import WorkerApi, request_items, request_state_bytes_by_state
 from .options import ServeOptions
 from .readiness import Readiness, pools_held
 from .router_checks import RouterChecks
@@ -95,6 +95,8 @@ class PodServer:
         self.role = cfg.role
         self.metrics = ServerMetrics(self.role.value)
         self.metrics.floor_gbps.set(opts.floor)
+        if self.role is Role.DECODE:  # what a pulled request moved, by state type
+            self.metrics.split_states_with(lambda tokens: request_state_bytes_by_state(cfg, tokens))
         self.metrics.info.labels(__version__, cfg.runtime_version, opts.stand_in_for or "").set(1)
         self.readiness = Readiness(self.role.value, opts.floor, opts.failures_not_ready, ranks_total=cfg.shape.world)
         self.gate: GateWriter = gate or NoGate()

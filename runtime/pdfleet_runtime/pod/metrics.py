@@ -57,6 +57,10 @@ class ServerMetrics:
         self.failures = Counter("pdfleet_transfer_failures", "Failed transfers by reason (the request state "
                                 "machine's FailureReason, or verify, busy, conflict, rank)", ["role", "reason"],
                                 registry=r)
+        self.state_bytes = Counter("pdfleet_transfer_state_bytes", "Bytes of request state moved by transfers that "
+                                   "succeeded, by state type (kv, mamba, swa, ...): the layout's split of a transfer whose "
+                                   "total it matched (decode pods)", ["role", "kind", "state"], registry=r)
+        self._split: Callable[[int], Mapping[str, int]] | None = None
         self.in_flight = Gauge("pdfleet_transfers_in_flight", "Transfers accepted and not finished", ["role"],
                                registry=r)
         self.transport = Gauge("pdfleet_transport_info", "The transport each rank's engine runs (value 1)",
@@ -126,12 +130,21 @@ class ServerMetrics:
     def in_flight_from(self, fn: Callable[[], float]) -> None:
         self.in_flight.labels(self.role).set_function(fn)
 
-    def transfer(self, kind: RequestKind, ok: bool, nbytes: int, seconds: float, reason: str | None = None) -> None:
+    def split_states_with(self, split: Callable[[int], Mapping[str, int]]) -> None:
+        """How a request of N tokens splits by state type (``openai_api.request_state_bytes_by_state``)."""
+        self._split = split
+
+    def transfer(self, kind: RequestKind, ok: bool, nbytes: int, seconds: float, reason: str | None = None,
+                 tokens: int | None = None) -> None:
         kind_label = "canary" if kind is RequestKind.CANARY else "request"
         self.transfers.labels(self.role, kind_label, "success" if ok else "failed").inc()
         if ok:
             self.bytes.labels(self.role, kind_label).inc(nbytes)
             self.seconds.labels(self.role, kind_label).observe(seconds)
+            parts = self._split(tokens) if self._split is not None and tokens is not None else {}
+            if parts and sum(parts.values()) == nbytes:  # a total the layout does not give is not split by guess
+                for state, n in parts.items():
+                    self.state_bytes.labels(self.role, kind_label, state).inc(n)
         else:
             self.failures.labels(self.role, reason or "unknown").inc()
 

@@ -49,6 +49,7 @@ from pdfleet_runtime.layouts import (
     pages_for_tokens,
     pool_counts,
     replica_bytes,
+    replica_bytes_by_state,
     resolve_layout,
     swa_pages_for_tokens,
 )
@@ -121,6 +122,12 @@ def request_state_bytes(cfg: RuntimeConfig, tokens: int, *, decode_side: bool) -
     """Bytes a request of ``tokens`` tokens occupies on every rank of the decode pod (what a transfer moves)."""
     shape = cfg.shape if decode_side else cfg.peer_shape
     return replica_bytes(resolve_layout(cfg.layout), shape.tp, shape.pp, _counts(cfg, tokens))
+
+
+def request_state_bytes_by_state(cfg: RuntimeConfig, tokens: int) -> dict[str, int]:
+    """``request_state_bytes`` on the decode side, by state type (the layout's split; the parts sum to it)."""
+    parts = replica_bytes_by_state(resolve_layout(cfg.layout), cfg.shape.tp, cfg.shape.pp, _counts(cfg, tokens))
+    return {state.value: n for state, n in parts.items() if n}
 
 
 def _pool_bytes(cfg: RuntimeConfig) -> int:

@@ -219,7 +219,7 @@ class RequestRouter:
         seconds, request_id = res.seconds, res.request_id
         said = res.failure not in NOT_THE_PATH and res.failure not in CALLER_FAULT
         if said or res.ok:
-            self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure)
+            self.metrics.transfer(kind, res.ok, res.bytes, seconds, res.failure, tokens=tokens)
         if res.mismatched > 0:
             self.metrics.mismatched.inc(res.mismatched)
         if kind is not RequestKind.CANARY and said and (res.ok or own_budget):

@@ -181,3 +181,16 @@ def test_docs_table_matches_presets() -> None:
         two = _closed_form_rank_bytes(lay, 1, 1, 2 * lay.page_size)  # 3 pages + 1 request
         assert per_token * lay.page_size == two - one
         assert per_slot == one - 2 * (two - one)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_requests_bytes_split_by_state_type_sum_to_its_bytes(preset: str, tp: int) -> None:
+    """``pdfleet_transfer_state_bytes`` splits a verified transfer by state type with these parts: every state type
+    of the layout has its part and the parts sum to the request's bytes (one stage, and two where the layers split)."""
+    layout = PRESETS[preset]
+    counts = {L.IndexKind.PAGE: 3, L.IndexKind.SWA_PAGE: 2 if layout.swa else 0, L.IndexKind.SLOT: 1, L.IndexKind.ROW: 1}
+    for pp in (1, 2) if layout.num_layers % 2 == 0 else (1,):
+        parts = L.replica_bytes_by_state(layout, tp, pp, counts)
+        assert sum(parts.values()) == L.replica_bytes(layout, tp, pp, counts)
+        assert set(parts) >= layout.state_types() and all(n > 0 for n in parts.values()), parts
