@@ -53,6 +53,7 @@ from pdfleet_operator.resources.runtime_config import runtime_configmap
 from pdfleet_operator.resources.secret import auth_secret, group_secret, missing_key_in_use, worker_secret
 from pdfleet_operator.resources.services import headless_service
 from pdfleet_operator.rollout import PodView, StepKind, plan_steps
+from pdfleet_runtime.readiness_problems import GATE_FAILURES
 
 # ObservedPod, Owner and Snapshot live in ``observed`` (the planners' inputs); re-exported for callers of plan.
 __all__ = [
@@ -287,16 +288,19 @@ def _compat_hold(role: Role, target_spec: PDDeploymentSpec, pods: list[ObservedP
     """A decode rollout to a key no running prefill shares holds (its pods could pair with nobody).
 
     Running, not ready: a prefill pod is ready only once a decode pod of its key canaried it (the handshake
-    refuses a peer of another layout or model), so waiting for a ready one would wait for ever. Only during a
-    rollout (old decode pods exist): a new deployment's pods start together."""
+    refuses a peer of another layout or model), so waiting for a ready one would wait for ever. The prefill must
+    have reported its gate (its runtime runs) without a failure (``GATE_FAILURES``: it cannot move state). Only during a rollout (old decode
+    pods exist): a new deployment's pods start together."""
     if role is not Role.DECODE:
         return None
     key = compat_key(target_spec, Role.DECODE)
     if not any(p.compat and p.compat != key and not p.deleting for p in pods):  # "" = unlabelled, older pod
         return None
-    if any(p.compat == key and p.scheduled and not p.deleting and not p.failed for p in peers):
+    if any(p.compat == key and p.scheduled and not p.deleting and not p.failed and p.gate is not None
+           and not (p.gate == "False" and p.gate_problem in GATE_FAILURES) for p in peers):
         return None
-    return f"decode revision holds: no running prefill shares its compatibility key {key} (protocol, layout, TP/PP)"
+    return (f"decode revision holds: no running prefill shares its compatibility key {key} (protocol, layout, TP/PP) "
+            "whose transfer-path gate reported without a failure")
 
 
 def pods_running(snapshot: Snapshot) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pdfleet_runtime.layouts import PRESETS
+from pdfleet_runtime.layouts import PRESETS, layout_digest
 from tests.server.harness import Pod, config, free_offset, metric
 
 pytestmark = pytest.mark.slow
@@ -73,11 +73,12 @@ def test_readiness_names_each_problem_and_recovers_when_fixed(tmp_path: Path, po
     assert "2.0" in body["reason"] and "1.0" in body["reason"], body
     p.stop()
 
-    # 3. A prefill pod with another layout (half the KV heads): its plan into the decode's buffers fails.
-    other = PRESETS["llama-dense"].model_copy(update={"kv_heads": 4}).model_dump(mode="json", by_alias=True)
-    p = prefill("pre-layout", layout=other)
-    body = not_ready("PeerIncompatible", "reported plan")
-    assert "prefill rank (0, 0)" in body["reason"], body
+    # 3. A prefill pod with another layout (half the KV heads): the handshake compares the layouts' digests (wire
+    #    1.3) and the prefill refuses the decode before anything is planned; the reason names both digests.
+    other = PRESETS["llama-dense"].model_copy(update={"kv_heads": 4})
+    p = prefill("pre-layout", layout=other.model_dump(mode="json", by_alias=True))
+    body = not_ready("PeerIncompatible", "two layout generations")
+    assert layout_digest(other) in body["reason"] and layout_digest(PRESETS["llama-dense"]) in body["reason"], body
     p.stop()
 
     # 4. A compatible prefill pod on a link too slow for the floor (every write takes 0.5 s: ~16 MB/s).

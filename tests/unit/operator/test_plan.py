@@ -21,6 +21,7 @@ from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.runtime_config import runtime_config
 from pdfleet_operator.status import compute_status, status_document
 from pdfleet_runtime.config import RuntimeConfig
+from pdfleet_runtime.readiness_problems import Problem
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "valid").glob("*.yaml"))
 OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
@@ -267,7 +268,16 @@ def test_decode_rollout_holds_until_a_running_prefill_shares_its_key() -> None:
                               scheduled=False)
     held = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, unscheduled), secret_exists=True))
     assert any(a.kind is ActionKind.HOLD for a in held)  # no node yet: nothing runs to pair with
-    new_prefill = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, False, compat=new_key)
+    unreported = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, False, compat=new_key)
+    held = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, unreported), secret_exists=True))
+    assert any(a.kind is ActionKind.HOLD for a in held)  # its runtime has not reported its gate yet
+    failing = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, False, compat=new_key,
+                          gate="False", gate_problem=Problem.FAILING, gate_message="TransfersFailing: 3 in a row")
+    held = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, failing), secret_exists=True))
+    assert any(a.kind is ActionKind.HOLD for a in held)  # its gate failed: it cannot move state, no partner
+    assert not pods_of(held, Role.DECODE)
+    new_prefill = ObservedPod("p1", Role.PREFILL, role_revision(new_spec, Role.PREFILL), 1, False, compat=new_key,
+                              gate="False", gate_problem=Problem.WAITING)  # waiting for a decode's canary: not yet
     moving = plan(OWNER, new_spec, Snapshot(pods=(decode, old_prefill, new_prefill), secret_exists=True))
     assert not [a for a in moving if a.kind is ActionKind.HOLD]
     assert pods_of(moving, Role.DECODE)[0]["metadata"]["labels"]["pdfleet.io/compat"] == new_key
