@@ -23,6 +23,7 @@ from pdfleet_operator.resources.compat import compat_key
 from pdfleet_operator.resources.names import ANNOTATION_DECODE_COMPAT, ANNOTATION_PREFILL_COMPAT, LABEL_COMPAT
 from pdfleet_operator.resources.revision import role_revision
 from pdfleet_operator.resources.router import router_deployment
+from pdfleet_runtime.readiness_problems import Problem
 
 OWNER = Owner(name="demo", namespace="ns", uid="uid-1")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "valid" / "llama-dense.yaml"
@@ -111,7 +112,8 @@ class Fleet:
                 labels = a.body["metadata"]["labels"]
                 self.pods[a.name] = ObservedPod(
                     name=a.name, role=Role(labels["pdfleet.io/role"]), revision=labels["pdfleet.io/revision"],
-                    index=int(labels["pdfleet.io/index"]), ready=False, compat=labels[LABEL_COMPAT])
+                    index=int(labels["pdfleet.io/index"]), ready=False, compat=labels[LABEL_COMPAT],
+                    gate="False", gate_problem=Problem.WAITING)  # its runtime runs: no canary through it yet
             elif a.object_kind == "Pod" and a.kind is ActionKind.PATCH_META:
                 self.pods[a.name] = replace(self.pods[a.name], drain_started=100.0, drained=True)
             elif a.object_kind == "Pod" and a.kind is ActionKind.DELETE:
@@ -127,7 +129,7 @@ class Fleet:
         return actions
 
     def ready(self) -> None:
-        self.pods = {n: replace(p, ready=True) for n, p in self.pods.items()}
+        self.pods = {n: replace(p, ready=True, gate="True", gate_problem=None) for n, p in self.pods.items()}
 
     def routable(self, role: Role, key: str) -> list[str]:
         return [p.name for p in self.pods.values()
