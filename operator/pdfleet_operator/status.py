@@ -90,22 +90,25 @@ BROKEN_AFTER_S = 30.0
 TRANSFER_PATH_BROKEN = "TransferPathBroken"
 
 
+def _counts_from(p: ObservedPod) -> float | None:
+    """When ``p``'s closed gate counts as a broken path (epoch seconds; 0: at once), or None: it never does (an open
+    or "not yet" gate, a pod draining or deleted, or one whose running start is unknown)."""
+    if p.deleting or p.drain_started is not None or p.gate != "False" or p.gate_problem not in PATH_BROKEN:
+        return None
+    if p.gate_problem in GATE_FAILURES:
+        return 0.0
+    return None if p.running_since is None else p.running_since + BROKEN_AFTER_S
+
+
 def broken_paths(pods: Iterable[ObservedPod], now: float) -> list[ObservedPod]:
     """Pods whose transfer-path gate names a broken path now (``PATH_BROKEN``), draining and deleted pods aside."""
-    out = []
-    for p in pods:
-        if p.deleting or p.drain_started is not None or p.gate != "False" or p.gate_problem not in PATH_BROKEN:
-            continue
-        if p.gate_problem in GATE_FAILURES or (p.running_since is not None and now - p.running_since >= BROKEN_AFTER_S):
-            out.append(p)
+    out = [p for p in pods if (at := _counts_from(p)) is not None and at <= now]
     return sorted(out, key=lambda p: (p.role.value, p.name))
 
 
 def broken_wake(pods: Iterable[ObservedPod], now: float) -> float | None:
     """Seconds until a pod's closed gate starts to count as broken (no event brings that); None: none due."""
-    due = [p.running_since + BROKEN_AFTER_S - now for p in pods
-           if p.gate == "False" and p.gate_problem in PATH_BROKEN - GATE_FAILURES and p.running_since is not None
-           and not p.deleting and p.drain_started is None and p.running_since + BROKEN_AFTER_S > now]
+    due = [at - now for p in pods if (at := _counts_from(p)) is not None and at > now]
     return min(due) + 0.05 if due else None
 
 

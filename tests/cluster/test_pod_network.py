@@ -139,6 +139,19 @@ HOOKED = textwrap.dedent("""
 """)
 
 
+def _hooked_pod(cluster: LocalCluster, namespace: str, kubelet: Kubelet, name: str, containers: list[dict],
+                *, grace_s: int) -> tuple[podsandbox.PodSandbox, Path]:
+    """A pod of ``containers`` running ``HOOKED`` (mounted from a ConfigMap) that log to a shared emptyDir, started
+    by the harness's kubelet with both containers up: its sandbox and the events file."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hooks"}, "data": {"hooked.py": HOOKED}}
+    volumes = [{"name": "hooks", "configMap": {"name": "hooks"}}, {"name": "data", "emptyDir": {}}]
+    apply(cluster, namespace, cm, pod(name, containers, volumes=volumes, terminationGracePeriodSeconds=grace_s))
+    sb = started(kubelet, name)
+    events = sb.workdir / "volumes" / "data" / "events"
+    wait(lambda: events.exists() and events.read_text().count("started") == 2, 30, "both containers up")
+    return sb, events
+
+
 def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str, kubelet: Kubelet,
                                            tmp_path: Path) -> None:
     script = {"name": "hooks", "mountPath": "/run/hooks", "readOnly": True}
@@ -151,14 +164,9 @@ def test_pre_stop_hooks_run_before_sigterm(cluster: LocalCluster, namespace: str
          "ports": [{"name": "hook", "containerPort": 9090}], "volumeMounts": [script, data],
          "lifecycle": {"preStop": {"httpGet": {"path": "/pre-stop", "port": "hook"}}}},
     ]
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hooks"}, "data": {"hooked.py": HOOKED}}
-    volumes = [{"name": "hooks", "configMap": {"name": "hooks"}}, {"name": "data", "emptyDir": {}}]
     # A long grace period: the hooks end in well under a second, and terminate goes on as soon as they do; the
     # grace period only bounds how long a host stalled under CI's load may take to run them (seen: over 20 s).
-    apply(cluster, namespace, cm, pod("hooked", containers, volumes=volumes, terminationGracePeriodSeconds=90))
-    sb = started(kubelet, "hooked")
-    events = sb.workdir / "volumes" / "data" / "events"
-    wait(lambda: events.exists() and events.read_text().count("started") == 2, 30, "both containers up")
+    sb, events = _hooked_pod(cluster, namespace, kubelet, "hooked", containers, grace_s=90)
     cluster.kubectl("-n", namespace, "delete", "pod", "hooked", "--wait=false")
     try:
         wait(lambda: events.read_text().count("SIGTERM") == 2, 150, "both containers got SIGTERM")
@@ -182,12 +190,7 @@ def test_a_sleeping_pre_stop_keeps_its_container_up_while_the_others_get_sigterm
         {"name": "sleeper", "image": "host", "command": [PY, "/run/hooks/hooked.py", "sleeper"],
          "volumeMounts": [script, data], "lifecycle": {"preStop": {"sleep": {"seconds": 3}}}},
     ]
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hooks"}, "data": {"hooked.py": HOOKED}}
-    volumes = [{"name": "hooks", "configMap": {"name": "hooks"}}, {"name": "data", "emptyDir": {}}]
-    apply(cluster, namespace, cm, pod("sleepy", containers, volumes=volumes, terminationGracePeriodSeconds=30))
-    sb = started(kubelet, "sleepy")
-    events = sb.workdir / "volumes" / "data" / "events"
-    wait(lambda: events.exists() and events.read_text().count("started") == 2, 30, "both containers up")
+    sb, events = _hooked_pod(cluster, namespace, kubelet, "sleepy", containers, grace_s=30)
     t0 = time.monotonic()
     cluster.kubectl("-n", namespace, "delete", "pod", "sleepy", "--wait=false")
     wait(lambda: "bare SIGTERM" in events.read_text(), 30, "the container without a hook got SIGTERM")

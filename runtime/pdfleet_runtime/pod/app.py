@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import signal
@@ -96,7 +97,9 @@ class PodServer:
         self.metrics = ServerMetrics(self.role.value)
         self.metrics.floor_gbps.set(opts.floor)
         if self.role is Role.DECODE:  # what a pulled request moved, by state type
-            self.metrics.split_states_with(lambda tokens: request_state_bytes_by_state(cfg, tokens))
+            # a request's split depends on its token count only: computed once per count, not per transfer
+            self.metrics.split_states_with(functools.lru_cache(maxsize=1024)(
+                functools.partial(request_state_bytes_by_state, cfg)))
         self.metrics.info.labels(__version__, cfg.runtime_version, opts.stand_in_for or "").set(1)
         self.readiness = Readiness(self.role.value, opts.floor, opts.failures_not_ready, ranks_total=cfg.shape.world)
         self.gate: GateWriter = gate or NoGate()

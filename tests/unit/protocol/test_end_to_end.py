@@ -150,23 +150,31 @@ def test_incompatible_wire_version_refuses_the_handshake_naming_both() -> None:
 A, B = "dir:sha256:" + "a" * 64, "hf:org/m@" + "b" * 40
 
 
-def test_pods_of_two_model_generations_refuse_each_other_at_the_handshake() -> None:
-    """RuntimeConfig.model_identity (wire 1.2): a decode of model A and a prefill of model B never pair; the
-    request fails as refused, naming both, and nothing is registered; the same model pairs."""
+def _refused(*named: str) -> Callable[[Rig], Awaitable[None]]:
+    """A rig step: the decode's request fails as refused at the handshake, its reason naming ``named``, and
+    nothing is registered."""
     async def body(r: Rig) -> None:
         out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=5)
         assert out.state is RequestState.FAILED and out.failure is FailureReason.REFUSED, out
-        assert A in out.reason and B in out.reason and "two model generations" in out.reason
+        assert all(n in out.reason for n in named), (named, out.reason)
         assert r.released["decode"] == ["q0"] and r.server.state.decodes == {}
+    return body
 
-    async def same(r: Rig) -> None:
-        r.prefill[0].add_request("q0", r.src_reqs[0])
-        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=10)
-        assert out.state is RequestState.SUCCESS, out
 
-    run(S(1), S(1), body, models=(B, A))
-    run(S(1), S(1), body, models=(A, B))
-    run(S(1), S(1), same, models=(A, A))
+async def _pairs(r: Rig) -> None:
+    """A rig step: the pair moves a request."""
+    r.prefill[0].add_request("q0", r.src_reqs[0])
+    out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=10)
+    assert out.state is RequestState.SUCCESS, out
+
+
+def test_pods_of_two_model_generations_refuse_each_other_at_the_handshake() -> None:
+    """RuntimeConfig.model_identity (wire 1.2): a decode of model A and a prefill of model B never pair; the
+    request fails as refused, naming both, and nothing is registered; the same model pairs."""
+    refused = _refused(A, B, "two model generations")
+    run(S(1), S(1), refused, models=(B, A))
+    run(S(1), S(1), refused, models=(A, B))
+    run(S(1), S(1), _pairs, models=(A, A))
 
 
 def test_pods_of_two_layouts_refuse_each_other_at_the_handshake() -> None:
@@ -177,20 +185,9 @@ def test_pods_of_two_layouts_refuse_each_other_at_the_handshake() -> None:
     f16 = layout_digest(PRESETS[LAYOUT_NAME].model_copy(update={"dtype": DType.FLOAT16}))
     assert bf16 != f16
 
-    async def body(r: Rig) -> None:
-        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=5)
-        assert out.state is RequestState.FAILED and out.failure is FailureReason.REFUSED, out
-        assert bf16 in out.reason and f16 in out.reason and "two layout generations" in out.reason
-        assert r.released["decode"] == ["q0"] and r.server.state.decodes == {}
-
-    async def same(r: Rig) -> None:
-        r.prefill[0].add_request("q0", r.src_reqs[0])
-        out = await r.decode[0].transfer("q0", r.dst_reqs[0], timeout_s=10)
-        assert out.state is RequestState.SUCCESS, out
-
-    run(S(1), S(1), body, digests=(f16, bf16))
-    run(S(1), S(1), same, digests=(bf16, bf16))
-    run(S(1), S(1), same, digests=("", bf16))
+    run(S(1), S(1), _refused(bf16, f16, "two layout generations"), digests=(f16, bf16))
+    run(S(1), S(1), _pairs, digests=(bf16, bf16))
+    run(S(1), S(1), _pairs, digests=("", bf16))
 
 
 def test_an_older_prefill_pod_is_refused_by_the_decode(monkeypatch: pytest.MonkeyPatch) -> None:
