@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.observed import ObservedPod
+from pdfleet_runtime.links import link_matches
 
 __all__ = ["CheckResult", "Metrics", "PodMetrics", "Verdict", "diagnose", "failed"]
 
@@ -167,7 +168,7 @@ def _transport(p: ObservedPod, m: PodMetrics) -> CheckResult:
         return CheckResult(check="link", subject=p.name, verdict=Verdict.CANNOT_CHECK,
                            detail=f"the pod exports no {TRANSPORT} (its engine's transport is not reported)")
     off = sorted({(lab.get("requested", ""), lab.get("effective", "")) for lab, _ in ranks
-                  if lab.get("requested") and lab.get("effective") and lab.get("requested") != lab.get("effective")})
+                  if link_matches(lab.get("backend", ""), lab.get("requested", ""), lab.get("effective", "")) is False})
     if off:
         said = ", ".join(f"{r} asked, {e} used" for r, e in off)
         return CheckResult(check="link", subject=p.name, verdict=Verdict.FAIL,
@@ -175,8 +176,11 @@ def _transport(p: ObservedPod, m: PodMetrics) -> CheckResult:
                            fix="check spec.transfer.protocol and rdmaDevices against the node's devices; the "
                                "pod's log names what the engine found")
     used = sorted({lab.get("effective", "") for lab, _ in ranks})
+    unsaid = any(link_matches(lab.get("backend", ""), lab.get("requested", ""), lab.get("effective", "")) is None
+                 for lab, _ in ranks)
     return CheckResult(check="link", subject=p.name, verdict=Verdict.OK,
-                       detail=f"{len(ranks)} rank(s) on {', '.join(used)}, as asked")
+                       detail=f"{len(ranks)} rank(s) on {', '.join(used)}, "
+                              + ("not pinned to a protocol: the engine picks (not checked)" if unsaid else "as asked"))
 
 
 def _version(p: ObservedPod, m: PodMetrics) -> CheckResult:

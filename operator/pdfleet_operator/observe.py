@@ -39,7 +39,7 @@ from pdfleet_operator.resources.names import (
 )
 from pdfleet_operator.resources.pods import ANNOTATION_IDENTITY
 from pdfleet_operator.resources.revisions import parse_revisions
-from pdfleet_runtime.config import READINESS_GATE, drain_of
+from pdfleet_runtime.config import READINESS_GATE, SILENT_FALLBACK_CONDITION, drain_of
 from pdfleet_runtime.readiness_problems import gate_problem
 
 __all__ = ["observe", "observe_nodes", "observed_pod", "pod_identity", "secret_exists", "snapshot_of", "with_group_secrets"]
@@ -85,6 +85,8 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         c.get("type") == CONDITION_DRAINED and c.get("status") == "True"
         and drain_of(c.get("message")) == annotations.get(ANNOTATION_DRAIN) for c in conditions)
     gate = next((c for c in conditions if c.get("type") == READINESS_GATE), {})
+    fallback = next((c for c in conditions if c.get("type") == SILENT_FALLBACK_CONDITION
+                     and c.get("status") == "True"), {})
     status = pod.get("status") or {}
     restarts = sum(int(s.get("restartCount") or 0) for s in status.get("containerStatuses") or ())
     running_since = _rfc3339(status.get("startTime")) if status.get("phase") == "Running" else None
@@ -102,6 +104,7 @@ def observed_pod(pod: dict, owner_uid: str) -> ObservedPod | None:
         gate=gate.get("status"),
         gate_problem=gate_problem(gate.get("reason")),
         gate_message=": ".join(x for x in (gate.get("reason"), gate.get("message")) if x),
+        fallback=": ".join(x for x in (fallback.get("reason"), fallback.get("message")) if x),
         restarts=restarts,
         running_since=running_since,
         compat=labels.get(LABEL_COMPAT, ""),

@@ -53,6 +53,7 @@ class ObservedPod:
     gate: str | None = None  # the transfer-path condition's status: "True", "False" or None (unknown)
     gate_problem: Problem | None = None  # the condition's reason: the runtime's readiness problem (None: none)
     gate_message: str = ""  # its reason and message, for a failed gate
+    fallback: str = ""  # the pdfleet.io/silent-fallback condition's reason and message while True ("": none)
     restarts: int = 0  # container restarts, summed
     running_since: float | None = None  # epoch seconds the pod started running; None: not running
     compat: str = ""  # the pdfleet.io/compat label

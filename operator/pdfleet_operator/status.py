@@ -36,6 +36,7 @@ from pdfleet_runtime.readiness_problems import GATE_FAILURES, PATH_BROKEN
 
 __all__ = [
     "BROKEN_AFTER_S",
+    "SILENT_FALLBACK",
     "TRANSFER_PATH_BROKEN",
     "RoleCounts",
     "broken_paths",
@@ -48,6 +49,7 @@ __all__ = [
     "status_document",
     "with_degraded",
     "with_placement",
+    "with_silent_fallbacks",
     "with_transfer_health",
 ]
 
@@ -88,6 +90,7 @@ BROKEN_AFTER_S = 30.0
 """A pod's gate closed for an unreachable peer or held pools counts as a broken path once the pod has run this long
 (a peer still starting is unreachable too); the other ``PATH_BROKEN`` reasons count at once."""
 TRANSFER_PATH_BROKEN = "TransferPathBroken"
+SILENT_FALLBACK = "SilentFallback"
 
 
 def _counts_from(p: ObservedPod) -> float | None:
@@ -122,6 +125,18 @@ def with_transfer_health(conditions: Sequence[Condition], pods: Iterable[Observe
         return list(conditions)
     text = "; ".join(f"{p.role.value} pod {p.name}: {p.gate_message or p.gate_problem}" for p in broken)
     return with_degraded(conditions, TRANSFER_PATH_BROKEN, f"transfer path broken: {text}", generation)
+
+
+def with_silent_fallbacks(conditions: Sequence[Condition], pods: Iterable[ObservedPod],
+                          generation: int) -> list[Condition]:
+    """Fold pods whose ``pdfleet.io/silent-fallback`` condition is True into ``Degraded`` (reason ``SilentFallback``
+    unless an earlier reason holds it), each named with its role and the pod's counts: every answer still comes,
+    so nothing else would say that PD stopped happening (a decode recomputing prompts, state never claimed)."""
+    hit = sorted((p for p in pods if p.fallback and not p.deleting), key=lambda p: (p.role.value, p.name))
+    if not hit:
+        return list(conditions)
+    text = "; ".join(f"{p.role.value} pod {p.name}: {p.fallback}" for p in hit)
+    return with_degraded(conditions, SILENT_FALLBACK, f"silent fallback: {text}", generation)
 
 
 def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:

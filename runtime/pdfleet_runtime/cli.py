@@ -165,6 +165,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     srv.add_argument("--pin-engine-id", dest="pin_engine_id", action="store_true", default=None,
                      help="vLLM's contract: the engine id is the pod's name, kept across restarts (default: fresh "
                      "per start, as vLLM's)")
+    srv.add_argument("--kv-connector", dest="kv_connector", default=None, choices=("pdfleet", "none"),
+                     help="decode: 'none' ignores the transfer fields and recomputes every prompt, as an engine "
+                     "started without its KV connector (env PDFLEET_KV_CONNECTOR; default pdfleet)")
     srv.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     srv.add_argument("--stand-in-for", default=None, help=argparse.SUPPRESS)
     srv.add_argument("--fault-write-delay", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -237,7 +240,7 @@ def _serve(args: argparse.Namespace) -> int:
         flags = {k: getattr(args, k) for k in (
             "port_offset", "prefill_addresses", "prefill_addresses_file", "bind_host", "kubeconfig", "gate",
             "canary_tokens", "canary_period_s", "retry_period_s", "canary_timeout_s", "floor_gbps", "request_timeout_s",
-            "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level", "stand_in_for", "pin_engine_id")}
+            "write_timeout_s", "fence_timeout_s", "room_ttl_s", "log_level", "stand_in_for", "pin_engine_id", "kv_connector")}
         flags["faults"] = FaultOptions(args.fault_write_delay, args.fault_wire, args.fault_corrupt_received,
                                        args.fault_corrupt_sent, args.fault_scatter_pages,
                                        model=ModelFault(args.fault_model) if args.fault_model else None)

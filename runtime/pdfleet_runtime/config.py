@@ -36,6 +36,7 @@ __all__ = [
     "METRICS_PORT",
     "READINESS_GATE",
     "SERVED_NAME_PATTERN",
+    "SILENT_FALLBACK_CONDITION",
     "ComputeCost",
     "ConfigError",
     "GroupConfig",
@@ -64,6 +65,8 @@ READINESS_GATE = "pdfleet.io/transfer-path"
 SERVED_NAME_PATTERN = r"^[A-Za-z0-9._:/@+-]+$"  # spec.model.servedName, checked at admission too
 DRAIN_ANNOTATION = "pdfleet.io/drain-started"  # set by the operator (epoch seconds): stop admitting, drain
 DRAINED_CONDITION = "pdfleet.io/drained"  # set by the runtime once a drained pod has nothing in flight
+# True while the pod counts silent fallbacks (a decode recomputing prompts, unclaimed state): pod.fallbacks.
+SILENT_FALLBACK_CONDITION = "pdfleet.io/silent-fallback"
 # The drained condition's message starts with the drain it reports (the DRAIN_ANNOTATION value), so a
 # report left from an earlier drain (a cancel racing it, or a forged one) never ends a later drain.
 _DRAIN_STAMP = "drain="

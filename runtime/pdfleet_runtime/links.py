@@ -22,6 +22,7 @@ __all__ = [
     "EngineSettings",
     "LinkProtocol",
     "engine_settings",
+    "link_matches",
 ]
 
 
@@ -156,3 +157,15 @@ def engine_settings(backend: Backend | str, protocol: LinkProtocol | str) -> Eng
         return ENGINE_SETTINGS.get((Backend(backend), LinkProtocol(protocol)))
     except ValueError:
         return None
+
+
+def link_matches(backend: str, requested: str, effective: str) -> bool | None:
+    """Whether the transport an engine reports (``TransportReport.effective``: Mooncake's protocol, NIXL's
+    ``ucx:<UCX_TLS>``) serves the protocol asked for: one of the protocol's accepted transports among them (NIXL
+    lists tcp beside cma or cuda_ipc for wire-up only). None where it cannot be said (an unpinned engine, or a
+    pair the table does not hold)."""
+    settings = engine_settings(backend, requested)
+    if settings is None or not effective or effective == "unpinned":
+        return None
+    used = set(effective.removeprefix("ucx:").split(","))
+    return bool(used & settings.accepted_transports)

@@ -65,6 +65,9 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("vLLM handshake refusals/s", "ops", [
             ("{{pod}} {{reason}}",
              f"sum by (pod, reason) (rate(pdfleet_vllm_handshake_refusals_total{_sel()}[{RATE}]))")]),
+        ("Silent fallbacks/s by reason (answered, but PD did not happen)", "ops", [
+            ("{{pod}} {{reason}}",
+             f"sum by (pod, reason) (rate(pdfleet_silent_fallbacks_total{_sel()}[{RATE}]))")]),
     ]),
     ("Canaries and gates", [
         ("Canary throughput vs floor", "decgbytes", [

@@ -112,6 +112,11 @@ class Prometheus:
         return self._get("query_range", {"query": expr, "start": f"{self.started:.3f}", "end": f"{time.time():.3f}",
                                          "step": "2"})
 
+    def samples(self, expr: str, start: float, end: float, step_s: float) -> list[dict[str, Any]]:
+        """Each series of ``expr`` at every ``step_s`` from ``start`` to ``end`` (its last scraped sample then)."""
+        return self._get("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                         "step": f"{step_s:g}"})
+
     def _get(self, api: str, params: dict[str, str]) -> list[dict[str, Any]]:
         expr, q = params["query"], urllib.parse.urlencode(params)
         try:
@@ -175,6 +180,40 @@ def running_prometheus(workdir: Path, core: CoreV1Api, namespace: str, operator_
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def _series_text(metric: dict[str, str]) -> str:
+    labels = ", ".join(f'{k}="{v}"' for k, v in sorted(metric.items()) if k != "__name__")
+    return f"{metric['__name__']}{{{labels}}}"
+
+
+def replayed_rule_test(prom: Prometheus, names: list[str], namespace: str, start: float, end: float,
+                       step_s: float, expected: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``promtool test rules`` file over what ``prom`` scraped of ``names`` between ``start`` and ``end``: every
+    series' value at each ``step_s`` step, replayed one step per minute (the rules' windows and ``for:`` are
+    minutes; a run lasts a few), ``_`` where it had none; ``expected``: its ``alert_rule_test`` items, each
+    evaluated at the last step when it names no ``eval_time``."""
+    steps = int((end - start) // step_s) + 1
+    input_series = []
+    for name in names:
+        for s in prom.samples(f'{{__name__="{name}", namespace="{namespace}"}}', start, end, step_s):
+            at = {round((float(t) - start) / step_s): v for t, v in s["values"]}
+            input_series.append({"series": _series_text(s["metric"]),
+                                 "values": " ".join(str(at.get(i, "_")) for i in range(steps))})
+    last = f"{steps - 1}m"
+    return {"rule_files": [str(RULES)], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": input_series,
+                       "alert_rule_test": [{"eval_time": last, **e} for e in expected]}]}
+
+
+def promtool_test(test: dict[str, Any], workdir: Path) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` on ``test`` (written under ``workdir``)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian's prometheus package: scripts/setup.sh installs it)")
+    path = workdir / "replayed_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False, width=1 << 20))
+    return subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
 
 
 def rules() -> list[dict[str, Any]]:

@@ -33,7 +33,13 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet_runtime import __version__
-from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, Role, drained_message
+from pdfleet_runtime.config import (
+    DRAIN_ANNOTATION,
+    DRAINED_CONDITION,
+    SILENT_FALLBACK_CONDITION,
+    Role,
+    drained_message,
+)
 from pdfleet_runtime.layouts import layout_digest, resolve_layout
 from pdfleet_runtime.model.hf_config import read_config
 from pdfleet_runtime.protocol.auth import Codec
@@ -55,6 +61,7 @@ from pdfleet_runtime.rank.pipe import Generated, GenerateOp, LegReport, RankStat
 from .admin import start_admin
 from .compute_cost import warming
 from .drain import Drain, DrainPhase
+from .fallbacks import FallbackReason
 from .gate import GateWriter, NoGate
 from .group import GroupRanks
 from .launcher import LaunchError, RankCallError, RankLauncher, rank_specs
@@ -122,6 +129,7 @@ class PodServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._gate_written: tuple[bool, str] | None = None
         self._gate_written_at = 0.0
+        self._fallback_written: tuple[bool, str] | None = None
         self._drain_by_operator = False
         self.bootstrap: BootstrapServer | None = None
         self._rank_key = new_rank_key()
@@ -414,6 +422,8 @@ class PodServer:
                     if canary is None:
                         continue  # pools full of real traffic: no verdict either way
                     check = self.readiness.record_canary(str(ep), canary)
+                    if canary.ok and canary.gbps is not None and canary.gbps < o.floor:
+                        self.worker.fallbacks.count(FallbackReason.BELOW_FLOOR)
                     if check.ok:
                         self.router.shunned.discard(str(ep))
                     self.metrics.canary(str(ep), check.gbps or 0.0, check.ok)
@@ -459,7 +469,20 @@ class PodServer:
                     self._gate_written, self._gate_written_at = key, time.monotonic()
                 except Exception as e:  # the API may be briefly unavailable: retried next tick
                     log.warning("cannot write the readiness gate: %s", e)
+            await self._report_fallbacks()
             await asyncio.sleep(0.25)
+
+    async def _report_fallbacks(self) -> None:
+        """The ``pdfleet.io/silent-fallback`` condition, written when its verdict changes (``pod.fallbacks``)."""
+        fb = self.worker.fallbacks.verdict()
+        if (fb.active, fb.reason) == self._fallback_written:
+            return
+        (log.warning if fb.active else log.info)("silent fallback: %s (%s): %s", fb.active, fb.reason, fb.message)
+        try:
+            await self.gate.set_condition(SILENT_FALLBACK_CONDITION, fb.active, fb.reason, fb.message)
+            self._fallback_written = (fb.active, fb.reason)
+        except Exception as e:  # retried next tick
+            log.warning("cannot write the silent-fallback condition: %s", e)
 
     async def _pools_loop(self) -> None:
         """The ranks' held items by reason into the metrics and the ``PoolsHeld`` fact, every ``POOLS_S``."""

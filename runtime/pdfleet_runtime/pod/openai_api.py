@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
@@ -60,12 +61,13 @@ from pdfleet_runtime.rank.pipe import Generated, GenerateOp, RankStats
 
 from .compute_cost import cost_from, decode_compute, prefill_compute
 from .drain import Drain
+from .fallbacks import FallbackReason, SilentFallbacks
 from .launcher import RankCallError
 from .metrics import sglang_gauges, vllm_gauges
 from .model_answer import completion_of, prompt_of
 from .model_stream import ModelStream
 from .model_text import ModelText
-from .options import ServeOptions
+from .options import KvConnector, ServeOptions
 from .rooms import Expired, LegFailed, Room, RoomError, RoomFailure, RoomOutcome, RoomTable
 from .routing import SyntheticResult
 from .seeded_load import LoadMetrics
@@ -223,6 +225,8 @@ class WorkerApi:
               registry=r).labels(*m).set_function(lambda: self.used_tokens / max(1, cfg.kv_tokens))
         vllm_gauges(r, self.model, lambda: self.running, lambda: self.queued,
                     lambda: self.used_tokens / max(1, cfg.kv_tokens))
+        self.fallbacks = SilentFallbacks(r, self.role.value)
+        """Answers and rooms that fell back silently (``pod.fallbacks``): the server writes their pod condition."""
         self.expired = Counter("pdfleet_rooms_expired", "Rooms (bootstrap_room) no decode claimed in time: their "
                                "reservation was freed (prefill pods)", registry=r)
         self._expired_seen = 0
@@ -330,6 +334,9 @@ class WorkerApi:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
                 req, leg = self._vllm_leg(parse_request(ep, await self.pod.read_body(request)))
+                if self.role is Role.DECODE and self.pod.opts.kv_connector is KvConnector.NONE:
+                    self._check(req, transfer=False)  # nothing is pulled: the room only names the request
+                    return await self._recompute(request, req)
                 self._check(req)
                 if self.text is not None:
                     req = prompt_of(req, self.text, self.pod.opts.config.kv_tokens)
@@ -403,11 +410,11 @@ class WorkerApi:
             self._refusals_logged.add((where, reason))
             log.warning("refusing vLLM-contract requests from the prefill at %s (%s): %s", where, reason, what)
 
-    def _check(self, req: WorkerRequest) -> None:
+    def _check(self, req: WorkerRequest, *, transfer: bool = True) -> None:
         if req.model is not None and req.model != self.model:
             raise ApiError(404, f"The model `{req.model}` does not exist: this worker serves `{self.model}`",
                            param="model", code="model_not_found")
-        if req.room is None:
+        if transfer and req.room is None:
             raise ApiError(400, "bootstrap_room is required: this is a PD worker (send the request through the "
                            "router, or add bootstrap_host, bootstrap_port and bootstrap_room to the body)",
                            param="bootstrap_room", code="missing_bootstrap_room")
@@ -506,6 +513,7 @@ class WorkerApi:
         self.rooms.expire()
         if self.rooms.expired > self._expired_seen:
             self.expired.inc(self.rooms.expired - self._expired_seen)
+            self.fallbacks.count(FallbackReason.UNCLAIMED_STATE, self.rooms.expired - self._expired_seen)
             self._expired_seen = self.rooms.expired
 
     async def _decode(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
@@ -549,19 +557,46 @@ class WorkerApi:
         if not res.ok:
             raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
         self.room_bytes.inc(res.bytes)
+        if res.bytes < request_state_bytes(o.config, req.prompt_tokens, decode_side=True):
+            self.fallbacks.count(FallbackReason.SHORT_TRANSFER)
         c = answer or completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
-        pdfleet = self._pdfleet(req, res, c if answer is not None else None)
-        headers = self._headers(http, req)
+        return await self._answer(http, req, c, res.bytes, self._pdfleet(req, res, c if answer is not None else None))
+
+    async def _answer(self, http: web.Request, req: WorkerRequest, c: Completion, state_bytes: int,
+                      pdfleet: dict[str, Any]) -> web.StreamResponse:
+        """A whole answer: one JSON body, or its events at once for a streaming request."""
         if not req.stream:
-            return web.json_response(render(req, c, model=self.model, state_bytes=res.bytes, pdfleet=pdfleet),
-                                     headers=headers)
+            return web.json_response(render(req, c, model=self.model, state_bytes=state_bytes, pdfleet=pdfleet),
+                                     headers=self._headers(http, req))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           **headers})
+                                           **self._headers(http, req)})
         await resp.prepare(http)
         for event in sse_chunks(req, c, model=self.model, pdfleet=pdfleet):
             await resp.write(event.encode())
         await resp.write_eof()
         return resp
+
+    async def _recompute(self, http: web.Request, req: WorkerRequest) -> web.StreamResponse:
+        """A decode without its KV connector (``--kv-connector none``): the transfer fields ignored, the prompt
+        computed here, the answer the same as PD's (seeded state is a function of the request), so the client
+        sees nothing wrong; the prefill's state is never claimed. Counted as a silent fallback."""
+        if req.room is None:  # a request no router paired: its own room, for the seeded answer
+            req = req.model_copy(update={"room": secrets.randbits(63)})
+        nbytes = request_state_bytes(self.pod.opts.config, req.prompt_tokens, decode_side=True)
+        c = completion(req.seed, req.prompt_tokens, nbytes, req.max_tokens)
+        self._run(+1, req.prompt_tokens)
+        self.computing += 1
+        try:
+            arrived = time.monotonic()
+            await self.load.recompute_prompt(req.prompt_tokens, arrived)
+            await self.load.generate(len(c.ids), arrived, lambda: self.running, self._hold)
+        finally:
+            self.computing -= 1
+            self._run(-1, req.prompt_tokens)
+        self.fallbacks.count(FallbackReason.NO_STATE_RECEIVED)
+        pdfleet = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": 0, "layoutBytes": nbytes,
+                   "verified": False, "recomputed": True, "decode": self.pod.opts.instance}
+        return await self._answer(http, req, c, 0, pdfleet)
 
     def _pdfleet(self, req: WorkerRequest, res: SyntheticResult, model_answer: Completion | None) -> dict[str, Any]:
         o = self.pod.opts

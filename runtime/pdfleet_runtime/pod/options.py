@@ -26,19 +26,22 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 
-from pdfleet_runtime.config import GROUP_LEADER_ENV, GROUP_MEMBER_ENV, RuntimeConfig
+from pdfleet_runtime.config import GROUP_LEADER_ENV, GROUP_MEMBER_ENV, Role, RuntimeConfig
 from pdfleet_runtime.links import LinkProtocol
 from pdfleet_runtime.rank.pipe import FaultOptions
 
 __all__ = [
     "CANARY_FLOORS_GBPS",
     "ENV_GROUP_LEADER_ADDRESS",
+    "ENV_KV_CONNECTOR",
     "ENV_PORT_OFFSET",
     "ENV_PREFILL_ADDRESSES",
     "ENV_PREFILL_ADDRESSES_FILE",
+    "KvConnector",
     "OptionsError",
     "ServeOptions",
     "parse_addresses",
@@ -48,6 +51,17 @@ ENV_PORT_OFFSET = "PDFLEET_PORT_OFFSET"
 ENV_PREFILL_ADDRESSES = "PDFLEET_PREFILL_ADDRESSES"
 ENV_PREFILL_ADDRESSES_FILE = "PDFLEET_PREFILL_ADDRESSES_FILE"
 ENV_GROUP_LEADER_ADDRESS = "PDFLEET_GROUP_LEADER_ADDRESS"
+ENV_KV_CONNECTOR = "PDFLEET_KV_CONNECTOR"
+
+
+class KvConnector(StrEnum):
+    """How a decode gets a request's state. ``none`` is an engine without its KV connector (SGLang without
+    ``--disaggregation-mode decode``, vLLM without ``--kv-transfer-config``): it ignores the transfer fields
+    and recomputes every prompt, answering as if nothing were wrong. It exists because users misconfigure
+    engines so; pdfleet's doctor, alerts and the pod's silent-fallback condition must catch it."""
+
+    PDFLEET = "pdfleet"
+    NONE = "none"
 
 CANARY_FLOORS_GBPS: Mapping[LinkProtocol, float] = MappingProxyType({
     # The lowest canary write throughput (engine write of the canary's bytes, GB/s) at which a pod is
@@ -122,6 +136,9 @@ class ServeOptions:
     """Harness only: this process stands in for an engine (``sglang==0.5.23``); /server_info reports that
     engine's version and says it is a stand-in (devcluster.standin)."""
     faults: FaultOptions = field(default_factory=FaultOptions)
+    kv_connector: KvConnector = KvConnector.PDFLEET
+    """``PDFLEET_KV_CONNECTOR`` / ``--kv-connector``: ``none`` makes a decode recompute every prompt (seeded state
+    only: the reference engine's decode ranks do not compute prompts)."""
     group_member: int = 0
     """This pod's place in its replica group (``PDFLEET_GROUP_MEMBER``); 0: the leader, or no group."""
     group_leader: str = ""
@@ -211,6 +228,16 @@ class ServeOptions:
                    port_offset=int(offset),  # type: ignore[call-overload]
                    prefill_addresses=parse_addresses(str(addresses)) if addresses else (),
                    prefill_addresses_file=Path(str(addresses_file)) if addresses_file else None)
+        raw_connector = flags.pop("kv_connector", None) or environ.get(ENV_KV_CONNECTOR, "") or KvConnector.PDFLEET
+        try:
+            opts = replace(opts, kv_connector=KvConnector(str(raw_connector)))
+        except ValueError:
+            raise OptionsError(f"{ENV_KV_CONNECTOR}={raw_connector!r} is not one of "
+                               f"{[k.value for k in KvConnector]}") from None
+        if opts.kv_connector is KvConnector.NONE and (config.role is not Role.DECODE or config.model is not None):
+            raise OptionsError(f"{ENV_KV_CONNECTOR}=none is a decode setting of seeded state (a decode that "
+                               "recomputes prompts): unset it on this " + (config.role.value if config.model is None
+                                                                            else "model pod"))
         if config.canary_period_seconds is not None:  # the deployment's period; a flag still wins
             opts = replace(opts, canary_period_s=config.canary_period_seconds)
         opts = replace(opts, **{k: v for k, v in flags.items() if v is not None})  # type: ignore[arg-type]

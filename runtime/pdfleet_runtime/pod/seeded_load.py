@@ -86,12 +86,17 @@ class LoadMetrics:
 
     async def prefill_prompt(self, tokens: int, arrived: float) -> None:
         """Wait for this prompt's turn and its compute (nothing without a declared cost); count it."""
+        await self.recompute_prompt(tokens, arrived)
+        self.requests.inc()
+        self.ttft.observe(max(0.0, self.clock() - arrived))
+
+    async def recompute_prompt(self, tokens: int, arrived: float) -> None:
+        """The prompt's compute and its tokens counted, not the request (a decode without its KV connector
+        computes the prompt itself, then generates: ``generate`` counts the request)."""
         if self.prefill is not None:
             _, end = self.prefill.admit(tokens, arrived)
             await asyncio.sleep(max(0.0, end - self.clock()))
         self.prompt_tokens.inc(tokens)
-        self.requests.inc()
-        self.ttft.observe(max(0.0, self.clock() - arrived))
 
     async def generate(self, tokens: int, arrived: float, running: Callable[[], int],
                        hold: Callable[[int], None]) -> None:

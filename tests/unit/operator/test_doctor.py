@@ -159,3 +159,23 @@ def test_the_doctor_reads_the_port_a_pod_declares_as_metrics() -> None:
     for c in bare["spec"]["containers"]:
         c["ports"] = [p for p in c.get("ports") or () if p["name"] != "metrics"]
     assert metrics_port(bare) == HTTP_PORT
+
+
+def test_the_link_check_reads_each_engines_own_transport_names() -> None:
+    """NIXL reports ``ucx:<UCX_TLS>`` (tcp stays listed beside cma or cuda_ipc for wire-up), Mooncake its own
+    protocol names (nvlink_intra): the check compares them with the protocol's accepted transports, not as
+    strings; an engine's own setting that forces TCP under another protocol fails it."""
+    rows = [("nixl", "tcp", "ucx:tcp", True), ("nixl", "shm", "ucx:cma,tcp", True),
+            ("nixl", "nvlink", "ucx:cuda_ipc,cuda_copy,tcp", True), ("nixl", "shm", "ucx:tcp", False),
+            ("nixl", "rdma", "ucx:tcp", False), ("mooncake", "nvlink", "nvlink_intra", True),
+            ("mooncake", "rdma", "tcp", False), ("nixl", "tcp", "unpinned", None)]
+    for backend, asked, used, ok in rows:
+        dec = _healthy("decode")
+        dec.transport.clear()
+        dec.transport.labels("0", backend, asked, "ucx", used, "true").set(1)
+        [link] = [r for r in diagnose([_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)],
+                                      {"p-0": _read(_healthy("prefill")), "d-0": _read(dec)})
+                  if r.check == "link" and r.subject == "d-0"]
+        assert link.verdict is (Verdict.FAIL if ok is False else Verdict.OK), (backend, asked, used, link.detail)
+        if ok is False:
+            assert f"{asked} asked, {used} used" in link.detail

@@ -9,7 +9,12 @@ from pdfleet_operator.observe import observed_pod
 from pdfleet_operator.plan import ActionKind, Snapshot, plan
 from pdfleet_operator.resources.pods import runtime_pod
 from pdfleet_operator.resources.revision import role_revision
-from pdfleet_runtime.config import DRAIN_ANNOTATION, DRAINED_CONDITION, READINESS_GATE
+from pdfleet_runtime.config import (
+    DRAIN_ANNOTATION,
+    DRAINED_CONDITION,
+    READINESS_GATE,
+    SILENT_FALLBACK_CONDITION,
+)
 from tests.unit.operator.test_plan import OWNER, base_spec
 
 
@@ -46,3 +51,15 @@ def test_a_drained_report_of_an_earlier_drain_does_not_end_this_one() -> None:
     assert current is not None and current.drained
     actions = plan(OWNER, spec, Snapshot(pods=(current,), secret_exists=True), now=201.0)
     assert [a.name for a in actions if a.kind is ActionKind.DELETE] == [current.name]
+
+
+def test_the_silent_fallback_condition_is_read_only_while_true() -> None:
+    body = _pod("200.000", None)
+    conditions = body["status"]["conditions"]
+    conditions.append({"type": SILENT_FALLBACK_CONDITION, "status": "False", "reason": "NoFallback", "message": "none"})
+    seen = observed_pod(body, OWNER.uid)
+    assert seen is not None and seen.fallback == ""
+    conditions[-1] = {"type": SILENT_FALLBACK_CONDITION, "status": "True", "reason": "NoStateReceived",
+                      "message": "silent fallbacks in the last 120 s"}
+    seen = observed_pod(body, OWNER.uid)
+    assert seen is not None and seen.fallback == "NoStateReceived: silent fallbacks in the last 120 s"

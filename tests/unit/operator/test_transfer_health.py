@@ -1,12 +1,20 @@
 """A pod whose transfer path is broken makes the PDDeployment ``Degraded`` (``TransferPathBroken``), naming the pod,
-its role and its gate's reason (pure: ``status.with_transfer_health``)."""
+its role and its gate's reason (pure: ``status.with_transfer_health``); so does a pod counting silent fallbacks
+(``SilentFallback``, ``status.with_silent_fallbacks``)."""
 
 from __future__ import annotations
 
 from pdfleet_operator.api.constants import ConditionStatus, ConditionType, Role
 from pdfleet_operator.conditions import condition
 from pdfleet_operator.observed import ObservedPod
-from pdfleet_operator.status import BROKEN_AFTER_S, TRANSFER_PATH_BROKEN, broken_wake, with_transfer_health
+from pdfleet_operator.status import (
+    BROKEN_AFTER_S,
+    SILENT_FALLBACK,
+    TRANSFER_PATH_BROKEN,
+    broken_wake,
+    with_silent_fallbacks,
+    with_transfer_health,
+)
 from pdfleet_runtime.readiness_problems import Problem
 
 NOW = 1_000_000.0
@@ -63,3 +71,17 @@ def test_an_earlier_degraded_reason_holds_and_gains_the_pods() -> None:
     status, reason, message = degraded(with_transfer_health(failed, [pod("d-1", problem=Problem.CORRUPT)], NOW, 1))
     assert (status, reason) == (ConditionStatus.TRUE, "RolloutFailed")
     assert message is not None and message.startswith("decode: rolled back\ntransfer path broken: decode pod d-1: ")
+
+
+def test_pods_counting_silent_fallbacks_make_it_degraded_named_with_their_counts() -> None:
+    said = "NoStateReceived: silent fallbacks in the last 120 s (no_state_received: ...)"
+    pods = [pod("p-0", Role.PREFILL, fallback="UnclaimedState: state expired"), pod("d-0", fallback=said),
+            pod("d-1"), pod("d-2", fallback=said, deleting=True)]
+    status, reason, message = degraded(with_silent_fallbacks(CLEAR, pods, 1))
+    assert (status, reason) == (ConditionStatus.TRUE, SILENT_FALLBACK)
+    assert message == f"silent fallback: decode pod d-0: {said}; prefill pod p-0: UnclaimedState: state expired"
+    assert with_silent_fallbacks(CLEAR, [pod("d-1"), pod("p-0", Role.PREFILL)], 1) == CLEAR
+    # an earlier Degraded reason keeps its place and gains the line
+    both = with_silent_fallbacks(with_transfer_health(CLEAR, [pod("d-3", problem=Problem.CORRUPT)], NOW, 1), pods, 1)
+    status, reason, message = degraded(both)
+    assert reason == TRANSFER_PATH_BROKEN and message is not None and "\nsilent fallback: decode pod d-0" in message

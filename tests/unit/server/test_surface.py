@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.config import GroupConfig, RuntimeConfig
+from pdfleet_runtime.config import GroupConfig, ModelSourceConfig, RuntimeConfig
 from pdfleet_runtime.layouts import PRESETS, IndexKind, LayoutRef, pool_counts
 from pdfleet_runtime.planner import Blocks, compile_destination
 from pdfleet_runtime.pod.app import PodServer
 from pdfleet_runtime.pod.gate import KubeGate, NoGate, make_gate
 from pdfleet_runtime.pod.metrics import ServerMetrics
-from pdfleet_runtime.pod.options import OptionsError, ServeOptions, parse_addresses
+from pdfleet_runtime.pod.options import KvConnector, OptionsError, ServeOptions, parse_addresses
 from pdfleet_runtime.pools import Capacity, RankPools, RequestAllocator
 from pdfleet_runtime.protocol.discovery import Endpoint, FileResolver
 from pdfleet_runtime.protocol.messages import RequestKind
@@ -48,6 +48,20 @@ def test_options_take_the_local_overrides_from_the_environment_and_flags_win() -
     assert o.instance == "d-decode-abc-0" and o.advertise_host == "10.1.2.3" and o.floor == 0.05
     o = ServeOptions.build(cfg(protocol="rdma"), env, port_offset=5, floor_gbps=None, canary_tokens=8)
     assert o.http_port == 8085 and o.floor == 5.0 and o.canary_tokens == 8
+
+
+def test_a_decode_without_its_kv_connector_is_a_setting_of_seeded_decodes_only() -> None:
+    assert ServeOptions.build(cfg(), {}).kv_connector is KvConnector.PDFLEET
+    assert ServeOptions.build(cfg(), {"PDFLEET_KV_CONNECTOR": "none"}).kv_connector is KvConnector.NONE
+    assert ServeOptions.build(cfg(), {"PDFLEET_KV_CONNECTOR": "none"}, kv_connector="pdfleet").kv_connector \
+        is KvConnector.PDFLEET  # a flag wins
+    with pytest.raises(OptionsError, match="PDFLEET_KV_CONNECTOR='nixl' is not one of"):
+        ServeOptions.build(cfg(), {"PDFLEET_KV_CONNECTOR": "nixl"})
+    with pytest.raises(OptionsError, match="unset it on this prefill"):
+        ServeOptions.build(cfg(role="prefill"), {"PDFLEET_KV_CONNECTOR": "none"})
+    model = cfg(model=ModelSourceConfig(path=Path("/models/m")))
+    with pytest.raises(OptionsError, match="unset it on this model pod"):
+        ServeOptions.build(model, {"PDFLEET_KV_CONNECTOR": "none"})
 
 
 def test_a_group_members_options_come_from_its_pod_environment() -> None:
