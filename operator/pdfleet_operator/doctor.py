@@ -20,7 +20,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from pdfleet_operator.api.constants import Role
-from pdfleet_operator.observed import ObservedPod
+from pdfleet_operator.generations import mixed, paired
+from pdfleet_operator.observed import ObservedPod, RouterState
 from pdfleet_runtime.links import link_matches
 
 __all__ = ["CheckResult", "Metrics", "PodMetrics", "Verdict", "diagnose", "failed"]
@@ -128,22 +129,27 @@ def _transfer_path(p: ObservedPod) -> CheckResult:
                        fix=f"the reason names the peer and the step; kubectl logs {p.name}")
 
 
-def _generations(pods: Sequence[ObservedPod]) -> CheckResult:
-    """The pods a router can pair (ready, routable) must share one compatibility key per role pair."""
-    routable = [p for p in _live(pods) if p.ready and p.drain_started is None]
-    keys: dict[str, list[str]] = {}
-    for p in routable:
-        keys.setdefault(p.compat or "(unlabelled)", []).append(p.name)
-    if len(keys) <= 1:
-        key = next(iter(keys), "none")
-        return CheckResult(check="generations", subject="fleet", verdict=Verdict.OK,
-                           detail=f"{len(routable)} routable pod(s), one compatibility key: {key}")
-    seen = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in sorted(keys.items()))
-    return CheckResult(check="generations", subject="fleet", verdict=Verdict.FAIL,
-                       detail=f"routable pods of {len(keys)} compatibility keys at once ({seen}): a router pairing "
-                              "two of them moves state between generations the engines may not share",
-                       fix="let the rollout finish (kubectl get pdd shows its progress); if it is stuck, its "
-                           "Progressing condition says why")
+def _generations(pods: Sequence[ObservedPod], router: RouterState | None) -> CheckResult:
+    """The pods a router pairs (ready, routable, and of the generation its selectors carry, when they carry one)
+    must share one compatibility key per role."""
+    live = _live(pods)
+    bad = mixed(live, router)
+    if bad:
+        return CheckResult(check="generations", subject="fleet", verdict=Verdict.FAIL,
+                           detail=f"the router pairs {bad}: it moves state between generations the engines may "
+                                  "not share" + ("" if router is not None and router.serving is not None else
+                                                 " (its selectors carry no generation)"),
+                           fix="let the rollout finish (kubectl get pdd shows its progress); an operator run with "
+                               "--no-router-generations lets the router pair two generations during every rollout")
+    pairs = paired(live, router)
+    keys = sorted({k for by_key in pairs.values() for k in by_key})
+    waiting = sorted(p.name for p in live if p.ready and p.drain_started is None
+                     and all(p.name not in v for v in pairs[p.role].values()))
+    return CheckResult(check="generations", subject="fleet", verdict=Verdict.OK,
+                       detail=f"{sum(len(v) for b in pairs.values() for v in b.values())} pod(s) the router pairs, "
+                              f"one key per role: {', '.join(keys) or 'none'}"
+                              + (f"; {len(waiting)} ready pod(s) of another generation wait for the router's switch: "
+                                 f"{', '.join(waiting)}" if waiting else ""))
 
 
 def _counter_check(check: str, p: ObservedPod, m: PodMetrics, name: str, label: str | None, *, what: str, fix: str,
@@ -289,11 +295,12 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> li
 
 
 def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
-             window_s: float | None = None) -> list[CheckResult]:
-    """Every check over ``pods`` (the deployment's, as ``observe`` reads them) and their ``metrics``."""
+             window_s: float | None = None, router: RouterState | None = None) -> list[CheckResult]:
+    """Every check over ``pods`` (the deployment's, as ``observe`` reads them), their ``metrics`` and the
+    ``router`` Deployment's state (None: none read, so every routable pod counts as paired)."""
     window = f"in the last {window_s:g} s" if window_s else "since the pod started"
     live = sorted(_live(pods), key=lambda p: (p.role.value, p.name))
-    out = [_generations(pods)]
+    out = [_generations(pods, router)]
     if not any(p.role is Role.PREFILL for p in live) or not any(p.role is Role.DECODE for p in live):
         out.append(CheckResult(check="fleet", subject="fleet", verdict=Verdict.FAIL,
                                detail="no running " + ("prefill" if not any(p.role is Role.PREFILL for p in live)

@@ -24,7 +24,7 @@ from pdfleet_operator.api.constants import Role
 from pdfleet_operator.observed import Generation, ObservedPod, RouterState
 from pdfleet_operator.resources.names import ANNOTATION_DECODE_COMPAT, ANNOTATION_PREFILL_COMPAT
 
-__all__ = ["kept", "router_state", "serving"]
+__all__ = ["kept", "mixed", "paired", "router_state", "serving"]
 
 
 def router_state(deployment: Mapping | None) -> RouterState | None:
@@ -82,3 +82,26 @@ def kept(role: Role, target: Generation, now_serving: Generation, router: Router
         if p.role is role and _routable(p) and p.compat != target.of(role):
             best[p.compat] = p
     return frozenset(p.name for p in best.values())
+
+
+def paired(pods: Iterable[ObservedPod], router: RouterState | None) -> dict[Role, dict[str, list[str]]]:
+    """The routable, ready pods a router pairs, by role and compatibility key: those of the generation its
+    selectors carry (the router Deployment's annotations), or every one when they carry none (no router of
+    pdfleet's, or an operator run with ``--no-router-generations``)."""
+    gen = router.serving if router is not None else None
+    out: dict[Role, dict[str, list[str]]] = {role: {} for role in Role}
+    for p in sorted(pods, key=lambda p: p.name):
+        if _routable(p) and (gen is None or p.compat == gen.of(p.role)):
+            out[p.role].setdefault(p.compat or "(unlabelled)", []).append(p.name)
+    return out
+
+
+def mixed(pods: Iterable[ObservedPod], router: RouterState | None) -> str:
+    """What a router can pair across generations ('' when nothing): a role whose paired pods carry more than
+    one compatibility key, each named with its pods."""
+    said = []
+    for role, keys in paired(pods, router).items():
+        if len(keys) > 1:
+            said.append(f"{role.value} pods of {len(keys)} keys (" + "; ".join(
+                f"{k}: {', '.join(v)}" for k, v in sorted(keys.items())) + ")")
+    return "; ".join(said)

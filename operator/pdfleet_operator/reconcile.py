@@ -75,6 +75,7 @@ from pdfleet_operator.status import (
     spec_unreadable_status,
     status_document,
     with_degraded,
+    with_mixed_generations,
     with_placement,
     with_silent_fallbacks,
     with_transfer_health,
@@ -335,6 +336,7 @@ class Reconciler:
         admission = with_rollout_failures(admission, decisions, spec, meta.get("generation", 0))
         admission = with_transfer_health(admission, snapshot.pods, now, meta.get("generation", 0))
         admission = with_silent_fallbacks(admission, snapshot.pods, meta.get("generation", 0))
+        admission = with_mixed_generations(admission, snapshot.pods, snapshot.router, meta.get("generation", 0))
         actions = plan(owner, spec, snapshot, now=now, targets=targets, by_generation=self._router_generations)
         have = {(s.get("metadata") or {}).get("name") for s in scales}
         actions += [Action(ActionKind.CREATE, API_VERSION, RS_KIND, rolescale_name(name, role),

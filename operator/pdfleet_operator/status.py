@@ -23,8 +23,9 @@ from pdfleet_operator.api.models import (
     shapes_text,
 )
 from pdfleet_operator.conditions import condition, merge_conditions, with_degraded
+from pdfleet_operator.generations import mixed
 from pdfleet_operator.groups import units
-from pdfleet_operator.observed import ObservedPod
+from pdfleet_operator.observed import ObservedPod, RouterState
 from pdfleet_operator.placement import PlacementProblem
 from pdfleet_operator.plan import budgets
 from pdfleet_operator.resources.names import role_selector
@@ -36,6 +37,7 @@ from pdfleet_runtime.readiness_problems import GATE_FAILURES, PATH_BROKEN
 
 __all__ = [
     "BROKEN_AFTER_S",
+    "GENERATIONS_MIXED",
     "SILENT_FALLBACK",
     "TRANSFER_PATH_BROKEN",
     "RoleCounts",
@@ -48,6 +50,7 @@ __all__ = [
     "spec_unreadable_status",
     "status_document",
     "with_degraded",
+    "with_mixed_generations",
     "with_placement",
     "with_silent_fallbacks",
     "with_transfer_health",
@@ -91,6 +94,7 @@ BROKEN_AFTER_S = 30.0
 (a peer still starting is unreachable too); the other ``PATH_BROKEN`` reasons count at once."""
 TRANSFER_PATH_BROKEN = "TransferPathBroken"
 SILENT_FALLBACK = "SilentFallback"
+GENERATIONS_MIXED = "GenerationsMixed"
 
 
 def _counts_from(p: ObservedPod) -> float | None:
@@ -137,6 +141,17 @@ def with_silent_fallbacks(conditions: Sequence[Condition], pods: Iterable[Observ
         return list(conditions)
     text = "; ".join(f"{p.role.value} pod {p.name}: {p.fallback}" for p in hit)
     return with_degraded(conditions, SILENT_FALLBACK, f"silent fallback: {text}", generation)
+
+
+def with_mixed_generations(conditions: Sequence[Condition], pods: Iterable[ObservedPod], router: RouterState | None,
+                           generation: int) -> list[Condition]:
+    """``Degraded`` (``GenerationsMixed``) while the router can pair pods of two generations: the routable, ready
+    pods its selectors select (those of its generation, or every one when they carry none) hold more than one
+    compatibility key in a role. The engines refuse such pairs, or worse, accept them."""
+    said = mixed(pods, router)
+    if not said:
+        return list(conditions)
+    return with_degraded(conditions, GENERATIONS_MIXED, f"generations mixed: the router pairs {said}", generation)
 
 
 def _availability(spec: PDDeploymentSpec, counts: Mapping[Role, RoleCounts]) -> tuple[bool, str, str]:

@@ -8,7 +8,8 @@ traffic through the router's Service:
 - with generations (the default): zero client failures, zero router retries, zero failed transfers and zero
   handshake refusals; the router Deployment's selectors name one generation at every moment;
 - the same rollout back with the operator's ``--no-router-generations``: the router pairs pods of both
-  generations, and those pairs fail: behind vllm-router the decodes refuse them at the handshake (the test fails
+  generations, the PDDeployment says so while it lasts (``Degraded``, ``GenerationsMixed``, naming the pods of
+  each key; never in the rollout by generation), and those pairs fail: behind vllm-router the decodes refuse them at the handshake (the test fails
   if none is refused), behind sglang-router the prefill refuses to plan state of two dtypes (the test fails if
   nothing failed, or if any answer came from such a pair: answers name their prefill and decode).
 """
@@ -80,15 +81,19 @@ class Keys:
         return crossed, known
 
 
-def _roll(fleet: Fleet, dtype: str, kind: str, watch: list[set[str]], keys: Keys) -> None:
+def _roll(fleet: Fleet, dtype: str, kind: str, watch: list[set[str]], keys: Keys, mixed: list[str]) -> None:
     """Patch the KV dtype and wait until every pod of both roles is of the new revision and the fleet is
-    Available, recording the router's selected generations and the pods' keys every half second."""
+    Available, recording the router's selected generations, the pods' keys and any ``Degraded`` message naming
+    mixed generations every half second."""
     old = {p.metadata.name for role in ("prefill", "decode") for p in fleet.live_pods(role)}
     fleet.patch(manifest(fleet.ns, router_kind=kind, backend="nixl", model=layout(dtype))["spec"])
     deadline = time.monotonic() + 420
     while time.monotonic() < deadline:
         watch.append(set(_selected(fleet)))
         keys.look(fleet)
+        degraded = fleet.conditions().get("Degraded") or {}
+        if degraded.get("status") == "True" and "generations mixed" in (degraded.get("message") or ""):
+            mixed.append(degraded["message"])
         live = {p.metadata.name for role in ("prefill", "decode") for p in fleet.live_pods(role)}
         if not (old & live) and fleet.available() and _settled(fleet):
             return
@@ -96,13 +101,13 @@ def _roll(fleet: Fleet, dtype: str, kind: str, watch: list[set[str]], keys: Keys
     fleet.wait(lambda: False, 1, f"the {dtype} rollout")  # raises with the pods, the status and the logs
 
 
-def _run(fleet: Fleet, dtype: str, kind: str) -> tuple[Traffic, list[set[str]], tuple[int, int]]:
+def _run(fleet: Fleet, dtype: str, kind: str, mixed: list[str]) -> tuple[Traffic, list[set[str]], tuple[int, int]]:
     keys = Keys()
     keys.look(fleet)
     traffic = fleet.traffic()
     traffic.wait_served(4)
     watch: list[set[str]] = []
-    _roll(fleet, dtype, kind, watch, keys)
+    _roll(fleet, dtype, kind, watch, keys, mixed)
     traffic.wait_served(4)
     traffic.stop()
     return traffic, watch, keys.crossed(traffic)
@@ -115,7 +120,8 @@ def test_a_compatibility_key_rollout_pairs_one_generation_at_a_time_and_without_
                        model=layout("bfloat16")) as fleet:
         before = _selected(fleet)
         assert len(before) == 2 and len(set(before)) == 1, before  # prefill and decode selectors, one key
-        traffic, watch, (crossed, known) = _run(fleet, "float16", kind)
+        mixed: list[str] = []
+        traffic, watch, (crossed, known) = _run(fleet, "float16", kind, mixed)
         c = traffic.assert_clean()  # zero client failures, router retries, failed transfers (refusals included)
         refused = sum(traffic.pod_refused.values())
         generations = [w for w in watch if w]
@@ -126,13 +132,14 @@ def test_a_compatibility_key_rollout_pairs_one_generation_at_a_time_and_without_
         assert refused == 0 and crossed == 0 and known >= len(traffic.results) // 2, (refused, crossed, known)
         assert all(len(w) == 1 for w in generations), generations  # one generation at every moment
         assert len(dict.fromkeys(frozenset(w) for w in generations)) == 2, generations  # and it switched once
+        assert not mixed, mixed[:2]  # the PDDeployment never said the router pairs two generations
 
         # The same rollout back, the operator pairing whatever the selectors find.
         operator.restart("--no-router-generations")
         try:
             fleet.wait(lambda: not _selected(fleet) and _settled(fleet), 120, "the router without generations")
             fleet.wait(fleet.router_ready, 120, "the router serving requests")
-            traffic, _, (crossed, known) = _run(fleet, "bfloat16", kind)
+            traffic, _, (crossed, known) = _run(fleet, "bfloat16", kind, mixed)
             c = traffic.counts()
             refused = sum(traffic.pod_refused.values())
             print(f"{kind}-router, KV dtype float16 -> bfloat16 WITHOUT generations: {len(traffic.results)} "
@@ -142,5 +149,9 @@ def test_a_compatibility_key_rollout_pairs_one_generation_at_a_time_and_without_
             # vLLM's does); under the SGLang contract the prefill refuses to plan state of two dtypes ("plan").
             failed = c.client_failures + c.router_retries + c.transfer_failures
             assert crossed == 0 and ((refused > 0) if kind == "vllm" else (failed > 0)), (refused, crossed, c)
+            # ... and the PDDeployment said so while it lasted (Degraded, GenerationsMixed, naming the pods)
+            print(f"Degraded while the router paired two generations ({len(mixed)} of the half-second looks): "
+                  f"{mixed[0][:300] if mixed else None}")
+            assert mixed and "decode pods of 2 keys" in "".join(mixed), mixed[:2]
         finally:
             operator.restart()

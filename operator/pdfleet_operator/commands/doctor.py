@@ -17,7 +17,8 @@ from typing import Any
 
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION
 from pdfleet_operator.doctor import CheckResult, Metrics, PodMetrics, Verdict, diagnose, failed
-from pdfleet_operator.observed import ObservedPod
+from pdfleet_operator.observed import ObservedPod, RouterState
+from pdfleet_operator.resources.names import router_name
 from pdfleet_runtime.config import HTTP_PORT
 from pdfleet_runtime.kubeapi import api_client
 
@@ -83,6 +84,22 @@ def _read_all(core: Any, namespace: str, pods: list[ObservedPod], ports: Mapping
             for p in pods if not p.deleting and p.ip}
 
 
+def _read_router(api: Any, namespace: str, name: str) -> RouterState | None:
+    """The router Deployment's state (the generation its selectors carry); None when the deployment has none."""
+    from kubernetes.client import AppsV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    from pdfleet_operator.generations import router_state
+
+    try:
+        d = AppsV1Api(api).read_namespaced_deployment(router_name(name), namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return router_state(api.sanitize_for_serialization(d))
+
+
 def run(args: argparse.Namespace) -> int:
     from kubernetes.client import CoreV1Api, CustomObjectsApi
 
@@ -98,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         raw = [api.sanitize_for_serialization(p) for p in listed]
         pods = [o for o in (observed_pod(p, uid) for p in raw) if o is not None]
         ports = {p["metadata"]["name"]: metrics_port(p) for p in raw}
+        router = _read_router(api, args.namespace, args.name)
     except Exception as e:  # the apiserver's refusal, no kubeconfig, an apiserver away: said, not a traceback
         return read_failed(args.name, args.namespace, e)
     first = _read_all(core, args.namespace, pods, ports) if args.window > 0 else {}
@@ -112,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             metrics[name] = PodMetrics(error=now)
         else:
             metrics[name] = PodMetrics(now=now, before=before if isinstance(before, Metrics) else None)
-    results = diagnose(pods, metrics, window_s=args.window or None)
+    results = diagnose(pods, metrics, window_s=args.window or None, router=router)
     if args.output == "json":
         print(json.dumps({"name": args.name, "namespace": args.namespace, "window_s": args.window,
                           "failed": len(failed(results)),

@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.commands.doctor import format_results, parse_metrics
 from pdfleet_operator.doctor import PodMetrics, Verdict, diagnose, failed
-from pdfleet_operator.observed import ObservedPod
+from pdfleet_operator.observed import Generation, ObservedPod, RouterState
 from pdfleet_runtime.pod.metrics import ServerMetrics
 from pdfleet_runtime.pod.seeded_load import LoadMetrics
 
@@ -78,7 +78,7 @@ def test_each_fault_fails_its_check_with_the_fix() -> None:
                         ("canary-throughput", "d-0"), ("link", "p-0"), ("transfer-path", "d-5")}, sorted(bad)
     assert bad[("transfer-failures", "d-0")].detail == "failed transfers since the pod started: 3 timeout"
     assert "rdma asked, tcp used" in bad[("link", "p-0")].detail
-    assert "k1: d-0, p-0; k2: d-9" in bad[("generations", "fleet")].detail
+    assert "decode pods of 2 keys (k1: d-0; k2: d-9)" in bad[("generations", "fleet")].detail
     assert "bytes differ from p-0" in bad[("transfer-path", "d-5")].detail
     assert all(r.fix for r in bad.values())
     assert _verdicts(results, "d-5")["metrics"] is Verdict.CANNOT_CHECK  # unread metrics are never "ok"
@@ -179,3 +179,22 @@ def test_the_link_check_reads_each_engines_own_transport_names() -> None:
         assert link.verdict is (Verdict.FAIL if ok is False else Verdict.OK), (backend, asked, used, link.detail)
         if ok is False:
             assert f"{asked} asked, {used} used" in link.detail
+
+
+def test_generations_count_the_pods_the_routers_selectors_pair() -> None:
+    """A router whose selectors carry a generation pairs only its pods: ready pods of the next generation wait for
+    its switch (said, not failed); selectors without one pair every routable pod, so two keys fail."""
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE), _pod("p-1", Role.PREFILL, compat="k2"),
+            _pod("d-1", Role.DECODE, compat="k2"), _pod("d-2", Role.DECODE, compat="k2", draining=True)]
+    metrics = {p.name: _read(_healthy(p.role.value)) for p in pods}
+
+    def check(router: RouterState | None):
+        [r] = [r for r in diagnose(pods, metrics, router=router) if r.check == "generations"]
+        return r
+
+    by_generation = check(RouterState(Generation("k1", "k1"), settled=True))
+    assert by_generation.verdict is Verdict.OK, by_generation.detail
+    assert "2 ready pod(s) of another generation wait for the router's switch: d-1, p-1" in by_generation.detail
+    unkeyed = check(RouterState(None, settled=True))
+    assert unkeyed.verdict is Verdict.FAIL and "prefill pods of 2 keys (k1: p-0; k2: p-1)" in unkeyed.detail
+    assert "decode pods of 2 keys (k1: d-0; k2: d-1)" in unkeyed.detail and "carry no generation" in unkeyed.detail

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pdfleet_operator.api.constants import ConditionStatus, ConditionType, Role
 from pdfleet_operator.conditions import condition
-from pdfleet_operator.observed import ObservedPod
+from pdfleet_operator.observed import Generation, ObservedPod, RouterState
 from pdfleet_operator.status import (
     BROKEN_AFTER_S,
+    GENERATIONS_MIXED,
     SILENT_FALLBACK,
     TRANSFER_PATH_BROKEN,
     broken_wake,
+    with_mixed_generations,
     with_silent_fallbacks,
     with_transfer_health,
 )
@@ -85,3 +87,14 @@ def test_pods_counting_silent_fallbacks_make_it_degraded_named_with_their_counts
     both = with_silent_fallbacks(with_transfer_health(CLEAR, [pod("d-3", problem=Problem.CORRUPT)], NOW, 1), pods, 1)
     status, reason, message = degraded(both)
     assert reason == TRANSFER_PATH_BROKEN and message is not None and "\nsilent fallback: decode pod d-0" in message
+
+
+def test_a_router_that_can_pair_two_generations_makes_it_degraded() -> None:
+    pods = [pod("p-0", Role.PREFILL, compat="k1"), pod("d-0", compat="k1"), pod("d-1", compat="k2"),
+            pod("p-1", Role.PREFILL, compat="k2", drain_started=NOW)]  # a draining pod is not paired
+    by_generation = RouterState(Generation("k1", "k1"), settled=False)
+    assert with_mixed_generations(CLEAR, pods, by_generation, 1) == CLEAR  # d-1 waits for the switch
+    for router in (RouterState(None, settled=True), None):  # selectors without a generation, or no router read
+        status, reason, message = degraded(with_mixed_generations(CLEAR, pods, router, 1))
+        assert (status, reason) == (ConditionStatus.TRUE, GENERATIONS_MIXED)
+        assert message == "generations mixed: the router pairs decode pods of 2 keys (k1: d-0; k2: d-1)"
