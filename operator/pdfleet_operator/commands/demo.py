@@ -5,13 +5,18 @@
 2. install the CRD and run the operator with its validating webhook;
 3. show a manifest the capability matrix rejects, with the rule and the reason;
 4. apply a valid ``qwen3.8-flash-next`` deployment and follow it to ``Available``;
-5. a small deployment with a router whose pods really run (the harness's kubelet, ``pdfleet dev
+5. a vLLM deployment (``spec.engine.kind: vllm``) rendered and checked (``demo_vllm``): each role's ``vllm
+   serve`` command line as ``pdfleet render`` prints it, and the webhook's admission on a server-side dry run.
+   vLLM cannot run here (no GPU), and the demo says so;
+6. a small deployment with a router whose pods really run (the harness's kubelet, ``pdfleet dev
    kubelet``, runs the runtime and sglang-router pods in their own network namespaces, pools on the
    CPU), and a chat request through the router's Service: the answer, the bytes moved and the pods that
    served it. With ``--model DIR`` (``scripts/demo.sh`` passes the project's Zen model) the pods compute
    that model (``demo_model``) and the answer's tokens are compared with aggregate generation; without it
    they fill seeded state and the decode verifies every byte;
-6. delete the first one (children go by garbage collection), stop everything.
+7. its twin behind vllm-router on NIXL, the built-in runtime standing in for vLLM in its pods: the same
+   question, its lines prefixed ``vllm-router``, checked the same way (aggregate's answer of step 6 reused);
+8. delete the first one (children go by garbage collection), stop everything.
 
 Nothing runs the qwen deployment's pods (they ask for 4 and 2 GPUs of fake nodes), so the demo sets
 each of its pods' ``pdfleet.io/transfer-path`` condition in the runtime's place, and says so on screen.
@@ -31,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -40,10 +46,12 @@ from pdfleet_devcluster.local_operator import LocalOperator
 from pdfleet_operator.commands.demo_model import (
     MAX_TOKENS,
     QUESTION,
+    AggregateCheck,
     DemoModelError,
     aggregate_check,
     model_spec,
 )
+from pdfleet_operator.commands.demo_vllm import STAND_IN, VllmSpecError, show_vllm_spec, vllm_chat_manifest
 from pdfleet_operator.commands.dev import chat_curl
 from pdfleet_runtime.config import READINESS_GATE
 
@@ -51,7 +59,7 @@ NAMESPACE = "demo"
 CHAT_NAMESPACE = "demo-chat"
 CHAT = "chat"
 IMAGE = "ghcr.io/pdfleet/runtime:0.1.0"
-STEPS = 6
+STEPS = 8
 KUBELET_STOP_S = 90.0
 """How long the clean-up waits for the kubelet to stop its pods: their grace periods (30 s at most here),
 the preStop hooks inside them, and each pod's network teardown, on a loaded host."""
@@ -120,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: the clean-up below runs
     try:
         return _run(args, cluster, op, state, kubelet)
-    except (ClusterError, ToolchainError, DemoModelError) as exc:
+    except (ClusterError, ToolchainError, DemoModelError, VllmSpecError) as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -203,19 +211,31 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, sta
     print(cluster.kubectl("-n", NAMESPACE, "get", "pdd").stdout.rstrip())
     print(cluster.kubectl("-n", NAMESPACE, "get", "pods,svc,networkpolicy,pdb").stdout.rstrip())
 
-    if args.model is not None:
-        _step(5, f"a chat request through a router: runtime pods computing the model in {args.model} (transformers, "
-              "CPU) and sglang-router")
-    else:
-        _step(5, "a chat request through a router: real runtime and sglang-router pods (seeded state, pools on the CPU)")
-    if not _chat(cluster, state, kubelet, args.timeout, args.runtime_arg, args.model):
+    _step(5, "a vLLM deployment rendered and checked: each role's `vllm serve` command, admitted by the webhook")
+    show_vllm_spec(cluster.kubectl, NAMESPACE)
+
+    chat = ChatFleet(_chat_manifest(args.model), "sglang-router")
+    computing = (f"runtime pods computing the model in {args.model} (transformers, CPU)" if args.model is not None
+                 else "real runtime pods (seeded state, pools on the CPU)")
+    _step(6, f"a chat request through a router: {computing} and sglang-router")
+    _start_kubelet(cluster, state, kubelet, args.runtime_arg)
+    print(cluster.kubectl("apply", "-f", "-", input=json.dumps(chat.manifest)).stdout.strip())
+    first = _chat(cluster, state, chat, args.timeout, args.model)
+    if not first.ok:
+        return 1
+
+    vllm = ChatFleet(vllm_chat_manifest(chat.manifest), "vllm-router", prefix="vllm-router ")
+    _step(7, "the same chat through vllm-router on NIXL, to built-in runtime pods standing in for vLLM")
+    print(STAND_IN)
+    print(cluster.kubectl("apply", "-f", "-", input=json.dumps(vllm.manifest)).stdout.strip())
+    if not _chat(cluster, state, vllm, args.timeout, args.model, first.aggregate).ok:
         return 1
 
     if args.keep:
         print(f"\nleft running: export KUBECONFIG={cluster.kubeconfig}; "
               f"stop with `pdfleet dev down --state-dir {cluster.state_dir}` and kill {op.proc.pid if op.proc else '?'}")
         return 0
-    _step(6, "delete the qwen deployment: every child goes by garbage collection")
+    _step(8, "delete the qwen deployment: every child goes by garbage collection")
     cluster.kubectl("-n", NAMESPACE, "delete", "pdd", "qwen-flash", "--wait=true", timeout=90)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -229,10 +249,23 @@ def _run(args: argparse.Namespace, cluster: LocalCluster, op: LocalOperator, sta
     return 1
 
 
-def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[bytes]], timeout: float,
-          runtime_args: Sequence[str] = (), model: Path | None = None) -> bool:
-    """Run the chat deployment's pods, then curl its endpoint with an OpenAI chat body and say what came back."""
-    manifest = _chat_manifest(model)
+@dataclass(frozen=True)
+class ChatFleet:
+    """One chat deployment of the demo: its manifest, the router in front, and the prefix of its summary lines
+    (empty for the sglang-router one, whose lines tests and readers grep as they were)."""
+
+    manifest: dict
+    router: str
+    prefix: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+def _start_kubelet(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[bytes]],
+                   runtime_args: Sequence[str]) -> None:
+    """The harness's kubelet for every pod of the chat namespace (both chat deployments'), in a session of its own."""
     cluster.kubectl("create", "namespace", CHAT_NAMESPACE)
     cmd = [sys.executable, "-m", "pdfleet_operator.cli", "dev", "--state-dir", str(cluster.state_dir), "kubelet",
            "-n", CHAT_NAMESPACE, "--arg=--device", "--arg=cpu", *(f"--arg={a}" for a in runtime_args),
@@ -242,14 +275,79 @@ def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[byt
     # SIGTERM if the demo dies, so it still stops its pods.
     kubelet.append(subprocess.Popen(cmd, stdout=(state / "kubelet.log").open("wb"), stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_term_with_parent))
-    print(cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest)).stdout.strip())
+
+
+@dataclass(frozen=True)
+class ChatOutcome:
+    """Whether a chat held (an answer, every byte moved, and verified or equal to aggregate), and the aggregate
+    check it ran (model pods only), for the next chat to reuse."""
+
+    ok: bool
+    aggregate: AggregateCheck | None = None
+
+
+def _chat(cluster: LocalCluster, state: Path, fleet: ChatFleet, timeout: float, model: Path | None = None,
+          aggregate: AggregateCheck | None = None) -> ChatOutcome:
+    """Curl the fleet's endpoint with an OpenAI chat body once it is Available, and say what came back and
+    whether it holds: every byte verified (seeded state), or the tokens equal aggregate generation (``model``;
+    ``aggregate``: an earlier chat's, reused: the same model and question)."""
     question, max_tokens = (QUESTION, MAX_TOKENS) if model is not None else ("What moves from prefill to decode?", 8)
+    curl, answer = _ask(cluster, fleet.name, question, max_tokens, timeout)
+    if not answer.get("choices"):
+        print(f"no answer through the router within {timeout:.0f}s ({fleet.router}, {fleet.name}); kubelet log: "
+              f"{state / 'kubelet.log'}", file=sys.stderr)
+        return ChatOutcome(False)
+    p = _show_answer(cluster, fleet, question, curl, answer, verified=model is None)
+    moved = p.get("transferBytes") == p.get("layoutBytes")
+    if model is None:
+        return ChatOutcome(bool(p.get("verified")) and moved)
+    if aggregate is None:
+        check = aggregate_check(model, p)
+        print(f"$ {shlex.join(check.command)}   # without PD, in a process of its own")
+    else:
+        check = aggregate.against(p)
+        print(f"$ {shlex.join(check.command)}   # its answer above, reused: the same model and question")
+    pre = fleet.prefix
+    print(f"{pre}aggregate: {check.answer.text!r} ({check.answer.finish_reason})")
+    print(f"{pre}tokens equal aggregate: {check.equal} ({len(check.answer.prompt_ids)} prompt tokens, "
+          f"{len(check.answer.output_ids)} generated)")
+    return ChatOutcome(check.equal and moved, check)
+
+
+def _show_answer(cluster: LocalCluster, fleet: ChatFleet, question: str, curl: list[str], answer: dict,
+                 verified: bool) -> dict:
+    """Print the command, the whole answer and its summary lines (the question, the answer, the bytes moved, the
+    pods that served it), each with the fleet's prefix; return the answer's ``pdfleet`` extension."""
+    print(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd", fleet.name).stdout.rstrip())
+    print(f"$ pdfleet dev chat -n {CHAT_NAMESPACE} {fleet.name}   # runs, inside the cluster's network namespace:")
+    print(f"  {shlex.join(curl)}")
+    print(_ids_on_one_line(json.dumps(answer, indent=1)))
+    p, pre = answer.get("pdfleet") or {}, fleet.prefix
+    # Every pod of the namespace: the router pods carry no deployment label, and the names tell the fleets apart.
+    pods = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pods", "-o", "json").stdout)["items"]
+    by_ip = {pod["status"].get("podIP"): pod["metadata"]["name"] for pod in pods}
+    prefill_ip = str(p.get("prefill", "")).rpartition(":")[0]
+    print(f"{pre}question: {question!r}")
+    print(f"{pre}answer: {answer['choices'][0]['message']['content']!r} ({answer['choices'][0]['finish_reason']})")
+    every = f", every byte verified by the decode: {p.get('verified')}" if verified else ""
+    print(f"{pre}bytes: {p.get('transferBytes')} of request state moved prefill -> decode{every} (the layout's "
+          f"count: {p.get('layoutBytes')})")
+    router = next((n for n in by_ip.values() if n.startswith(fleet.name + "-router")), "?")
+    print(f"{pre}served by: prefill {by_ip.get(prefill_ip, prefill_ip)} ({p.get('prefill')}), decode {p.get('decode')}, "
+          f"room {p.get('room')}, routed by {router} ({fleet.router})")
+    return p
+
+
+def _ask(cluster: LocalCluster, name: str, question: str, max_tokens: int, timeout: float) -> tuple[list[str], dict]:
+    """Once the deployment is Available, curl it until an answer with choices comes back or ``timeout`` passes
+    (the router may still be discovering its workers): the last command and answer."""
     deadline = time.monotonic() + timeout
+    curl: list[str] = []
     answer: dict = {}
     while time.monotonic() < deadline:
-        obj = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd", CHAT, "-o", "json").stdout)
+        obj = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd", name, "-o", "json").stdout)
         if _conditions(obj).get("Available", {}).get("status") == "True":
-            curl, out = chat_curl(cluster, CHAT_NAMESPACE, CHAT, question, max_tokens)
+            curl, out = chat_curl(cluster, CHAT_NAMESPACE, name, question, max_tokens)
             try:
                 answer = json.loads(out.stdout)
             except ValueError:
@@ -257,37 +355,7 @@ def _chat(cluster: LocalCluster, state: Path, kubelet: list[subprocess.Popen[byt
             if answer.get("choices"):
                 break
         time.sleep(1.0)
-    if not answer.get("choices"):
-        print(f"no answer through the router within {timeout:.0f}s; kubelet log: {state / 'kubelet.log'}",
-              file=sys.stderr)
-        return False
-    print(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pdd").stdout.rstrip())
-    print(f"$ pdfleet dev chat -n {CHAT_NAMESPACE} {CHAT}   # runs, inside the cluster's network namespace:")
-    print(f"  {shlex.join(curl)}")
-    print(_ids_on_one_line(json.dumps(answer, indent=1)))
-    p = answer.get("pdfleet") or {}
-    pods = json.loads(cluster.kubectl("-n", CHAT_NAMESPACE, "get", "pods", "-o", "json").stdout)["items"]
-    by_ip = {pod["status"].get("podIP"): pod["metadata"]["name"] for pod in pods}
-    prefill_ip = str(p.get("prefill", "")).rpartition(":")[0]
-    print(f"question: {question!r}")
-    print(f"answer: {answer['choices'][0]['message']['content']!r} ({answer['choices'][0]['finish_reason']})")
-    if model is None:
-        print(f"bytes: {p.get('transferBytes')} of request state moved prefill -> decode, every byte verified by the "
-              f"decode: {p.get('verified')} (the layout's count: {p.get('layoutBytes')})")
-    else:
-        print(f"bytes: {p.get('transferBytes')} of request state moved prefill -> decode (the layout's count: "
-              f"{p.get('layoutBytes')})")
-    print(f"served by: prefill {by_ip.get(prefill_ip, prefill_ip)} ({p.get('prefill')}), decode {p.get('decode')}, "
-          f"room {p.get('room')}, routed by {next((n for n in by_ip.values() if n.startswith(CHAT + '-router')), '?')}")
-    moved = p.get("transferBytes") == p.get("layoutBytes")
-    if model is None:
-        return bool(p.get("verified")) and moved
-    check = aggregate_check(model, p)
-    print(f"$ {shlex.join(check.command)}   # without PD, in a process of its own")
-    print(f"aggregate: {check.answer.text!r} ({check.answer.finish_reason})")
-    print(f"tokens equal aggregate: {check.equal} ({len(check.answer.prompt_ids)} prompt tokens, "
-          f"{len(check.answer.output_ids)} generated)")
-    return check.equal and moved
+    return curl, answer
 
 
 def _ids_on_one_line(text: str) -> str:

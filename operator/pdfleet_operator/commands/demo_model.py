@@ -62,6 +62,11 @@ class AggregateCheck:
         self.equal = (list(pd.get("promptIds") or ()) == answer.prompt_ids
                       and list(pd.get("outputIds") or ()) == answer.output_ids)
 
+    def against(self, pd: dict[str, Any]) -> AggregateCheck:
+        """The same aggregate answer compared with another PD answer to the same question (the demo's second
+        router): aggregate generation is deterministic, so running it again would only cost a torch start."""
+        return AggregateCheck(self.command, self.answer, pd)
+
 
 def aggregate_check(model_dir: Path, pd: dict[str, Any]) -> AggregateCheck:
     """``pdfleet-runtime generate --aggregate`` on the demo's question, compared with the PD answer's ``pdfleet``
