@@ -245,17 +245,53 @@ def _canary_speed(p: ObservedPod, m: PodMetrics) -> CheckResult:
                        detail=f"last canaries: {best}" + (f" (floor {floor:.3g} GB/s)" if floor > 0 else " (no floor)"))
 
 
-def _state_received(p: ObservedPod, m: PodMetrics, window: str) -> CheckResult:
+class Received(BaseModel):
+    """Where an engine counts its answers and the prefilled state it received (a decode's), as it exports them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: str
+    answered: str
+    received: str
+    where: Mapping[str, str] = {}
+
+
+RECEIVED_PDFLEET = Received(engine="pdfleet's runtime", answered=ANSWERED, received=TRANSFERS,
+                            where={"role": "decode", "kind": "request", "outcome": "success"})
+RECEIVED_SGLANG = Received(engine="SGLang", answered="sglang:num_requests_total",
+                           received="sglang:per_stage_req_latency_seconds_count", where={"stage": "decode_transferred"})
+"""SGLang 0.5.23 (``--enable-metrics``): a PD decode observes the ``decode_transferred`` stage for each request whose
+KV arrived (``observability/req_time_stats.py``); one without its decode mode observes ``request_process`` instead."""
+RECEIVED_VLLM_NIXL = Received(engine="vLLM (NIXL)", answered="vllm:request_success_total",
+                              received="vllm:nixl_xfer_time_seconds_count")
+"""vLLM 0.33's NIXL connector: the decode reads the blocks and records each transfer (``nixl/stats.py``)."""
+
+
+def received_counts(m: Metrics, backend: str | None) -> Received | str:
+    """Which engine's counts the pod exports, or why the check cannot run (said per engine)."""
+    if m.has(RUNTIME_MARK) and m.has(ANSWERED):
+        return RECEIVED_PDFLEET
+    if m.has(RECEIVED_SGLANG.answered):
+        return RECEIVED_SGLANG
+    if m.has(RECEIVED_VLLM_NIXL.answered):
+        if backend == "nixl":
+            return RECEIVED_VLLM_NIXL
+        return (f"vLLM with {backend or 'this connector'}: its decode does not count the state it received (the "
+                "prefill pushes; vllm:mooncake_* counts sends and failed receives only)")
+    return (f"the pod exports neither pdfleet's {TRANSFERS}, SGLang's {RECEIVED_SGLANG.answered} nor vLLM's "
+            f"{RECEIVED_VLLM_NIXL.answered} (its engine's /metrics could not be read, or metrics are off)")
+
+
+def _state_received(p: ObservedPod, m: PodMetrics, window: str, backend: str | None) -> CheckResult:
     """A decode that answers more requests than it received prefilled state for recomputes prompts: PD is not
     happening while every gate reads healthy (a decode engine started without its PD mode, a router not in PD mode)."""
     assert m.now is not None
-    if not m.now.has(RUNTIME_MARK) or not m.now.has(ANSWERED):
-        return CheckResult(check="state-received", subject=p.name, verdict=Verdict.CANNOT_CHECK,
-                           detail=f"the pod does not export both {ANSWERED} and the state it received ({TRANSFERS}): "
-                                  "an engine beside the agent does not count what it received")
-    answered = m.increase(ANSWERED)
-    received = m.increase(TRANSFERS, role="decode", kind="request", outcome="success")
-    said = f"{answered:g} requests answered, {received:g} received prefilled state {window}"
+    counts = received_counts(m.now, backend)
+    if isinstance(counts, str):
+        return CheckResult(check="state-received", subject=p.name, verdict=Verdict.CANNOT_CHECK, detail=counts)
+    answered = m.increase(counts.answered)
+    received = m.increase(counts.received, **counts.where)
+    said = f"{answered:g} requests answered, {received:g} received prefilled state {window} ({counts.engine})"
     if answered - received > max(ANSWER_SLACK, 0.1 * answered):
         return CheckResult(check="state-received", subject=p.name, verdict=Verdict.FAIL,
                            detail=f"{said}: the decode recomputes prompts (PD is not happening)",
@@ -264,7 +300,7 @@ def _state_received(p: ObservedPod, m: PodMetrics, window: str) -> CheckResult:
     return CheckResult(check="state-received", subject=p.name, verdict=Verdict.OK, detail=said)
 
 
-def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> list[CheckResult]:
+def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str, backend: str | None) -> list[CheckResult]:
     if m is None or m.now is None:
         why = m.error if m is not None and m.error else "not read"
         return [CheckResult(check="metrics", subject=p.name, verdict=Verdict.CANNOT_CHECK,
@@ -290,14 +326,16 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str) -> li
                                   window=window, fix="engine_id: pin prefill engine ids (--pin-engine-id); "
                                   "compatibility: the roles run two generations, let the rollout finish"))
         out.append(_canary_speed(p, m))
-        out.append(_state_received(p, m, window))
+        out.append(_state_received(p, m, window, backend))
     return out
 
 
 def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
-             window_s: float | None = None, router: RouterState | None = None) -> list[CheckResult]:
-    """Every check over ``pods`` (the deployment's, as ``observe`` reads them), their ``metrics`` and the
-    ``router`` Deployment's state (None: none read, so every routable pod counts as paired)."""
+             window_s: float | None = None, router: RouterState | None = None,
+             backend: str | None = None) -> list[CheckResult]:
+    """Every check over ``pods`` (the deployment's, as ``observe`` reads them), their ``metrics``, the ``router``
+    Deployment's state (None: none read, so every routable pod counts as paired) and the spec's transfer
+    ``backend`` (which of an engine's counters say what a decode received)."""
     window = f"in the last {window_s:g} s" if window_s else "since the pod started"
     live = sorted(_live(pods), key=lambda p: (p.role.value, p.name))
     out = [_generations(pods, router)]
@@ -308,7 +346,7 @@ def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
                                fix="kubectl get pdd and its Progressing condition say why"))
     for p in live:
         out.append(_transfer_path(p))
-        out += _pod_metrics_checks(p, metrics.get(p.name), window)
+        out += _pod_metrics_checks(p, metrics.get(p.name), window, backend)
     versions = _versions(pods, metrics)
     if versions is not None:
         out.append(versions)

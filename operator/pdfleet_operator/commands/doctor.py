@@ -59,6 +59,15 @@ def metrics_port(pod: Mapping[str, Any]) -> int:
     return HTTP_PORT
 
 
+def engine_port(pod: Mapping[str, Any]) -> int | None:
+    """An engine container's HTTP port (``engine-http``: SGLang and vLLM serve /metrics there), or None."""
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        for port in c.get("ports") or ():
+            if port.get("name") == "engine-http" and isinstance(port.get("containerPort"), int):
+                return int(port["containerPort"])
+    return None
+
+
 def _read_metrics(core: Any, namespace: str, pod: str, port: int) -> Metrics | str:
     """A pod's /metrics through the apiserver's proxy, or why not."""
     from kubernetes.client.exceptions import ApiException
@@ -79,8 +88,21 @@ def _read_metrics(core: Any, namespace: str, pod: str, port: int) -> Metrics | s
         return f"{type(e).__name__}: {e}"
 
 
-def _read_all(core: Any, namespace: str, pods: list[ObservedPod], ports: Mapping[str, int]) -> dict[str, Metrics | str]:
-    return {p.name: _read_metrics(core, namespace, p.name, ports.get(p.name, HTTP_PORT))
+def _read_pod(core: Any, namespace: str, pod: str, ports: tuple[int, ...]) -> Metrics | str:
+    """The pod's own metrics port's, with its engine's merged in where it has one (an engine's series keep their
+    names: ``sglang:``, ``vllm:``); an engine that cannot be read leaves the pod's own."""
+    first = _read_metrics(core, namespace, pod, ports[0])
+    if isinstance(first, str) or len(ports) == 1:
+        return first
+    engine = _read_metrics(core, namespace, pod, ports[1])
+    if isinstance(engine, str):
+        return first
+    return Metrics(samples={**engine.samples, **first.samples})
+
+
+def _read_all(core: Any, namespace: str, pods: list[ObservedPod],
+              ports: Mapping[str, tuple[int, ...]]) -> dict[str, Metrics | str]:
+    return {p.name: _read_pod(core, namespace, p.name, ports.get(p.name, (HTTP_PORT,)))
             for p in pods if not p.deleting and p.ip}
 
 
@@ -114,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         listed = core.list_namespaced_pod(args.namespace, label_selector=f"{LABEL_DEPLOYMENT}={args.name}").items
         raw = [api.sanitize_for_serialization(p) for p in listed]
         pods = [o for o in (observed_pod(p, uid) for p in raw) if o is not None]
-        ports = {p["metadata"]["name"]: metrics_port(p) for p in raw}
+        ports = {p["metadata"]["name"]: (metrics_port(p), *((e,) if (e := engine_port(p)) else ())) for p in raw}
+        backend = ((obj.get("spec") or {}).get("transfer") or {}).get("backend") if isinstance(obj, dict) else None
         router = _read_router(api, args.namespace, args.name)
     except Exception as e:  # the apiserver's refusal, no kubeconfig, an apiserver away: said, not a traceback
         return read_failed(args.name, args.namespace, e)
@@ -130,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             metrics[name] = PodMetrics(error=now)
         else:
             metrics[name] = PodMetrics(now=now, before=before if isinstance(before, Metrics) else None)
-    results = diagnose(pods, metrics, window_s=args.window or None, router=router)
+    results = diagnose(pods, metrics, window_s=args.window or None, router=router, backend=backend)
     if args.output == "json":
         print(json.dumps({"name": args.name, "namespace": args.namespace, "window_s": args.window,
                           "failed": len(failed(results)),

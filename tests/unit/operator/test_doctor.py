@@ -138,7 +138,8 @@ def test_a_decode_answering_more_than_it_received_state_for_recomputes() -> None
         return diagnose(pods, {"d-0": PodMetrics(now=_read(dec).now, before=before.now)}, window_s=30)
 
     [ok] = [r for r in window(12, 10) if r.check == "state-received"]
-    assert ok.verdict is Verdict.OK and ok.detail == "12 requests answered, 10 received prefilled state in the last 30 s"
+    assert ok.verdict is Verdict.OK and ok.detail == ("12 requests answered, 10 received prefilled state in the last 30 s "
+                                                 "(pdfleet's runtime)")
     [bad] = [r for r in failed(window(40, 10)) if r.check == "state-received"]
     assert "40 requests answered, 10 received prefilled state" in bad.detail and "recomputes" in bad.detail and bad.fix
 
@@ -198,3 +199,52 @@ def test_generations_count_the_pods_the_routers_selectors_pair() -> None:
     unkeyed = check(RouterState(None, settled=True))
     assert unkeyed.verdict is Verdict.FAIL and "prefill pods of 2 keys (k1: p-0; k2: p-1)" in unkeyed.detail
     assert "decode pods of 2 keys (k1: d-0; k2: d-1)" in unkeyed.detail and "carry no generation" in unkeyed.detail
+
+
+SGLANG_DECODE = """# TYPE sglang:num_requests counter
+sglang:num_requests_total{model_name="m"} ANSWERED
+# TYPE sglang:per_stage_req_latency_seconds histogram
+sglang:per_stage_req_latency_seconds_bucket{stage="decode_transferred",le="+Inf"} RECEIVED
+sglang:per_stage_req_latency_seconds_count{stage="decode_transferred"} RECEIVED
+sglang:per_stage_req_latency_seconds_sum{stage="decode_transferred"} 1.5
+sglang:per_stage_req_latency_seconds_count{stage="decode_waiting"} ANSWERED
+"""
+VLLM_DECODE = """# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} ANSWERED
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} RECEIVED
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.7
+"""
+
+
+def test_state_received_reads_sglangs_and_vllms_own_counts_on_engine_pods() -> None:
+    """An engine pod's merged /metrics (the agent's and the engine's): SGLang 0.5.23 counts a PD decode's received
+    requests as its ``decode_transferred`` stage, vLLM 0.33's NIXL decode its transfers (the names as in the pinned
+    packages' metrics code). A decode that recomputes fails the check; vLLM with Mooncake cannot be checked."""
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+
+    def check(text: str, answered: int, received: int, backend: str) -> object:
+        m = parse_metrics(text.replace("ANSWERED", str(answered)).replace("RECEIVED", str(received)))
+        [r] = [r for r in diagnose(pods, {"d-0": PodMetrics(now=m)}, backend=backend)
+               if r.check == "state-received" and r.subject == "d-0"]
+        return r
+
+    ok = check(SGLANG_DECODE, 20, 20, "mooncake")
+    assert ok.verdict is Verdict.OK and ok.detail.endswith("(SGLang)"), ok.detail
+    bad = check(SGLANG_DECODE, 20, 0, "mooncake")
+    assert bad.verdict is Verdict.FAIL and "20 requests answered, 0 received" in bad.detail
+    assert check(VLLM_DECODE, 9, 9, "nixl").verdict is Verdict.OK
+    assert check(VLLM_DECODE, 30, 3, "nixl").verdict is Verdict.FAIL
+    mooncake = check(VLLM_DECODE, 30, 3, "mooncake")
+    assert mooncake.verdict is Verdict.CANNOT_CHECK and "does not count the state it received" in mooncake.detail
+    bare = check("# TYPE up gauge\nup 1\n", 0, 0, "nixl")
+    assert bare.verdict is Verdict.CANNOT_CHECK and "neither" in bare.detail
+
+
+def test_the_doctor_also_reads_an_engine_containers_port() -> None:
+    from pdfleet_operator.commands.doctor import engine_port
+
+    pod = {"spec": {"containers": [{"name": "agent", "ports": [{"name": "http", "containerPort": 8080}]},
+                                   {"name": "engine", "ports": [{"name": "engine-http", "containerPort": 30000}]}]}}
+    assert engine_port(pod) == 30000
+    assert engine_port({"spec": {"containers": [{"name": "runtime", "ports": []}]}}) is None
