@@ -82,21 +82,30 @@ class Release:
         path.write_text(yaml.safe_dump(kc))
         return path
 
-    def start_operator(self) -> Path:
+    def webhook_certs(self) -> Path:
+        """The chart's webhook certificate and key, written where an operator process reads them."""
         certs = self.tmp / "certs"
         certs.mkdir(exist_ok=True)
         data = self.get(self.system, "secret", f"{self.sa}-webhook-tls")["data"]
         for key in ("tls.crt", "tls.key"):
             (certs / key).write_bytes(base64.b64decode(data[key]))
-        log = self.tmp / "operator.log"
+        return certs
+
+    def operator_env(self) -> dict[str, str]:
+        """An operator process's environment: only the chart's token, this checkout's code."""
         env = {**os.environ, "KUBECONFIG": str(self.sa_kubeconfig())}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator"), str(REPO),
                                              env.get("PYTHONPATH", "")])
+        return env
+
+    def start_operator(self) -> Path:
+        log = self.tmp / "operator.log"
         cmd = [sys.executable, "-m", "pdfleet_operator", "--standalone", "--namespace", self.apps,
-               "--webhook-listen", f"127.0.0.1:{self.port}", "--webhook-cert-dir", str(certs),
+               "--webhook-listen", f"127.0.0.1:{self.port}", "--webhook-cert-dir", str(self.webhook_certs()),
                "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--resync-seconds", "3"]
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.operator_env(),
+                                         cwd=self.tmp)
 
         def listening() -> bool:
             if self.proc is not None and self.proc.poll() is not None:

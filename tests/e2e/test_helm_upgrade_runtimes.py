@@ -17,10 +17,8 @@ restarted or replaced (the upgrade renders the same pods).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -36,7 +34,7 @@ from pdfleet_devcluster import LocalCluster
 from pdfleet_devcluster.cluster import free_port
 from pdfleet_devcluster.local_operator import interrupt
 from pdfleet_operator.api.crd import CRD_NAME
-from tests.cluster.test_helm import CHART, RELEASE, REPO, Release, _namespace
+from tests.cluster.test_helm import CHART, RELEASE, Release, _namespace
 from tests.e2e.traffic import NAME, Fleet, running_fleet
 from tests.helpers import wait_until
 
@@ -99,20 +97,13 @@ class Replica:
     def __init__(self, rel: Release, name: str, namespaces: list[str], resync: int) -> None:
         self.rel, self.name, self.port = rel, name, free_port()
         self.log = rel.tmp / f"{name}.log"
-        certs = rel.tmp / "certs"
-        certs.mkdir(exist_ok=True)
-        data = rel.get(rel.system, "secret", f"{rel.sa}-webhook-tls")["data"]
-        for key in ("tls.crt", "tls.key"):
-            (certs / key).write_bytes(base64.b64decode(data[key]))
-        env = {**os.environ, "KUBECONFIG": str(rel.sa_kubeconfig())}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator"), str(REPO),
-                                             env.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "pdfleet_operator", f"--peering={RELEASE}-pdfleet-{rel.system}",
                *(f"--namespace={ns}" for ns in namespaces), "--webhook-listen", f"127.0.0.1:{self.port}",
-               "--webhook-cert-dir", str(certs), "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
+               "--webhook-cert-dir", str(rel.webhook_certs()), "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
                f"--resync-seconds={resync}", "--metrics-listen", f"127.0.0.1:{free_port()}"]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=rel.tmp)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=rel.operator_env(),
+                                         cwd=rel.tmp)
 
         def listening() -> bool:
             if self.proc.poll() is not None:
@@ -120,7 +111,11 @@ class Replica:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-        wait_until(listening, what=f"{name}'s webhook on :{self.port}", timeout=90)
+        try:
+            wait_until(listening, what=f"{name}'s webhook on :{self.port}", timeout=90)
+        except BaseException:
+            self.stop()  # a replica that never listened is not left running
+            raise
 
     def stop(self) -> None:
         interrupt(self.proc)
@@ -193,6 +188,7 @@ def test_helm_upgrade_with_two_fleets_serving_drops_and_denies_nothing(
         for t in traffic:
             t.wait_served(4)
         applier = Applier(cluster, namespaces)
+        stack.callback(applier.stop)  # also when an assertion fails first: no apply after the test
         t0 = time.monotonic()
 
         # The chart's documented upgrade: the CRD first (Helm never upgrades crds/), then the release.

@@ -17,15 +17,15 @@ vllm-router (NIXL's two steps), scraped by a real Prometheus with the chart's ru
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from pdfleet_devcluster import LocalCluster
-from pdfleet_runtime.testing.chat import ChatTraffic
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.prometheus import promtool_test, replayed_rule_test, running_prometheus
+from tests.e2e.prometheus import promtool_test, replayed_rule_test, rules, running_prometheus
 from tests.e2e.test_doctor_runtimes import _doctor
 from tests.e2e.traffic import IMAGE, NAME, manifest, running_fleet
 
@@ -38,29 +38,27 @@ RECOMPUTE_COST = {"prefillSecondsPerPromptToken": 0.002, "decodeSecondsPerToken"
 SCRAPED = ["pdfleet_silent_fallbacks_total", "sglang:num_requests_total", "pdfleet_transfers_total"]
 
 
+def _expected(alert: str, labels: dict[str, str]) -> dict:
+    """One alert as promtool must see it: ``labels`` with the rule's own labels, and the rule's annotations with
+    ``{{ $labels.X }}`` filled in (these rules' annotations use nothing else)."""
+    [rule] = [r for r in rules() if r.get("alert") == alert]
+    def fill(text: str) -> str:
+        assert "{{" not in re.sub(r"\{\{ \$labels\.(\w+) \}\}", "", text), text
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+    return {"exp_labels": {**rule.get("labels", {}), **labels},
+            "exp_annotations": {k: fill(v) for k, v in rule.get("annotations", {}).items()}}
+
+
 def _silent_alerts(namespace: str, decodes: list[str], prefill: str) -> list[dict]:
-    def fallback(pod: str, role: str, reason: str) -> dict:
-        return {"exp_labels": {"severity": "warning", "namespace": namespace, "pdfleet_deployment": NAME, "pod": pod,
-                               "pdfleet_role": role, "reason": reason},
-                "exp_annotations": {
-                    "summary": f"{pod}: silent fallback, {reason}",
-                    "description": f"The pod counts answers or transfers that fell back without failing (reason "
-                                   f"{reason}): no_state_received is a decode recomputing prompts, unclaimed_state a "
-                                   "prefill whose state no decode took, short_transfer fewer bytes than the layout, "
-                                   "below_floor a slow link. Its pdfleet.io/silent-fallback condition says the same; "
-                                   "`pdfleet doctor` names the check."}}
+    def pod(name: str, **more: str) -> dict[str, str]:
+        return {"namespace": namespace, "pdfleet_deployment": NAME, "pod": name, **more}
 
-    def without_state(pod: str) -> dict:
-        return {"exp_labels": {"severity": "critical", "namespace": namespace, "pdfleet_deployment": NAME, "pod": pod},
-                "exp_annotations": {
-                    "summary": f"{pod} answers requests it received no state for",
-                    "description": "The decode finished more requests than it received prefilled state for: it "
-                                   "recomputes prompts (PD is not happening) while it reports healthy."}}
-
+    fallbacks = [pod(d, pdfleet_role="decode", reason="no_state_received") for d in sorted(decodes)]
+    fallbacks.append(pod(prefill, pdfleet_role="prefill", reason="unclaimed_state"))
     return [{"alertname": "PdfleetSilentFallback",
-             "exp_alerts": [fallback(d, "decode", "no_state_received") for d in sorted(decodes)]
-             + [fallback(prefill, "prefill", "unclaimed_state")]},
-            {"alertname": "PdfleetDecodeAnsweredWithoutState", "exp_alerts": [without_state(d) for d in sorted(decodes)]}]
+             "exp_alerts": [_expected("PdfleetSilentFallback", labels) for labels in fallbacks]},
+            {"alertname": "PdfleetDecodeAnsweredWithoutState",
+             "exp_alerts": [_expected("PdfleetDecodeAnsweredWithoutState", pod(d)) for d in sorted(decodes)]}]
 
 
 def test_a_decode_that_recomputes_is_caught_by_the_doctor_the_condition_and_the_alerts(
@@ -83,7 +81,7 @@ def test_a_decode_that_recomputes_is_caught_by_the_doctor_the_condition_and_the_
                                   # recomputing a prompt costs the decode the prefill's compute, as on an engine
                                   {"name": "PDFLEET_COMPUTE_COST", "value": json.dumps(RECOMPUTE_COST)}]
         # What a client sees: every request answered (a plain client cannot tell a recomputed answer).
-        client = ChatTraffic(fleet.router_url(), NAME, concurrency=2, verify=None).start()
+        client = fleet.chat_traffic(concurrency=2, verify=None).start()
         fault_start = time.time()
         fleet.patch(spec)
         fleet.wait(lambda: fleet.available() and len(fleet.runner.decode_pods()) == 2

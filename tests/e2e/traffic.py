@@ -175,7 +175,9 @@ class Fleet:
     def chat_traffic(self, **kw: Any) -> ChatTraffic:
         """A client of the router's Service: seeded bodies, or the model check's prompts and verifier."""
         model = {"body_of": self.check.body, "verify": self.check.verify} if self.check else {}
-        return ChatTraffic(self.router_url(), NAME, **model, **kw)
+        chat = ChatTraffic(self.router_url(), NAME, **{**model, **kw})
+        self._threads.append(chat)  # halted at the fleet's end if the test did not stop it
+        return chat
 
     def events(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.ns, "get", "events", "-o", "json").stdout)["items"]

@@ -49,23 +49,23 @@ def parse_metrics(text: str) -> Metrics:
     return Metrics(samples={k: tuple(v) for k, v in samples.items()})
 
 
+def _declared_port(pod: Mapping[str, Any], name: str) -> int | None:
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        for port in c.get("ports") or ():
+            if port.get("name") == name and isinstance(port.get("containerPort"), int):
+                return int(port["containerPort"])
+    return None
+
+
 def metrics_port(pod: Mapping[str, Any]) -> int:
     """The port a pod declares as ``metrics`` (the built-in runtime's: /metrics alone), else the HTTP port (an agent
     beside an engine serves its own metrics there). The pod proxy takes a number, not a port's name."""
-    for c in (pod.get("spec") or {}).get("containers") or ():
-        for port in c.get("ports") or ():
-            if port.get("name") == "metrics" and isinstance(port.get("containerPort"), int):
-                return int(port["containerPort"])
-    return HTTP_PORT
+    return _declared_port(pod, "metrics") or HTTP_PORT
 
 
 def engine_port(pod: Mapping[str, Any]) -> int | None:
     """An engine container's HTTP port (``engine-http``: SGLang and vLLM serve /metrics there), or None."""
-    for c in (pod.get("spec") or {}).get("containers") or ():
-        for port in c.get("ports") or ():
-            if port.get("name") == "engine-http" and isinstance(port.get("containerPort"), int):
-                return int(port["containerPort"])
-    return None
+    return _declared_port(pod, "engine-http")
 
 
 def _read_metrics(core: Any, namespace: str, pod: str, port: int) -> Metrics | str:

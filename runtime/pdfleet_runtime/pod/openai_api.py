@@ -535,11 +535,14 @@ class WorkerApi:
             model = {"prompt": req.ids or ()} if self.text is not None else {}
             res = await self.pod.pull(ep, req.room, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
                                       retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s, **model)
+            layout = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
+            if res.ok and res.bytes < layout:  # verified, yet fewer bytes than the layout gives the request
+                self.fallbacks.count(FallbackReason.SHORT_TRANSFER)
             if res.ok and self.text is not None:  # the model continues from the state: a drain waits for it too
                 self.computing += 1
                 try:
                     if req.stream:
-                        return await self._stream(http, req, res, arrived)
+                        return await self._stream(http, req, res, arrived, layout)
                     answer = await self._continue(req, res, arrived)
                 finally:
                     self.computing -= 1
@@ -557,10 +560,9 @@ class WorkerApi:
         if not res.ok:
             raise self._failure(req, res.failure, res.reason, res.mismatched_buffers)
         self.room_bytes.inc(res.bytes)
-        if res.bytes < request_state_bytes(o.config, req.prompt_tokens, decode_side=True):
-            self.fallbacks.count(FallbackReason.SHORT_TRANSFER)
         c = answer or completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
-        return await self._answer(http, req, c, res.bytes, self._pdfleet(req, res, c if answer is not None else None))
+        return await self._answer(http, req, c, res.bytes,
+                                  self._pdfleet(req, res, layout, c if answer is not None else None))
 
     async def _answer(self, http: web.Request, req: WorkerRequest, c: Completion, state_bytes: int,
                       pdfleet: dict[str, Any]) -> web.StreamResponse:
@@ -598,10 +600,11 @@ class WorkerApi:
                    "verified": False, "recomputed": True, "decode": self.pod.opts.instance}
         return await self._answer(http, req, c, 0, pdfleet)
 
-    def _pdfleet(self, req: WorkerRequest, res: SyntheticResult, model_answer: Completion | None) -> dict[str, Any]:
+    def _pdfleet(self, req: WorkerRequest, res: SyntheticResult, layout_bytes: int,
+                 model_answer: Completion | None) -> dict[str, Any]:
         o = self.pod.opts
         pdfleet: dict[str, Any] = {"role": "decode", "room": req.room, "seed": req.seed, "transferBytes": res.bytes,
-                                   "layoutBytes": request_state_bytes(o.config, req.prompt_tokens, decode_side=True),
+                                   "layoutBytes": layout_bytes,
                    "verified": model_answer is None, "prefill": res.prefill, "decode": o.instance,
                    "seconds": res.seconds, "ignored": list(req.ignored)}
         if model_answer is not None:  # what a client needs to check the answer against aggregate generation
@@ -615,8 +618,8 @@ class WorkerApi:
             headers["X-Request-Id"] = rid
         return headers
 
-    async def _stream(self, http: web.Request, req: WorkerRequest, res: SyntheticResult,
-                      arrived: float) -> web.StreamResponse:
+    async def _stream(self, http: web.Request, req: WorkerRequest, res: SyntheticResult, arrived: float,
+                      layout_bytes: int) -> web.StreamResponse:
         """A streaming model request: the events of each token written as decode rank 0 computes it."""
         assert self.text is not None
         first = self._first(req, res)  # a state without its first token is an error answer, before any event
@@ -639,7 +642,7 @@ class WorkerApi:
             except ApiError as e:
                 await stream.fail(e)
                 return resp
-            await stream.finish(c, self._pdfleet(req, res, c))
+            await stream.finish(c, self._pdfleet(req, res, layout_bytes, c))
             return resp
         finally:
             if not task.done():  # the client went away: the continuation ends on its own (bounded by max_tokens)
