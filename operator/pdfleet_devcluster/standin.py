@@ -1,10 +1,11 @@
-"""Stand-ins on kwok nodes, named as such wherever they are used: for the runtime, and for SGLang.
+"""Stand-ins on kwok nodes, named as such wherever they are used: for the runtime, and for SGLang and vLLM.
 
-``SGLangStandIn`` is a mode of the harness's kubelet (``Kubelet(rewrite=...)``): SGLang needs GPUs, so
-the ``engine`` container of an SGLang pod runs ``pdfleet-runtime serve`` instead, built from the
-rendered ``python3 -m sglang.launch_server`` command (its flags mapped to the runtime config), with the
-model directory's ``config.json`` generated from the layout; its ``/server_info`` reports the engine
-version of the image tag and says it is a stand-in. The agent beside it runs unchanged.
+``SGLangStandIn`` and ``VllmStandIn`` are modes of the harness's kubelet (``Kubelet(rewrite=...)``): the
+engines need GPUs, so the ``engine`` container of an SGLang or vLLM pod runs ``pdfleet-runtime serve``
+instead, built from the rendered ``python3 -m sglang.launch_server`` or ``vllm serve`` command (its flags
+mapped to the runtime config), with the model directory's ``config.json`` generated from the layout; it
+answers the engine's worker contract and reports the engine version of the image tag (``/server_info``,
+vLLM's ``/version``) and says it is a stand-in. The agent beside it runs unchanged.
 
 ``RuntimeStandIn``:
 
@@ -29,9 +30,10 @@ from pdfleet_runtime.agent.model_config import config_for_layout
 from pdfleet_runtime.config import DRAIN_ANNOTATION, READINESS_GATE, RuntimeConfig, drain_of, drained_message
 from pdfleet_runtime.config import DRAINED_CONDITION as DRAINED_CONDITION
 from pdfleet_runtime.engine_rules.argv import flag_set, parse_args
+from pdfleet_runtime.engine_rules.vllm_argv import read_vllm_args
 from pdfleet_runtime.layouts import resolve_layout
 
-__all__ = ["DRAINED_CONDITION", "LAUNCH_SERVER", "RuntimeStandIn", "SGLangStandIn"]
+__all__ = ["DRAINED_CONDITION", "LAUNCH_SERVER", "RuntimeStandIn", "SGLangStandIn", "VllmStandIn"]
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 STANDIN_ADMIN_PORT = 8082  # the agent beside it holds the pod's admin port (8081)
@@ -135,53 +137,52 @@ class RuntimeStandIn(threading.Thread):
         self.join(timeout=5)
 
 
-class SGLangStandIn:
-    """The kubelet's rewrite of an SGLang pod's containers: the engine becomes a ``serve`` process.
+class _EngineStandIn:
+    """The kubelet's rewrite of an engine pod's containers: the engine becomes a ``serve`` process standing in
+    for it (``engine``: its kind as ``--stand-in-for`` names it), the agent runs unchanged.
 
     ``agent_args`` / ``serve_args``: local-run flags added to the agent's and the stand-in's commands."""
 
+    engine = ""
+
     def __init__(self, agent_args: tuple[str, ...] = (), serve_args: tuple[str, ...] = ()) -> None:
         self.agent_args, self.serve_args = agent_args, serve_args
+
+    def _update(self, cmd: list[str], container: dict) -> tuple[dict[str, Any], str] | None:
+        """The runtime config's fields the engine's command sets, and its model path; None: not this engine."""
+        raise NotImplementedError
 
     def __call__(self, sandbox: Any, container: dict) -> dict:  # sandbox: podsandbox.PodSandbox
         cmd = list(container.get("command") or ())
         if cmd[:2] == ["pdfleet-runtime", "agent"]:
             return {**container, "command": [*cmd, *self.agent_args]}
-        if cmd[:3] != LAUNCH_SERVER:
+        found = self._update(cmd, container)
+        if found is None:
             return container
+        update, model_path = found
         m = re.search(r":v?(\d+\.\d+\.\d+)", container.get("image") or "")
         version = m.group(1) if m else "unknown"
-        fs = flag_set("sglang", "0.5.23")
-        assert fs is not None
-        flags = parse_args(cmd[3:], fs).values
-        cfg = self._config(sandbox, flags)
+        cfg = self._config(sandbox, update)
         (sandbox.workdir / "stand-in").mkdir(parents=True, exist_ok=True)
         path = sandbox.workdir / "stand-in" / "runtime.yaml"
         path.write_text(cfg.to_yaml())
-        self._model_dir(sandbox, container, str(flags["model_path"]), cfg)
+        self._model_dir(sandbox, container, model_path, cfg)
         argv = ["pdfleet-runtime", "serve", "--config", str(path), "--device", "cpu", "--no-gate",
-                "--stand-in-for", f"sglang=={version}", *self.serve_args]
+                "--stand-in-for", f"{self.engine}=={version}", *self.serve_args]
         return {**container, "command": argv, "args": []}
 
     @staticmethod
-    def _config(sandbox: Any, flags: Any) -> RuntimeConfig:
-        """The agent's runtime config (the pod's ``config`` volume) with the launch flags mapped onto it."""
+    def _config(sandbox: Any, update: dict[str, Any]) -> RuntimeConfig:
+        """The agent's runtime config (the pod's ``config`` volume) with the engine's flags mapped onto it."""
         (vol,) = [v for v in sandbox.pod["spec"]["volumes"] if v["name"] == "config"]
         data = sandbox.lookup("configMap", vol["configMap"]["name"])
         base = RuntimeConfig.model_validate(yaml.safe_load(data["runtime.yaml"]))
-        update: dict[str, Any] = {
-            "role": flags["disaggregation_mode"], "backend": flags.get("disaggregation_transfer_backend", "mooncake"),
-            "shape": {"tensor": int(flags.get("tp_size", 1)), "pipeline": int(flags.get("pp_size", 1))},
-            "http_port": int(flags["port"]), "bootstrap_port": int(flags["disaggregation_bootstrap_port"]),
-            "admin_port": STANDIN_ADMIN_PORT, "served_model_name": flags.get("served_model_name"),
-            # the pod's protocol secret, where the kubelet wrote the volume (the host's filesystem is the image)
-            "secret_path": sandbox.workdir / "volumes" / "auth" / "key",
-            # SGLang's HTTP API takes no worker key, and the engine container has none mounted: neither does its
-            # stand-in (the runtime's own pods require the deployment's key on the worker routes).
-            "worker_key_path": None,
-        }
-        if "max_total_tokens" in flags:
-            update["kv_tokens"] = int(flags["max_total_tokens"])
+        update = {**update, "admin_port": STANDIN_ADMIN_PORT,
+                  # the pod's protocol secret, where the kubelet wrote the volume (the host's filesystem is the image)
+                  "secret_path": sandbox.workdir / "volumes" / "auth" / "key",
+                  # the engine's HTTP API takes no worker key here, and the engine container has none mounted:
+                  # neither does its stand-in (the runtime's own pods require the deployment's key).
+                  "worker_key_path": None}
         return RuntimeConfig.model_validate({**base.model_dump(), **update})
 
     @staticmethod
@@ -198,3 +199,55 @@ class SGLangStandIn:
         d = sandbox.workdir / "volumes" / mounts[0]["name"]
         (d / "config.json").write_text(json.dumps(config_for_layout(resolve_layout(cfg.layout), arch, kind,
                                                                    nested_text_config=nested), indent=1))
+
+
+class SGLangStandIn(_EngineStandIn):
+    """SGLang's ``python3 -m sglang.launch_server``, its flags mapped onto the runtime config."""
+
+    engine = "sglang"
+
+    def _update(self, cmd: list[str], container: dict) -> tuple[dict[str, Any], str] | None:
+        if cmd[:3] != LAUNCH_SERVER:
+            return None
+        fs = flag_set("sglang", "0.5.23")
+        assert fs is not None
+        flags = parse_args(cmd[3:], fs).values
+        update: dict[str, Any] = {
+            "role": flags["disaggregation_mode"], "backend": flags.get("disaggregation_transfer_backend", "mooncake"),
+            "shape": {"tensor": int(flags.get("tp_size", 1)), "pipeline": int(flags.get("pp_size", 1))},
+            "http_port": int(flags["port"]), "bootstrap_port": int(flags["disaggregation_bootstrap_port"]),
+            "served_model_name": flags.get("served_model_name"),
+        }
+        if "max_total_tokens" in flags:
+            update["kv_tokens"] = int(flags["max_total_tokens"])
+        return update, str(flags["model_path"])
+
+
+class VllmStandIn(_EngineStandIn):
+    """vLLM's ``vllm serve MODEL``: the KV role and connector of ``--kv-transfer-config`` give the role and the
+    backend; the bootstrap is where vLLM's decode reaches the prefill (NIXL's side channel, Mooncake's HTTP
+    bootstrap), as the rendered environment sets it."""
+
+    engine = "vllm"
+    ROLES = {"kv_producer": "prefill", "kv_consumer": "decode"}
+    BACKENDS = {"NixlConnector": ("nixl", "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600),
+                "MooncakeConnector": ("mooncake", "VLLM_MOONCAKE_BOOTSTRAP_PORT", 8998)}
+
+    def _update(self, cmd: list[str], container: dict) -> tuple[dict[str, Any], str] | None:
+        if cmd[:2] != ["vllm", "serve"] or len(cmd) < 3:
+            return None
+        fs = flag_set("vllm", "0.33.0")
+        assert fs is not None
+        flags = read_vllm_args(cmd[3:], fs).parsed.values
+        kv = json.loads(str(flags["kv_transfer_config"]))
+        backend, port_env, port = self.BACKENDS[kv["kv_connector"]]
+        env = {e["name"]: e.get("value") for e in container.get("env") or ()}
+        names = flags.get("served_model_name")
+        update: dict[str, Any] = {
+            "role": self.ROLES[kv["kv_role"]], "backend": backend,
+            "shape": {"tensor": int(str(flags.get("tensor_parallel_size", 1))),
+                      "pipeline": int(str(flags.get("pipeline_parallel_size", 1)))},
+            "http_port": int(str(flags["port"])), "bootstrap_port": int(env.get(port_env) or port),
+            "served_model_name": names[0] if isinstance(names, tuple) and names else None,
+        }
+        return update, cmd[2]

@@ -5,9 +5,9 @@ Sub-commands:
            /v1/synthetic on the HTTP port, /drain on the loopback-only admin port, the bootstrap
            endpoint on prefill pods; SIGTERM drains then exits. Exit 0 after a clean stop, 1 when
            the ranks cannot start, 2 on a bad config.
-  agent    the container beside an SGLang engine: checks the engine against the deployment, runs the
-           decode canary as SGLang's router sends a request, writes the readiness gate, drains as
-           the preStop hook (docs/agent.md). Exit 0 after a clean stop, 2 on a bad config.
+  agent    the container beside an SGLang or vLLM engine: checks the engine against the deployment,
+           runs the decode canary as the engine's router sends a request, writes the readiness gate,
+           drains as the preStop hook (docs/agent.md). Exit 0 after a clean stop, 2 on a bad config.
   drain    the pod's exec preStop hook: drain this pod (or --cancel) through its admin port on
            127.0.0.1. Exit 0 once drained (or cancelled), 1 when the pod refused or is unreachable.
   synthetic  send synthetic requests to a decode pod's /v1/synthetic and print the results
@@ -179,9 +179,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _agent_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    agt = sub.add_parser("agent", help="run the agent beside an SGLang engine (docs/agent.md)")
+    agt = sub.add_parser("agent", help="run the agent beside an SGLang or vLLM engine (docs/agent.md)")
     agt.add_argument("--config", required=True, type=Path, help="the runtime config (the operator's ConfigMap)")
-    agt.add_argument("--engine-version", required=True, help="the SGLang version the deployment declares")
+    agt.add_argument("--engine-kind", default=None,
+                     help="the engine beside the agent: sglang or vllm (spec.engine.kind; default sglang)")
+    agt.add_argument("--engine-version", required=True, help="the engine version the deployment declares")
     agt.add_argument("--model-path", type=Path, default=None, help="the model directory shared with the engine")
     agt.add_argument("--engine-url", default=None, help="this pod's engine (default http://127.0.0.1:30000)")
     agt.add_argument("--router-drop-seconds", dest="router_drop_s", type=float, default=None,
@@ -216,7 +218,7 @@ def _agent(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         flags = {k: getattr(args, k) for k in (
-            "engine_version", "model_path", "engine_url", "router_drop_s", "prefill_engines", "check_period_s",
+            "engine_kind", "engine_version", "model_path", "engine_url", "router_drop_s", "prefill_engines", "check_period_s",
             "canary_period_s", "retry_period_s", "canary_timeout_s", "bind_host", "kubeconfig", "gate", "log_level")}
         opts = AgentOptions.build(cfg, os.environ, **flags)
     except (ConfigError, OptionsError) as e:

@@ -20,6 +20,7 @@ from pdfleet_operator.resources.names import LABEL_INDEX, LABEL_MEMBER, group_po
 from pdfleet_operator.resources.plugins.contract import EnginePlugin, GroupMember
 from pdfleet_operator.resources.plugins.registry import engine_plugin
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
+from pdfleet_operator.resources.runtime_config import CONFIG_FILE, CONFIG_MOUNT
 from pdfleet_runtime.config import ADMIN_PORT
 from pdfleet_runtime.links import LinkProtocol
 
@@ -164,10 +165,14 @@ def _token_volume() -> dict:
                                     "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}
 
 
-def agent_command(spec: PDDeploymentSpec, role: Role, config_args: list[str]) -> list[str]:
-    """``pdfleet-runtime agent``: the declared engine version, the model directory it shares with the
-    engine (checked only where it can see it: a model volume), and the routers' drop bound."""
-    cmd = ["pdfleet-runtime", "agent", *config_args, "--engine-version", str(role_engine(spec, role).version),
+def agent_command(spec: PDDeploymentSpec, role: Role) -> list[str]:
+    """``pdfleet-runtime agent``: the runtime config, the engine's kind and declared version, the model directory
+    it shares with the engine (checked only where it can see it: a model volume), and the routers' drop bound.
+    Nothing of the built-in runtime's ``serve`` command (a router's worker args are flags of ``serve``: the
+    agent refused them, and a vLLM prefill's agent never started)."""
+    engine = role_engine(spec, role)
+    cmd = ["pdfleet-runtime", "agent", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--engine-kind", engine.kind.value,
+           "--engine-version", str(engine.version),
            "--router-drop-seconds", f"{ROUTER_DROP_BOUND_S:g}"]
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
@@ -189,7 +194,7 @@ def with_engine(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     agent["resources"] = rs.resources.model_dump(mode="json", by_alias=True, exclude_none=True)
     engine_security = copy.deepcopy(agent["securityContext"])
     agent["securityContext"]["capabilities"] = {"drop": ["ALL"]}
-    agent["command"] = agent_command(spec, role, agent["command"][2:])
+    agent["command"] = agent_command(spec, role)
     agent["ports"] = [p for p in agent["ports"] if p["name"] == "http"]  # the engine binds bootstrap and data ports
     agent["volumeMounts"].append({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True})
     pod_spec["automountServiceAccountToken"] = False  # the agent's projected token only

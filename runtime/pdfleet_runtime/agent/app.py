@@ -1,7 +1,7 @@
-"""The agent beside an SGLang engine: checks, the canary, the readiness gate, the drain, its own metrics.
+"""The agent beside an SGLang or vLLM engine: checks, the canary, the readiness gate, the drain, its own metrics.
 
-Reading order: ``Agent.run``; the loops ``_check_loop`` (engine /health, /server_info, config.json),
-``_canary_loop`` (decode: ``canary.run_canary`` through each prefill pod), ``_gate_loop`` (the verdict
+Reading order: ``Agent.run``; the loops ``_check_loop`` (engine /health, what the engine says of itself,
+config.json), ``_canary_loop`` (decode: the dialect's canary through each prefill pod), ``_gate_loop`` (the verdict
 to /readyz, the ``pdfleet_ready`` gauge and the pod's readiness-gate condition) and ``_pod_loop`` (the
 operator's drain requests, the ``pdfleet.io/drained`` report); then the drain. HTTP (``httpPort``):
 ``/healthz``, ``/readyz``, ``/metrics``; admin (``adminPort``, 127.0.0.1 only, ``pod.admin``): the
@@ -11,6 +11,8 @@ The drain (``pod.drain.Drain``, its phases and budget ``drainTimeoutSeconds``): 
 ``router_drop_s`` (routers stop sending the pod work), then wait until the engine's metrics report no
 running and no queued request and, prefill, no transfer in flight. SGLang's routers keep a worker
 until its pod is deleted (docs/router.md), so the preStop hook (the deletion) runs the wait again.
+What differs by engine (its self-description, its metric names, its router's requests) is the dialect's
+(``dialect.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pdfleet_runtime.agent.canary import PrefillTarget, run_canary
-from pdfleet_runtime.agent.engine_info import EngineLoad, engine_load, server_info_problems
+from pdfleet_runtime.agent.canary import PrefillTarget
+from pdfleet_runtime.agent.engine_info import EngineLoad
 from pdfleet_runtime.agent.model_config import model_config_problems
 from pdfleet_runtime.agent.options import AgentOptions
 from pdfleet_runtime.agent.readiness import AgentReadiness
@@ -50,7 +52,9 @@ class Agent:
     def __init__(self, opts: AgentOptions, *, gate: GateWriter | None = None) -> None:
         self.opts = opts
         self.role = opts.config.role.value
-        self.readiness = AgentReadiness(self.role, opts.failures_not_ready, group_member=opts.group_member)
+        self.dialect = opts.dialect
+        self.readiness = AgentReadiness(self.role, opts.failures_not_ready, group_member=opts.group_member,
+                                        router=self.dialect.router)
         self.gate: GateWriter = gate or NoGate()
         self.drain = Drain(opts.config.drain_timeout_seconds, self._in_flight, on_change=self._set_draining,
                            on_done=lambda forced: self.drains.labels("forced" if forced else "drained").inc(),
@@ -67,12 +71,12 @@ class Agent:
         self.drains = Counter("pdfleet_drains", "Drains finished, by result (drained | forced: budget ran out)",
                               ["result"], registry=r)
         self.engine_up = Gauge("pdfleet_agent_engine_up", "1 while the engine answers /health", registry=r)
-        self.canaries = Counter("pdfleet_agent_canaries", "Canaries sent as SGLang's router sends a request, by "
-                                "outcome", ["outcome"], registry=r)
+        self.canaries = Counter("pdfleet_agent_canaries", "Canaries sent as the engine's router sends a "
+                                "request, by outcome", ["outcome"], registry=r)
         self.canary_seconds = Histogram("pdfleet_agent_canary_seconds", "Canary latency (both answers)",
                                         buckets=LATENCY_BUCKETS, registry=r)
         self.check_failures = Counter("pdfleet_agent_check_failures", "Checks of the engine that failed, by check "
-                                      "(health, server_info, model_config, metrics)", ["check"], registry=r)
+                                      "(health, server_info: what the engine says of itself, model_config, metrics)", ["check"], registry=r)
         self.engine_load = Gauge("pdfleet_agent_engine_requests", "The engine's load as the drain last read it "
                                  "(running, queued, inflight)", ["kind"], registry=r)
 
@@ -91,8 +95,8 @@ class Agent:
             log.error("cannot start: %s", e)
             await self._close()
             return 1
-        log.info("%s agent on :%d beside the engine at %s (SGLang %s)", self.role, self.opts.config.http_port,
-                 self.opts.engine_url, self.opts.engine_version)
+        log.info("%s agent on :%d beside the engine at %s (%s %s)", self.role, self.opts.config.http_port,
+                 self.opts.engine_url, self.dialect.name, self.opts.engine_version)
         loops = [self._check_loop, self._gate_loop]
         if not isinstance(self.gate, NoGate):
             loops.append(self._pod_loop)
@@ -174,7 +178,8 @@ class Agent:
             return resp.status, await resp.text()
 
     async def check_engine(self) -> None:
-        """One round of the engine checks: /health, then /server_info and config.json."""
+        """One round of the engine checks: /health, then what the engine says of itself (SGLang's
+        /server_info, vLLM's /version and /v1/models) and config.json."""
         r = self.readiness
         try:
             code, _ = await self._get("/health")
@@ -189,13 +194,10 @@ class Agent:
             r.config_problems = await asyncio.to_thread(self._config_problems)
             return
         try:
-            code, text = await self._get("/server_info")
-            info = json.loads(text) if code == 200 else None
-            r.engine_problems = (server_info_problems(info, version=self.opts.engine_version,
-                                                      served_model=self.opts.served_model, role=self.role)
-                                 if isinstance(info, dict) else [f"the engine's /server_info answered {code}"])
+            r.engine_problems = await self.dialect.problems(self._get, version=self.opts.engine_version,
+                                                            served_model=self.opts.served_model, role=self.role)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            r.engine_problems = [f"cannot read the engine's /server_info: {e!r}"]
+            r.engine_problems = [f"cannot read what the engine says of itself: {e}"]
         if r.engine_problems:
             self.check_failures.labels("server_info").inc()
         r.config_problems = await asyncio.to_thread(self._config_problems)
@@ -240,7 +242,7 @@ class Agent:
         for t in targets:
             if not self.drain.serving or not r.checked:
                 return
-            out = await run_canary(self._session, t, self.opts.engine_url, self.opts.canary_timeout_s)
+            out = await self.dialect.canary(self._session, t, self.opts.engine_url, self.opts.canary_timeout_s)
             self.canaries.labels("success" if out.ok else "failed").inc()
             self.canary_seconds.observe(out.seconds)
             r.canary(out.ok, out.reason, out.unreachable)
@@ -332,7 +334,7 @@ class Agent:
             code, text = await self._get("/metrics")
             if code != 200:
                 raise ValueError(f"the engine's /metrics answered {code}")
-            self.load = load = engine_load(text)
+            self.load = load = self.dialect.load(text)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             self.check_failures.labels("metrics").inc()
             log.warning("drain: cannot read the engine's load: %s", e)

@@ -101,6 +101,8 @@ async def run_canary(session: aiohttp.ClientSession, target: PrefillTarget, engi
     room = secrets.randbits(63)
     body = canary_body(target, room)
     t0 = time.monotonic()
+    prefill: tuple[int, Any] | BaseException
+    decode: tuple[int, Any] | BaseException
     try:
         async with asyncio.timeout(timeout_s):
             prefill, decode = await asyncio.gather(_post(session, f"{target.url}/generate", body),

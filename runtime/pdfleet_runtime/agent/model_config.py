@@ -80,7 +80,8 @@ def _states_of(cfg: dict, types: list[str] | None) -> set[str]:
 
 def model_config_problems(config: dict, lay: Layout) -> list[str]:
     """Each field of ``config`` (a parsed config.json) that contradicts ``lay``, as a sentence; [] when none."""
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = config.get("text_config")
+    cfg: dict = text if isinstance(text, dict) else config
     out: list[str] = []
 
     def want(field: str, expected: object, what: str) -> None:

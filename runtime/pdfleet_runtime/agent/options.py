@@ -8,12 +8,15 @@ environment.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet_runtime.agent.canary import PrefillTarget
+from pdfleet_runtime.agent.dialect import EngineDialect, dialect_for
 from pdfleet_runtime.config import GROUP_MEMBER_ENV, RuntimeConfig
+from pdfleet_runtime.engine_rules import vllm
 from pdfleet_runtime.engine_rules.sglang import BOOTSTRAP_PORT, ENGINE_PORT
 from pdfleet_runtime.pod.options import OptionsError
 
@@ -35,12 +38,15 @@ def parse_prefill_targets(text: str) -> tuple[PrefillTarget, ...]:
 class AgentOptions:
     config: RuntimeConfig
     engine_version: str
+    engine_kind: str = "sglang"
+    """``spec.engine.kind``: which dialect the agent speaks (``dialect.py``)."""
     model_path: Path | None = None
     """The model directory shared with the engine (its config.json is checked); None: not checked."""
     engine_url: str = f"http://127.0.0.1:{ENGINE_PORT}"
     engine_port: int = ENGINE_PORT
-    """Prefill pods' engine port, as routers reach it."""
+    """Prefill pods' engine port, as routers reach it (SGLang's and vLLM's, as the operator renders them)."""
     engine_bootstrap_port: int = BOOTSTRAP_PORT
+    """SGLang's bootstrap port; vLLM's Mooncake bootstrap (the same number, as the operator renders it)."""
     router_drop_s: float = 4.0
     """A drain waits this long before it reads the engine's load: by then no router sends the pod work."""
     pod_name: str = ""
@@ -64,6 +70,10 @@ class AgentOptions:
     def served_model(self) -> str:
         return self.config.served_model_name or self.config.deployment
 
+    @property
+    def dialect(self) -> EngineDialect:
+        return dialect_for(self.engine_kind, self.config.backend, self.served_model)
+
     @classmethod
     def build(cls, config: RuntimeConfig, environ: Mapping[str, str], **flags: object) -> AgentOptions:
         targets = flags.pop("prefill_engines", None)
@@ -80,6 +90,14 @@ class AgentOptions:
                       **{k: v for k, v in flags.items() if v is not None}})  # type: ignore[arg-type]
         if min(opts.check_period_s, opts.canary_period_s, opts.retry_period_s, opts.canary_timeout_s) <= 0:
             raise OptionsError("the agent's periods and the canary timeout must be positive")
+        try:
+            opts.dialect  # noqa: B018 - an engine kind the agent cannot speak fails here, at start
+        except ValueError as e:
+            raise OptionsError(str(e)) from None
+        if opts.engine_kind == "vllm":  # vLLM's ports as the operator renders them (vllm serve --port, Mooncake)
+            opts = dataclasses.replace(opts, engine_port=vllm.ENGINE_PORT,
+                                       engine_bootstrap_port=vllm.MOONCAKE_BOOTSTRAP_PORT,
+                                       engine_url=str(flags.get("engine_url") or f"http://127.0.0.1:{vllm.ENGINE_PORT}"))
         if opts.router_drop_s < 0:
             raise OptionsError(f"--router-drop-seconds {opts.router_drop_s} must not be negative")
         return opts

@@ -46,6 +46,8 @@ class AgentReadiness:
     role: str
     failures_not_ready: int = 3
     group_member: int = 0  # node rank in the replica group; > 0: the engine serves /health only
+    router: str = "SGLang's router"
+    """Whose requests the canary imitates (the reason names it)."""
     draining: bool = False
     engine_up: bool = False
     engine_was_up: bool = False
@@ -96,7 +98,7 @@ class AgentReadiness:
             return AgentVerdict(True, P.ENGINE_VERIFIED, "the engine answers and agrees with the deployment (its "
                                 "transfer path is proven by the decode pods' canaries)")
         if self.canary_ok:
-            return AgentVerdict(True, P.NONE, f"canary as SGLang's router sends it: {self.canary_ok}")
+            return AgentVerdict(True, P.NONE, f"canary as {self.router} sends it: {self.canary_ok}")
         if self.canary_failures:
             problem = P.UNREACHABLE if self.last_failure_unreachable else P.CANARY_FAILED
             return AgentVerdict(False, problem, f"{self.canary_failures} canaries failed in a row, the last: "

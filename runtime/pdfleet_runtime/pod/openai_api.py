@@ -20,7 +20,7 @@ state, decode rank 0 continues greedily (``GenerateOp``), and the answer is the 
 (``model_answer.completion_of``). A transfer that failed, a missing or disagreeing first token, or a failed
 continuation is an error answer, never text.
 
-Registration and load: ``GET /health``, ``/server_info``, ``/model_info``, ``/v1/models``, and the
+Registration and load: ``GET /health``, ``/server_info``, ``/model_info``, ``/v1/models``, ``/version``, and the
 gauges SGLang exports (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:num_used_tokens``, ``sglang:token_usage``, label ``model_name``) and vLLM's
 (``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, labels
@@ -263,6 +263,7 @@ class WorkerApi:
         app.router.add_get("/model_info", self._model_info)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/version", self._version)
         app.on_cleanup.append(self._close_peers)
 
     async def _close_peers(self, _: web.Application) -> None:
@@ -323,6 +324,11 @@ class WorkerApi:
     def vllm_handshake(self) -> dict[str, Any]:
         """The prefill bootstrap's ``GET /handshake``: ``/query``'s answer and this pod's ``HandshakeKey``."""
         return {"query": self.vllm_query(), "key": self.handshake.model_dump()}
+
+    async def _version(self, _: web.Request) -> web.Response:
+        """vLLM's ``GET /version``: the version of the engine this pod stands in for, else the runtime's."""
+        _engine, _eq, version = (self.pod.opts.stand_in_for or "").partition("==")
+        return web.json_response({"version": version or __version__})
 
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,

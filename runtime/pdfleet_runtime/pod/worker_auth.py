@@ -31,7 +31,7 @@ HTTP_LIMITS = HttpLimits(per_peer=256, total=4096, idle_s=10.0, read_s=10.0, exe
 
 PROTECTED = frozenset({
     "/v1/chat/completions", "/v1/completions", "/generate", "/v1/synthetic",
-    "/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models",
+    "/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models", "/version",
 })
 """Routes that start or hold work, or tell what the pod serves and holds: the worker key is required.
 ``/health`` stays open: sglang-router 0.3.2 probes it without its key when it first finds a worker (its

@@ -208,6 +208,7 @@ def test_the_agent_knows_what_to_check_and_holds_the_pods_only_token() -> None:
     cmd = agent["command"]
     assert cmd[:4] == ["pdfleet-runtime", "agent", "--config", "/etc/pdfleet/runtime.yaml"]
     assert flag(cmd, "--engine-version") == "0.5.23" and flag(cmd, "--model-path") == "/models/q"
+    assert flag(cmd, "--engine-kind") == "sglang"
     assert flag(cmd, "--router-drop-seconds") == "6"  # ROUTER_DROP_BOUND_S, docs/router.md
     assert {"name": "model", "mountPath": "/models/q", "readOnly": True} in agent["volumeMounts"]
     # the engine's preStop waits for the agent's drain on the loopback admin port; both are exec hooks

@@ -45,6 +45,17 @@ def test_nixl_roles() -> None:
         assert "sglang.ai/bootstrap-port" not in annotations
 
 
+def test_the_agent_beside_vllm_speaks_vllm() -> None:
+    """The agent is told the engine's kind, so it reads /version, /v1/models and vLLM's gauges and sends its
+    canary as vllm-router does (agent/dialect.py), and the version it checks."""
+    for role in Role:
+        pod, _ = engine(vllm_obj(), role)
+        (agent,) = [c for c in pod["spec"]["containers"] if c["name"] == "runtime"]
+        cmd = agent["command"]
+        assert cmd[:2] == ["pdfleet-runtime", "agent"]
+        assert cmd[cmd.index("--engine-kind") + 1] == "vllm" and cmd[cmd.index("--engine-version") + 1] == "0.33.0"
+
+
 def test_mooncake_extra_config_and_devices() -> None:
     obj = vllm_obj(spec__transfer={"backend": "mooncake", "rdmaDevices": ["mlx5_0", "mlx5_1"]})
     pod, c = engine(obj, Role.PREFILL)
