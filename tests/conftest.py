@@ -6,8 +6,10 @@ use and stopped at the end of the session; each test gets its own namespace.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,3 +126,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("-", "client traffic through the router (counts)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+# -- where the suite's time goes: PDFLEET_TEST_TIMELINE=FILE writes every phase of every test as JSON ---------
+# (node id, phase, seconds, worker, when it ended), so a slow CI run can be read for its longest files and for a
+# worker left idle at the end (the 45-minute budget, issue 38). Written by the controller only.
+_TIMELINE: list[dict] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("PDFLEET_TEST_TIMELINE"):
+        node = getattr(report, "node", None)
+        worker = getattr(getattr(node, "gateway", None), "id", "main")
+        _TIMELINE.append({"test": report.nodeid, "phase": report.when, "seconds": round(report.duration, 3),
+                          "worker": worker, "ended": time.time(), "outcome": report.outcome})
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("PDFLEET_TEST_TIMELINE")
+    if path and not hasattr(session.config, "workerinput"):
+        Path(path).write_text(json.dumps(_TIMELINE))

@@ -12,6 +12,7 @@ drain waits on vLLM's own gauges while a finished request's state waits for its 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,13 +33,24 @@ def _pair(tmp: Path, backend: str, *decode_args: str) -> Pair:
                                                                    *decode_args))
 
 
+@pytest.fixture(scope="module")
+def nixl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """One NIXL pair for the tests that need no other (each pair costs two serve processes' start)."""
+    pair = _pair(tmp_path_factory.mktemp("nixl"), "nixl").ready()
+    try:
+        yield pair
+    finally:
+        pair.stop()
+
+
 def _moved(pair: Pair) -> float:
     return sum(v for k, v in pair.prefill.metrics().items() if k.startswith("pdfleet_room_transfer_bytes_total"))
 
 
 @pytest.mark.parametrize("backend", ["nixl", "mooncake"])
-def test_a_vllm_decode_is_ready_only_through_a_canary_as_vllm_router_sends_it(tmp_path: Path, backend: str) -> None:
-    pair = _pair(tmp_path, backend).ready()
+def test_a_vllm_decode_is_ready_only_through_a_canary_as_vllm_router_sends_it(
+        tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    pair = request.getfixturevalue("nixl") if backend == "nixl" else _pair(tmp_path, backend).ready()
     model = _model_dir(tmp_path, "model", LAYOUT)
     try:
         code, version = http("GET", pair.decode.url + "/version", None, 5)
@@ -63,11 +75,12 @@ def test_a_vllm_decode_is_ready_only_through_a_canary_as_vllm_router_sends_it(tm
         finally:
             agent.stop()
     finally:
-        pair.stop()
+        if backend != "nixl":
+            pair.stop()
 
 
-def test_the_declared_version_and_served_model_are_checked_against_vllms_answers(tmp_path: Path) -> None:
-    pair = _pair(tmp_path, "nixl").ready()
+def test_the_declared_version_and_served_model_are_checked_against_vllms_answers(tmp_path: Path, nixl: Pair) -> None:
+    pair = nixl
     model = _model_dir(tmp_path, "model", LAYOUT)
     other = pair.decode.cfg.model_copy(update={"served_model_name": "another-model"})
     agents = [Agent(tmp_path, "agent-version", pair.decode.cfg, pair.decode, pair.prefill, model,
@@ -81,7 +94,6 @@ def test_the_declared_version_and_served_model_are_checked_against_vllms_answers
     finally:
         for a in agents:
             a.stop()
-        pair.stop()
 
 
 def test_a_decode_that_recomputes_fails_its_canary(tmp_path: Path) -> None:
@@ -97,8 +109,8 @@ def test_a_decode_that_recomputes_fails_its_canary(tmp_path: Path) -> None:
         pair.stop()
 
 
-def test_a_prefill_drain_waits_on_vllms_gauges_for_state_no_decode_read_yet(tmp_path: Path) -> None:
-    pair = _pair(tmp_path, "nixl").ready()  # the prefill holds an unclaimed request 2 s (--room-ttl)
+def test_a_prefill_drain_waits_on_vllms_gauges_for_state_no_decode_read_yet(tmp_path: Path, nixl: Pair) -> None:
+    pair = nixl  # its prefill holds an unclaimed request 2 s (--room-ttl)
     agent = Agent(tmp_path, "agent-prefill", pair.prefill.cfg, pair.prefill, None, _model_dir(tmp_path, "m", LAYOUT),
                   *VLLM, "--router-drop-seconds", "0.2")
     try:
@@ -117,4 +129,3 @@ def test_a_prefill_drain_waits_on_vllms_gauges_for_state_no_decode_read_yet(tmp_
         assert waited >= 1.0, f"the drain ended after {waited:.2f}s, before the held request expired"
     finally:
         agent.stop()
-        pair.stop()
