@@ -267,26 +267,37 @@ RECEIVED_VLLM_NIXL = Received(engine="vLLM (NIXL)", answered="vllm:request_succe
 """vLLM 0.33's NIXL connector: the decode reads the blocks and records each transfer (``nixl/stats.py``)."""
 
 
-def received_counts(m: Metrics, backend: str | None) -> Received | str:
-    """Which engine's counts the pod exports, or why the check cannot run (said per engine)."""
+def received_counts(m: Metrics, backend: str | None, engine: str | None = None) -> Received | str:
+    """Which engine's counts the pod exports, or why the check cannot run (said per engine). ``engine``: the
+    deployment's ``spec.engine.kind``; an engine pod is read by its engine's own names (its engine container's
+    /metrics), whatever else the pod exports, as a real SGLang or vLLM exports only those."""
+    vllm_push = (f"vLLM with {backend or 'this connector'}: its decode does not count the state it received (the "
+                 "prefill pushes; vllm:mooncake_* counts sends and failed receives only)")
+    if engine == "sglang":
+        return RECEIVED_SGLANG if m.has(RECEIVED_SGLANG.answered) else (
+            f"the SGLang engine exports no {RECEIVED_SGLANG.answered} (started without --enable-metrics, or its "
+            "/metrics could not be read)")
+    if engine == "vllm":
+        if not m.has(RECEIVED_VLLM_NIXL.answered):
+            return f"the vLLM engine exports no {RECEIVED_VLLM_NIXL.answered} (its /metrics could not be read)"
+        return RECEIVED_VLLM_NIXL if backend == "nixl" else vllm_push
+    # the built-in runtime's pods (or an engine pod the spec does not name): whichever counts it exports
     if m.has(RUNTIME_MARK) and m.has(ANSWERED):
         return RECEIVED_PDFLEET
     if m.has(RECEIVED_SGLANG.answered):
         return RECEIVED_SGLANG
     if m.has(RECEIVED_VLLM_NIXL.answered):
-        if backend == "nixl":
-            return RECEIVED_VLLM_NIXL
-        return (f"vLLM with {backend or 'this connector'}: its decode does not count the state it received (the "
-                "prefill pushes; vllm:mooncake_* counts sends and failed receives only)")
+        return RECEIVED_VLLM_NIXL if backend == "nixl" else vllm_push
     return (f"the pod exports neither pdfleet's {TRANSFERS}, SGLang's {RECEIVED_SGLANG.answered} nor vLLM's "
             f"{RECEIVED_VLLM_NIXL.answered} (its engine's /metrics could not be read, or metrics are off)")
 
 
-def _state_received(p: ObservedPod, m: PodMetrics, window: str, backend: str | None) -> CheckResult:
+def _state_received(p: ObservedPod, m: PodMetrics, window: str, backend: str | None,
+                    engine: str | None) -> CheckResult:
     """A decode that answers more requests than it received prefilled state for recomputes prompts: PD is not
     happening while every gate reads healthy (a decode engine started without its PD mode, a router not in PD mode)."""
     assert m.now is not None
-    counts = received_counts(m.now, backend)
+    counts = received_counts(m.now, backend, engine)
     if isinstance(counts, str):
         return CheckResult(check="state-received", subject=p.name, verdict=Verdict.CANNOT_CHECK, detail=counts)
     answered = m.increase(counts.answered)
@@ -300,7 +311,8 @@ def _state_received(p: ObservedPod, m: PodMetrics, window: str, backend: str | N
     return CheckResult(check="state-received", subject=p.name, verdict=Verdict.OK, detail=said)
 
 
-def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str, backend: str | None) -> list[CheckResult]:
+def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str, backend: str | None,
+                        engine: str | None) -> list[CheckResult]:
     if m is None or m.now is None:
         why = m.error if m is not None and m.error else "not read"
         return [CheckResult(check="metrics", subject=p.name, verdict=Verdict.CANNOT_CHECK,
@@ -326,16 +338,16 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str, backe
                                   window=window, fix="engine_id: pin prefill engine ids (--pin-engine-id); "
                                   "compatibility: the roles run two generations, let the rollout finish"))
         out.append(_canary_speed(p, m))
-        out.append(_state_received(p, m, window, backend))
+        out.append(_state_received(p, m, window, backend, engine))
     return out
 
 
 def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
              window_s: float | None = None, router: RouterState | None = None,
-             backend: str | None = None) -> list[CheckResult]:
+             backend: str | None = None, engine: str | None = None) -> list[CheckResult]:
     """Every check over ``pods`` (the deployment's, as ``observe`` reads them), their ``metrics``, the ``router``
-    Deployment's state (None: none read, so every routable pod counts as paired) and the spec's transfer
-    ``backend`` (which of an engine's counters say what a decode received)."""
+    Deployment's state (None: none read, so every routable pod counts as paired), the spec's transfer
+    ``backend`` and ``engine`` kind (which engine's counters say what a decode received)."""
     window = f"in the last {window_s:g} s" if window_s else "since the pod started"
     live = sorted(_live(pods), key=lambda p: (p.role.value, p.name))
     out = [_generations(pods, router)]
@@ -346,7 +358,7 @@ def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
                                fix="kubectl get pdd and its Progressing condition say why"))
     for p in live:
         out.append(_transfer_path(p))
-        out += _pod_metrics_checks(p, metrics.get(p.name), window, backend)
+        out += _pod_metrics_checks(p, metrics.get(p.name), window, backend, engine)
     versions = _versions(pods, metrics)
     if versions is not None:
         out.append(versions)

@@ -11,6 +11,9 @@ token, and a decode-only engine upgrade rolls with zero failed client requests t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -105,6 +108,16 @@ class Client(threading.Thread):
         return [r for r in list(self.results) if r[1] != 200 or not _content(r[2])]
 
 
+def doctor(cluster: LocalCluster, namespace: str, name: str, *args: str) -> dict:
+    """``pdfleet doctor NAME -o json`` against the cluster: its report (the engine path of its checks runs on an
+    engine fleet: the deployment's engine kind says which names it reads)."""
+    out = subprocess.run([sys.executable, "-m", "pdfleet_operator.cli", "doctor", name, "-n", namespace, "-o", "json",
+                          *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
+    assert out.stdout, out.stderr
+    return json.loads(out.stdout)
+
+
 def _content(body: Any) -> str:
     try:
         return str(body["choices"][0]["message"]["content"])
@@ -161,6 +174,10 @@ def test_sglang_fleet_is_gated_by_its_agents_and_rolls_decode_with_zero_failed_r
     client.start()
     try:
         wait(lambda: client.ok() >= 5, 60, "traffic through the router")
+        report = doctor(cluster, namespace, NAME, "--window", "4")
+        print("doctor, SGLang stand-ins:", [(c["check"], c["subject"], c["verdict"]) for c in report["checks"]])
+        [received] = [c for c in report["checks"] if c["check"] == "state-received"]
+        assert received["verdict"] == "ok" and received["detail"].endswith("(SGLang)"), received
         cluster.kubectl("-n", namespace, "patch", "pdd", NAME, "--type=merge", "-p", json.dumps(
             {"spec": {"decode": {"engine": {"image": "lmsysorg/sglang:v0.5.23-cu13"}}}}))
         try:

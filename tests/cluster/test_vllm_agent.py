@@ -7,7 +7,9 @@ The deployment reaches Available only through the agents (no other gate writer r
 carries its agent's canary, sent over NIXL's two steps as vllm-router sends a request, and a prefill's gate says
 its engine agreed with the deployment (vLLM's ``/version`` and ``/v1/models``). A decode-only engine upgrade then
 rolls with zero failed client requests through vllm-router, each old decode pod draining through its agent on
-vLLM's gauges.
+vLLM's gauges; `pdfleet doctor` reads the decode's state-received from vLLM's own names on the way. Then a decode
+whose engine recomputes every prompt is rolled in: its agent's canary finds no state moved and never lets it turn
+ready, while the serving decode keeps answering.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pdfleet_devcluster.standin import VllmStandIn
 from pdfleet_operator.resources.names import router_name
 from pdfleet_runtime.config import READINESS_GATE
 from tests.cluster.conftest import OperatorProcess
-from tests.cluster.test_sglang_agent import Client
+from tests.cluster.test_sglang_agent import Client, doctor
 
 pytestmark = pytest.mark.cluster
 
@@ -116,6 +118,10 @@ def test_vllm_fleet_is_gated_by_its_agents_and_rolls_decode_with_zero_failed_req
     client.start()
     try:
         wait(lambda: client.ok() >= 5, 60, "traffic through the router")
+        report = doctor(cluster, namespace, NAME, "--window", "4")
+        print("doctor, vLLM stand-ins:", [(c["check"], c["subject"], c["verdict"]) for c in report["checks"]])
+        [received] = [c for c in report["checks"] if c["check"] == "state-received"]
+        assert received["verdict"] == "ok" and received["detail"].endswith("(vLLM (NIXL))"), received
         cluster.kubectl("-n", namespace, "patch", "pdd", NAME, "--type=merge", "-p", json.dumps(
             {"spec": {"decode": {"engine": {"image": "vllm/vllm-openai:v0.33.0-cu13"}}}}))
         try:
@@ -125,12 +131,34 @@ def test_vllm_fleet_is_gated_by_its_agents_and_rolls_decode_with_zero_failed_req
             raise AssertionError(f"{e}\n{diagnose()}") from None
         done = time.monotonic()
         wait(lambda: client.ok(since=done) >= 5, 90, "traffic on the upgraded decode pod")
+        # A decode whose engine recomputes every prompt (the stand-in's PDFLEET_KV_CONNECTOR=none, as a vLLM started
+        # without its KV connector): its agent's canary finds no state moved, so it never turns ready and the
+        # rollout holds while the serving decode keeps answering.
+        upgraded = set(decode_pods())
+        cluster.kubectl("-n", namespace, "patch", "pdd", NAME, "--type=merge", "-p", json.dumps(
+            {"spec": {"decode": {"engine": {"env": [{"name": "PDFLEET_KV_CONNECTOR", "value": "none"}]}}}}))
+
+        def refused() -> dict | None:
+            for name, p in decode_pods().items():
+                gate = {c["type"]: c for c in (p.get("status") or {}).get("conditions") or ()}.get(READINESS_GATE)
+                if name not in upgraded and gate and gate["status"] == "False" and gate["reason"] == "CanaryFailed":
+                    return gate
+            return None
+        try:
+            gate = wait(refused, 120, "the recomputing decode refused by its agent's canary")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{diagnose()}") from None
+        assert "NIXL request" in gate["message"] and "the stand-in moved 0 of" in gate["message"], gate
+        fault = time.monotonic()
+        wait(lambda: client.ok(since=fault) >= 5, 60, "traffic on the serving decode while the new one is refused")
+        assert upgraded <= set(decode_pods()), "the serving decode went before its replacement was ready"
     finally:
         client.stop_event.set()
         client.join(90)
     failures = client.failures()
     assert not failures, f"{len(failures)} of {len(client.results)} requests failed: {failures[:5]}"
-    print(f"{len(client.results)} requests through vllm-router during the decode upgrade, 0 failed")
+    print(f"{len(client.results)} requests through vllm-router during the decode upgrade and the refused decode, "
+          "0 failed")
     for name in old:  # each old decode pod drained through its agent before it went
         log = kubelet.sandbox_of(name).containers[1].log_path.read_text()
         assert "drain started (pod deleted)" in log and "drain finished" in log, log[-2000:]

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 
 KEY = "worker-key-" + "k" * 40
 MODEL = "hardening-model"
-FAST = ("--retry-period", "0.3", "--canary-timeout", "5", "--canary-tokens", "64", "--canary-period", "1")
+FAST = ("--retry-period", "0.3", "--canary-timeout", "5", "--canary-tokens", "64", "--canary-period", "1",
+        "--floor-gbps", "0")  # readiness here means no failed canary: a loaded host's slow one is no fault of these
 
 
 def cfg(role: str) -> Any:

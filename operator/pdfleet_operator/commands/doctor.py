@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
         raw = [api.sanitize_for_serialization(p) for p in listed]
         pods = [o for o in (observed_pod(p, uid) for p in raw) if o is not None]
         ports = {p["metadata"]["name"]: (metrics_port(p), *((e,) if (e := engine_port(p)) else ())) for p in raw}
-        backend = ((obj.get("spec") or {}).get("transfer") or {}).get("backend") if isinstance(obj, dict) else None
+        spec = (obj.get("spec") or {}) if isinstance(obj, dict) else {}
+        backend = (spec.get("transfer") or {}).get("backend")
+        engine = (spec.get("engine") or {}).get("kind")
         router = _read_router(api, args.namespace, args.name)
     except Exception as e:  # the apiserver's refusal, no kubeconfig, an apiserver away: said, not a traceback
         return read_failed(args.name, args.namespace, e)
@@ -153,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             metrics[name] = PodMetrics(error=now)
         else:
             metrics[name] = PodMetrics(now=now, before=before if isinstance(before, Metrics) else None)
-    results = diagnose(pods, metrics, window_s=args.window or None, router=router, backend=backend)
+    results = diagnose(pods, metrics, window_s=args.window or None, router=router, backend=backend,
+                       engine=engine)
     if args.output == "json":
         print(json.dumps({"name": args.name, "namespace": args.namespace, "window_s": args.window,
                           "failed": len(failed(results)),

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from pdfleet_runtime.protocol.messages import RequestKind
 
 __all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "SGLANG_INFLIGHT", "SGLANG_QUEUED", "SGLANG_RUNNING", "VLLM_ENGINE",
-           "VLLM_LABELS", "VLLM_RUNNING", "VLLM_WAITING", "ServerMetrics", "StagedCollector", "Twin", "sglang_gauges",
+           "VLLM_LABELS", "VLLM_RUNNING", "VLLM_WAITING", "ReceivedMetrics", "ServerMetrics", "StagedCollector", "Twin", "sglang_gauges",
            "vllm_gauges"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,6 +36,8 @@ VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
 VLLM_LABELS = ("model_name", "engine")
+SGLANG_STAGE_BUCKETS = tuple(0.001 * 1.62 ** i for i in range(30))  # SGLang's exponential_buckets(0.001, 1.62, 30)
+NIXL_XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)  # vLLM's nixl/stats.py
 VLLM_ENGINE = "0"
 """The ``engine`` label's value: a pod is one engine (vLLM numbers its data-parallel engines)."""
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -232,6 +234,32 @@ def vllm_gauges(registry: CollectorRegistry, model: str, running: Callable[[], f
                            "pod).", waiting),
                           (VLLM_KV_USAGE, "KV-cache usage. 1 means 100 percent usage.", kv_usage)):
         Gauge(name, doc, list(VLLM_LABELS), registry=registry).labels(model, VLLM_ENGINE).set_function(fn)
+
+
+class ReceivedMetrics:
+    """A decode's requests whose prefilled state arrived, as each engine counts them (what the doctor's
+    ``state-received`` check compares with the answers): SGLang 0.5.23 observes the ``decode_transferred`` stage
+    of ``sglang:per_stage_req_latency_seconds`` (``observability/req_time_stats.py``), vLLM 0.33's NIXL connector
+    observes ``vllm:nixl_xfer_time_seconds`` per transfer (``nixl/stats.py``; NIXL fleets only: its Mooncake
+    connector counts no receive). A decode that recomputes observes neither."""
+
+    def __init__(self, registry: CollectorRegistry, model: str, role: str, backend: str) -> None:
+        self.sglang: Any = None
+        self.vllm: Any = None
+        if role != "decode":
+            return
+        self.sglang = Histogram("sglang:per_stage_req_latency_seconds", "The latency of each stage of requests.",
+                                ["model_name", "engine_type", "stage"], buckets=SGLANG_STAGE_BUCKETS,
+                                registry=registry).labels(model, role, "decode_transferred")
+        if backend == "nixl":
+            self.vllm = Histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache "
+                                  "transfers.", list(VLLM_LABELS), buckets=NIXL_XFER_BUCKETS,
+                                  registry=registry).labels(model, VLLM_ENGINE)
+
+    def observe(self, seconds: float) -> None:
+        for h in (self.sglang, self.vllm):
+            if h is not None:
+                h.observe(seconds)
 
 
 class Twin:

@@ -63,7 +63,7 @@ from .compute_cost import cost_from, decode_compute, prefill_compute
 from .drain import Drain
 from .fallbacks import FallbackReason, SilentFallbacks
 from .launcher import RankCallError
-from .metrics import sglang_gauges, vllm_gauges
+from .metrics import ReceivedMetrics, sglang_gauges, vllm_gauges
 from .model_answer import completion_of, prompt_of
 from .model_stream import ModelStream
 from .model_text import ModelText
@@ -225,6 +225,8 @@ class WorkerApi:
               registry=r).labels(*m).set_function(lambda: self.used_tokens / max(1, cfg.kv_tokens))
         vllm_gauges(r, self.model, lambda: self.running, lambda: self.queued,
                     lambda: self.used_tokens / max(1, cfg.kv_tokens))
+        self.received = ReceivedMetrics(r, self.model, self.role.value, cfg.backend)
+        """A decode's requests whose state arrived, under the engines' names (the doctor's state-received check)."""
         self.fallbacks = SilentFallbacks(r, self.role.value)
         """Answers and rooms that fell back silently (``pod.fallbacks``): the server writes their pod condition."""
         self.expired = Counter("pdfleet_rooms_expired", "Rooms (bootstrap_room) no decode claimed in time: their "
@@ -542,6 +544,8 @@ class WorkerApi:
             res = await self.pod.pull(ep, req.room, req.prompt_tokens, req.request_id, req.seed, o.request_timeout_s,
                                       retry_refused_s=ROOM_WAIT_S if counted else o.request_timeout_s, **model)
             layout = request_state_bytes(o.config, req.prompt_tokens, decode_side=True)
+            if res.ok:
+                self.received.observe(res.seconds)
             if res.ok and res.bytes < layout:  # verified, yet fewer bytes than the layout gives the request
                 self.fallbacks.count(FallbackReason.SHORT_TRANSFER)
             if res.ok and self.text is not None:  # the model continues from the state: a drain waits for it too
@@ -556,9 +560,9 @@ class WorkerApi:
                 self._run(0 if counted else +1, req.prompt_tokens)
                 counted, self.computing = True, self.computing + 1
                 try:
-                    await self.load.generate(len(completion(req.seed, req.prompt_tokens, res.bytes,
-                                                            req.max_tokens).ids), arrived, lambda: self.running,
-                                             self._hold)
+                    derived = completion(req.seed, req.prompt_tokens, res.bytes, req.max_tokens)
+                    await self.load.generate(len(derived.ids), arrived, lambda: self.running, self._hold,
+                                             derived.finish_reason)
                 finally:
                     self.computing -= 1
         finally:
@@ -597,7 +601,7 @@ class WorkerApi:
         try:
             arrived = time.monotonic()
             await self.load.recompute_prompt(req.prompt_tokens, arrived)
-            await self.load.generate(len(c.ids), arrived, lambda: self.running, self._hold)
+            await self.load.generate(len(c.ids), arrived, lambda: self.running, self._hold, c.finish_reason)
         finally:
             self.computing -= 1
             self._run(-1, req.prompt_tokens)
@@ -687,7 +691,7 @@ class WorkerApi:
         for _ in gen.tokens:
             self.load.itl.observe(gen.seconds / max(1, len(gen.tokens)))
         self.load.generation_tokens.inc(len(c.ids))
-        self.load.requests.inc()
+        self.load.requests.inc(c.finish_reason)
         return c
 
     def _hold(self, tokens: int) -> None:

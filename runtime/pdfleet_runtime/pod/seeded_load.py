@@ -8,7 +8,8 @@ backlog and the measured prefill rate). They are registered on the pod's registr
 of ``server.metrics`` (running, queued, token usage), with or without a declared cost. The tokens and the
 latency histograms are kept under vLLM's names too (``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
-labels ``model_name`` and ``engine``), from the same calls (``metrics.Twin``).
+labels ``model_name`` and ``engine``), from the same calls (``metrics.Twin``), and so are the requests
+(``vllm:request_success_total``, by ``finished_reason``).
 
 What a pod counts: a prefill pod a request once its prompt is computed (TTFT: arrival to then); a
 decode pod once its last token is out (TTFT: arrival to its first token, ITL per token).
@@ -26,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from .compute_cost import DecodeCompute, PrefillCompute
 from .metrics import VLLM_ENGINE, VLLM_LABELS, Twin
 
-__all__ = ["ITL_BUCKETS", "TTFT_BUCKETS", "LoadMetrics"]
+__all__ = ["ITL_BUCKETS", "TTFT_BUCKETS", "Finished", "LoadMetrics"]
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
@@ -47,6 +48,23 @@ class _Busy:
                                   value=self.compute.busy_seconds(self.clock()))
 
 
+class Finished:
+    """Requests finished (prefill: prompt computed; decode: last token out), under SGLang's name and under
+    vLLM's, which counts them by finish reason (``vllm:request_success_total``: the doctor's count of a vLLM
+    decode's answers)."""
+
+    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        self.model = model
+        self.sglang = Counter("sglang:num_requests", "Requests finished (prefill: prompt computed; decode: last "
+                              "token out).", ["model_name"], registry=registry).labels(model)
+        self.vllm = Counter("vllm:request_success", "Count of successfully processed requests.",
+                            [*VLLM_LABELS, "finished_reason"], registry=registry)
+
+    def inc(self, finish_reason: str = "length") -> None:
+        self.sglang.inc()
+        self.vllm.labels(self.model, VLLM_ENGINE, finish_reason).inc()
+
+
 class LoadMetrics:
     """One pod's load counters and histograms, and the pacing of its declared compute."""
 
@@ -63,8 +81,7 @@ class LoadMetrics:
             Counter("sglang:generation_tokens", "Number of generation tokens processed.", lab,
                     registry=r).labels(model),
             Counter("vllm:generation_tokens", "Number of generation tokens processed.", vl, registry=r).labels(*v))
-        self.requests = Counter("sglang:num_requests", "Requests finished (prefill: prompt computed; decode: "
-                                "last token out).", lab, registry=r).labels(model)
+        self.requests = Finished(r, model)
         self.ttft = Twin(
             Histogram("sglang:time_to_first_token_seconds", "Time to first token (prefill pods: to the prompt "
                       "computed).", lab, buckets=TTFT_BUCKETS, registry=r).labels(model),
@@ -99,7 +116,7 @@ class LoadMetrics:
         self.prompt_tokens.inc(tokens)
 
     async def generate(self, tokens: int, arrived: float, running: Callable[[], int],
-                       hold: Callable[[int], None]) -> None:
+                       hold: Callable[[int], None], finish_reason: str = "length") -> None:
         """Generate ``tokens`` at the batch's pace (``running()`` read at each stretch), holding their KV
         through ``hold(+n)`` until the last one (then ``hold(-tokens)``); count them and the request."""
         first, left, held = True, tokens, 0
@@ -120,6 +137,6 @@ class LoadMetrics:
                     self.itl.observe(per)
                 self.generation_tokens.inc(n)
                 left -= n
-            self.requests.inc()
+            self.requests.inc(finish_reason)
         finally:
             hold(-held)

@@ -133,7 +133,8 @@ def test_a_decode_answering_more_than_it_received_state_for_recomputes() -> None
 
     def window(answers: int, received: int) -> list:
         before = _read(dec)
-        load.requests.inc(answers)
+        for _ in range(answers):
+            load.requests.inc()
         dec.transfers.labels("decode", "request", "success").inc(received)
         return diagnose(pods, {"d-0": PodMetrics(now=_read(dec).now, before=before.now)}, window_s=30)
 
@@ -239,6 +240,34 @@ def test_state_received_reads_sglangs_and_vllms_own_counts_on_engine_pods() -> N
     assert mooncake.verdict is Verdict.CANNOT_CHECK and "does not count the state it received" in mooncake.detail
     bare = check("# TYPE up gauge\nup 1\n", 0, 0, "nixl")
     assert bare.verdict is Verdict.CANNOT_CHECK and "neither" in bare.detail
+
+
+def test_an_engine_pod_is_read_by_its_engines_own_counts_even_beside_the_runtimes() -> None:
+    """A stand-in's pod exports pdfleet's counts and the engine's names; the deployment's engine kind decides which
+    the doctor reads, as a real engine exports only its own (so the doctor's SGLang and vLLM paths run on stand-ins).
+    The built-in runtime's pods keep pdfleet's."""
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+    dec, load = _healthy_with_load("decode", answered=0)
+    for _ in range(10):
+        load.requests.inc()
+    dec.transfers.labels("decode", "request", "success").inc(10)  # pdfleet's count: all received
+    engine_text = "\n".join(line for text in (VLLM_DECODE, SGLANG_DECODE) for line in text.splitlines()
+                            if "_seconds" in line).replace("RECEIVED", "0").replace("ANSWERED", "10") + "\n"
+    merged = parse_metrics(generate_latest(dec.registry).decode() + engine_text)
+
+    def verdict(engine: str | None, backend: str = "nixl") -> object:
+        [r] = [r for r in diagnose(pods, {"d-0": PodMetrics(now=merged)}, backend=backend, engine=engine)
+               if r.check == "state-received"]
+        return r
+
+    assert verdict(None).verdict is Verdict.OK and verdict(None).detail.endswith("(pdfleet's runtime)")
+    assert verdict("pdfleet").verdict is Verdict.OK
+    assert verdict("vllm").verdict is Verdict.FAIL and "(vLLM (NIXL)): the decode recomputes" in verdict("vllm").detail
+    assert verdict("sglang").verdict is Verdict.FAIL and "(SGLang): the decode recomputes" in verdict("sglang").detail
+    assert verdict("vllm", "mooncake").verdict is Verdict.CANNOT_CHECK
+    bare = parse_metrics("# TYPE up gauge\nup 1\n")
+    [r] = [r for r in diagnose(pods, {"d-0": PodMetrics(now=bare)}, engine="sglang") if r.check == "state-received"]
+    assert r.verdict is Verdict.CANNOT_CHECK and "--enable-metrics" in r.detail
 
 
 def test_the_doctor_also_reads_an_engine_containers_port() -> None:
