@@ -297,7 +297,8 @@ class LocalCluster:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(node.kube_dns_objects(net)))
         self._spawn("kube-proxy", node.kube_proxy_args(self.kubeconfig, net, node_name, ports["proxy-metrics"],
                                                        ports["proxy-healthz"]))
-        self._wait_http("coredns", f"http://127.0.0.1:{ports['dns-ready']}/ready", insecure=False)
+        self._wait_http("coredns", f"http://127.0.0.1:{ports['dns-ready']}/ready", insecure=False,
+                        timeout=self.options.start_timeout_s)  # it waits for the apiserver: slow on a loaded host
         self._wait_http("kube-proxy", f"http://127.0.0.1:{ports['proxy-healthz']}/healthz", insecure=False)
 
     def stop(self, timeout: float = 15.0) -> StopReport:

@@ -166,7 +166,10 @@ class MemberServer:
             link = GroupLink(reader, writer, codec)
             try:
                 nonce = await link.send(join)
-                async with asyncio.timeout(10.0):
+                # The leader answers a join at once, or closes the link; a loaded host can take longer than any fixed
+                # wait, and a member that gave up and joined again found itself "joined already" (its first join
+                # was admitted): so it waits on a live link until the join's deadline.
+                async with asyncio.timeout(max(10.0, deadline - time.monotonic())):
                     opened = await link.recv()
             except (GroupClosed, TimeoutError) as e:
                 link.close()
