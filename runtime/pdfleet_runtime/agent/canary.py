@@ -24,7 +24,7 @@ import aiohttp
 
 from pdfleet_runtime.pod.worker_api import Endpoint, completion, parse_request
 
-__all__ = ["CANARY_PROMPT", "CanaryOutcome", "PrefillTarget", "canary_body", "check_answers", "run_canary"]
+__all__ = ["CANARY_PROMPT", "CanaryOutcome", "PrefillTarget", "canary_body", "check_answers", "post_json", "run_canary"]
 
 CANARY_PROMPT = "pdfleet canary: the transfer path of this decode pod"
 CANARY_MAX_TOKENS = 4
@@ -86,7 +86,7 @@ def check_answers(body: dict[str, Any], prefill: tuple[int, Any], decode: tuple[
     return None
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+async def post_json(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
     async with session.post(url, json=body) as resp:
         text = await resp.text()
         try:
@@ -105,8 +105,8 @@ async def run_canary(session: aiohttp.ClientSession, target: PrefillTarget, engi
     decode: tuple[int, Any] | BaseException
     try:
         async with asyncio.timeout(timeout_s):
-            prefill, decode = await asyncio.gather(_post(session, f"{target.url}/generate", body),
-                                                   _post(session, f"{engine_url}/generate", body),
+            prefill, decode = await asyncio.gather(post_json(session, f"{target.url}/generate", body),
+                                                   post_json(session, f"{engine_url}/generate", body),
                                                    return_exceptions=True)
     except TimeoutError:
         return CanaryOutcome(False, f"no answer within {timeout_s:g}s (room {room})", time.monotonic() - t0)

@@ -29,7 +29,13 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet_runtime.agent.canary import CANARY_MAX_TOKENS, CANARY_PROMPT, CanaryOutcome, PrefillTarget
+from pdfleet_runtime.agent.canary import (
+    CANARY_MAX_TOKENS,
+    CANARY_PROMPT,
+    CanaryOutcome,
+    PrefillTarget,
+    post_json,
+)
 from pdfleet_runtime.agent.engine_info import EngineLoad
 from pdfleet_runtime.pod.metrics import VLLM_KV_USAGE, VLLM_RUNNING, VLLM_WAITING
 from pdfleet_runtime.pod.vllm_contract import room_of_transfer
@@ -130,15 +136,6 @@ def check_vllm_answers(body: dict[str, Any], prefill: tuple[int, Any], decode: t
     return None
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    async with session.post(url, json=body) as resp:
-        text = await resp.text()
-        try:
-            return resp.status, json.loads(text)
-        except ValueError:
-            return resp.status, text
-
-
 async def _engine_id(session: aiohttp.ClientSession, target: PrefillTarget) -> str:
     """The prefill's engine id as its Mooncake bootstrap answers ``GET /query`` (data-parallel rank 0)."""
     async with session.get(f"http://{target.host}:{target.bootstrap_port}/query") as resp:
@@ -155,7 +152,7 @@ async def _prefill_step(session: aiohttp.ClientSession, target: PrefillTarget, b
     request's label (NIXL: the prefill's ``remote_request_id``; Mooncake: the canary's ``transfer_id``)."""
     if nixl:
         first, _ = nixl_bodies(body, {})
-        answer = await _post(session, f"{target.url}/v1/completions", first)
+        answer = await post_json(session, f"{target.url}/v1/completions", first)
         params = answer[1].get("kv_transfer_params") if isinstance(answer[1], dict) else None
         if answer[0] != 200 or not isinstance(params, dict):
             return answer, None, "-"
@@ -163,7 +160,7 @@ async def _prefill_step(session: aiohttp.ClientSession, target: PrefillTarget, b
     engine = await _engine_id(session, target)
     transfer = f"pdfleet-canary-{secrets.token_hex(8)}"
     first, then = mooncake_bodies(body, transfer, engine, f"http://{target.host}:{target.bootstrap_port}")
-    answer = await _post(session, f"{target.url}/v1/completions", first)
+    answer = await post_json(session, f"{target.url}/v1/completions", first)
     return answer, then if answer[0] == 200 else None, transfer
 
 
@@ -183,7 +180,7 @@ async def run_vllm_canary(session: aiohttp.ClientSession, target: PrefillTarget,
             decode: tuple[int, Any] = (0, "not sent: the prefill's step failed")
             if next_body is not None:
                 try:
-                    decode = await _post(session, f"{engine_url}/v1/completions", next_body)
+                    decode = await post_json(session, f"{engine_url}/v1/completions", next_body)
                 except (aiohttp.ClientError, OSError) as e:
                     return CanaryOutcome(False, f"cannot reach this pod's engine: {e!r}", time.monotonic() - t0)
     except TimeoutError:
