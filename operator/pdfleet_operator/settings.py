@@ -98,6 +98,12 @@ class AdmissionSettings(_Frozen):
         64 << 20, ge=1 << 20, description="Bytes of large request bodies being read or waiting for a turn, counted "
         "as they arrive; past it a large request is denied (code 429). Room for 16 reviews of 4 MiB at once."
     )
+    drain_seconds: float = Field(
+        5.0, ge=0, description="On stop, the webhook keeps answering this long before it closes, each answer with "
+        "Connection: close: the apiserver reuses kept-alive connections, and one closed while idle can meet a review "
+        "sent on it (failed calling webhook: use of closed network connection). Also the time a terminating pod's "
+        "endpoint takes to leave the Service."
+    )
     inline_body_bytes: int = Field(
         256 << 10,
         ge=0,
@@ -213,6 +219,8 @@ class OperatorSettings(_Frozen):
             admission["cert_dir"] = Path(args.webhook_cert_dir)
         if args.webhook_configuration:
             admission["configuration_name"] = args.webhook_configuration
+        if getattr(args, "webhook_drain_seconds", None) is not None:
+            admission["drain_seconds"] = args.webhook_drain_seconds
         recheck: dict[str, object] = {"deny_cells": tuple(args.test_deny_cell)}
         if args.recheck_interval is not None:
             recheck["interval_seconds"] = args.recheck_interval
@@ -278,6 +286,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     hook.add_argument("--webhook-cert-dir", metavar="DIR", help="tls.crt and tls.key (serve); CA output (dev)")
     hook.add_argument("--webhook-configuration", metavar="NAME", help="dev: managed configuration name")
+    hook.add_argument("--webhook-drain-seconds", type=float, metavar="SECONDS",
+                      help="on stop, answer reviews this long (each closing its connection) before closing (5)")
     recheck = p.add_argument_group("re-check of stored objects")
     recheck.add_argument("--recheck-interval", type=float, metavar="SECONDS", help="timer interval (300)")
     recheck.add_argument("--matrix-version", help="pin one capability matrix version")

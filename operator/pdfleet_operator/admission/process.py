@@ -10,8 +10,14 @@ re-check settings on stdin, and yields the client configs the child prints, one 
 (kopf's managed mode publishes them). The child judges with its own ``Verdicts`` (the same verdict
 function; the cache is per process).
 
-Failure behaviour: the child exits when its stdin closes (the operator died) and ignores SIGINT
-(the operator stops it); a child that exits (a port in use, bad certificates, OOM) raises
+Stopping: the operator sends the child SIGTERM (the child ignores SIGINT, which is the operator's to
+handle); the child then drains for ``drain_s`` (it answers every review and closes each connection
+after its answer; see ``AdmissionServer.draining``) and exits. It drains the same way when its stdin
+closes (the operator died). Without the drain the child died at SIGTERM, closing the apiserver's
+kept-alive connections under reviews it was sending on them: one apply in 71 was refused with "use of
+closed network connection" during a rolling ``helm upgrade`` (CI, test_helm_upgrade_runtimes).
+
+Failure behaviour: a child that exits (a port in use, bad certificates, OOM) raises
 ``WebhookSetupError`` in kopf's webhook task, as the in-process listener's failure did.
 """
 
@@ -45,6 +51,7 @@ class AdmissionProcess:
     def __init__(self, server_kwargs: dict[str, Any], recheck: RecheckSettings, route: str) -> None:
         self.server_kwargs = dict(server_kwargs)
         self.cafile = server_kwargs.get("cafile")
+        self.drain_s = float(server_kwargs.get("drain_s", 0.0))
         self._config = json.dumps({"server": self.server_kwargs, "recheck": recheck.model_dump(mode="json"),
                                    "route": route}).encode() + b"\n"
 
@@ -67,9 +74,9 @@ class AdmissionProcess:
             raise WebhookSetupError(f"the admission process exited with status {rc} (its log is above, on stderr)")
         finally:
             if proc.returncode is None:
-                proc.terminate()
+                proc.terminate()  # the child drains for drain_s, then exits
                 try:
-                    await asyncio.wait_for(proc.wait(), _STOP_S)
+                    await asyncio.wait_for(proc.wait(), self.drain_s + _STOP_S)
                 except TimeoutError:
                     proc.kill()
                     await proc.wait()
@@ -79,7 +86,8 @@ async def _serve(config: dict[str, Any]) -> int:
     verdicts = Verdicts.from_settings(RecheckSettings.model_validate(config["recheck"]))
     server = AdmissionServer(routes={config["route"]: lambda body: review(body, verdicts)}, **config["server"])
     loop = asyncio.get_running_loop()
-    parent_gone = asyncio.Event()
+    parent_gone, stop = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
 
     def watch_stdin() -> None:  # EOF: the operator closed its end or died (a raw read: a daemon
         while os.read(0, 1 << 12):  # thread in sys.stdin's buffer would abort the interpreter's exit)
@@ -94,11 +102,14 @@ async def _serve(config: dict[str, Any]) -> int:
             sys.stdout.flush()
 
     serving = asyncio.ensure_future(publish())
-    gone = asyncio.ensure_future(parent_gone.wait())
-    await asyncio.wait([serving, gone], return_when=asyncio.FIRST_COMPLETED)
-    for task in (serving, gone):
+    ends = [asyncio.ensure_future(parent_gone.wait()), asyncio.ensure_future(stop.wait())]
+    await asyncio.wait([serving, *ends], return_when=asyncio.FIRST_COMPLETED)
+    if not serving.done():  # stopped: answer on, each connection closed after its answer, then close
+        server.draining = True
+        await asyncio.wait([serving], timeout=server.drain_s)
+    for task in (serving, *ends):
         task.cancel()
-    await asyncio.gather(serving, gone, return_exceptions=True)
+    await asyncio.gather(serving, *ends, return_exceptions=True)
     if serving.done() and not serving.cancelled() and serving.exception() is not None:
         raise serving.exception()  # type: ignore[misc]
     return 0

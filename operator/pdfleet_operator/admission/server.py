@@ -19,6 +19,9 @@ CA bundle kopf publishes stay right), and replaces only ``_serve``:
   memory limit: the webhook is ``failurePolicy: Fail``, an OOM-killed operator blocks every
   PDDeployment write;
 - every answer is HTTP 200 with a well-formed AdmissionReview, whatever came in;
+- on stop it drains (``draining``, set by the admission process for ``drain_s``): it still answers, and
+  closes each connection after its answer, so the apiserver retires its kept-alive connections one use at a
+  time instead of meeting one closed under a review it just sent;
 - the listener runs on a thread with its own event loop, so a review never waits behind the watch
   events and reconcile passes of kopf's loop (a fleet of a thousand pods kept it busy enough to
   triple the p99); only delegated ids hop back to kopf's loop, where its handler machinery lives.
@@ -97,6 +100,7 @@ class AdmissionServer(kopf.WebhookServer):
         wait_s: float = 5.0,
         read_s: float = 3.0,
         buffer_bytes: int = 64 << 20,
+        drain_s: float = 5.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -107,6 +111,9 @@ class AdmissionServer(kopf.WebhookServer):
         self.wait_s = wait_s
         self.read_s = read_s
         self.buffer_bytes = buffer_bytes
+        self.drain_s = drain_s
+        self.draining = False
+        """Set on stop: every answer closes its connection (read on the webhook's loop, set from any thread)."""
         self.buffered = 0
         """Bytes of request bodies read and not yet answered (the webhook's loop only)."""
         self._large = asyncio.Semaphore(max_concurrent)  # bound to the webhook's loop at first use
@@ -177,6 +184,8 @@ class AdmissionServer(kopf.WebhookServer):
         out = aiohttp.web.Response(body=json.dumps(resp).encode(), content_type="application/json")
         if cut:  # answered now; what the sender still sends is dropped for a second, then the connection closed
             return await answer_and_close(request, out)
+        if self.draining:
+            out.force_close()
         return out
 
     async def _read_all(self, request: aiohttp.web.Request, parts: list[bytes]) -> None:
@@ -274,6 +283,7 @@ def server_kwargs(settings: AdmissionSettings) -> dict[str, Any]:
         "wait_s": settings.review_wait_seconds,
         "read_s": settings.body_read_seconds,
         "buffer_bytes": settings.body_buffer_bytes,
+        "drain_s": settings.drain_seconds,
         "addr": settings.host,
         "port": settings.port or None,
         "path": settings.path or None,

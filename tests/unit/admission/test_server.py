@@ -219,3 +219,59 @@ def test_the_admission_process_serves_reviews_and_reports_its_failure(tmp_path: 
         taken.listen()
         with pytest.raises(WebhookSetupError, match="admission process exited with status 1"):
             asyncio.run(_serve(proc, None, lambda url, s: asyncio.sleep(0)))  # type: ignore[arg-type]
+
+
+def test_a_stopped_admission_process_drains_kept_alive_connections_before_it_closes(tmp_path: Path) -> None:
+    """The apiserver keeps webhook connections alive. Stopped (SIGTERM, as kopf's shutdown sends), the child
+    answers on for ``drain_seconds``, each answer with Connection: close: a review sent on a kept-alive
+    connection after the stop is answered (the child used to die at once, under it), that connection is then
+    retired, the next review opens a new one, and the child exits after the drain."""
+    drain = 3.0
+    settings = AdmissionSettings(mode=WebhookMode.DEV, host="127.0.0.1", port=free_port(), cert_dir=tmp_path,
+                                 drain_seconds=drain)
+    proc = AdmissionProcess(server_kwargs(settings), RecheckSettings(), VALIDATE_WEBHOOK_ID)
+    opened = 0
+
+    async def on_create(*_: Any) -> None:
+        nonlocal opened
+        opened += 1
+
+    async def run() -> tuple[list[tuple[int, str | None, int]], float]:
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_create_end.append(on_create)
+        gen: AsyncIterator[Any] = proc(None)
+        config = await gen.__anext__()
+        url = f"{config['url']}/{VALIDATE_WEBHOOK_ID}"
+        ctx = ssl.create_default_context(cafile=str(proc.cafile))
+        seen: list[tuple[int, str | None, int]] = []  # (status, Connection header, connections opened so far)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=1),
+                                         trace_configs=[trace]) as s:
+
+            async def post(i: int) -> None:
+                async with s.post(url, data=Review(example("llama-dense")).uid(f"d{i}").body()) as resp:
+                    body = json.loads(await resp.read())
+                    assert body["response"]["allowed"] is True, body
+                    seen.append((resp.status, resp.headers.get("Connection"), opened))
+
+            await post(0)
+            t0 = time.monotonic()
+            closing = asyncio.ensure_future(gen.aclose())  # kopf's stop: the child gets SIGTERM
+            i = 1
+            while time.monotonic() - t0 < drain - 1.0:  # reviews go on, each on the connection the pool holds
+                await post(i)
+                i += 1
+                await asyncio.sleep(0.1)
+            await closing
+            return seen, time.monotonic() - t0
+
+    seen, took = asyncio.run(run())
+    assert seen[0] == (200, None, 1), seen  # before the stop: kept alive
+    assert all(status == 200 for status, _, _ in seen), seen
+    closed = [i for i, (_, conn, _) in enumerate(seen) if conn == "close"]
+    assert closed, f"no answer closed its connection while draining: {seen}"
+    first = closed[0]
+    assert seen[first][2] == seen[first - 1][2], f"the first drained answer came on a new connection: {seen}"
+    assert all(conn == "close" for _, conn, _ in seen[first:]), seen
+    assert [n for _, _, n in seen[first:]] == list(range(seen[first][2], seen[first][2] + len(seen) - first)), (
+        f"each answer after the first drained one was on a connection of its own: {seen}")
+    assert drain <= took < drain + 10, took
