@@ -1,9 +1,9 @@
 """``pdfleet-runtime serve``'s pod process: HTTP, the worker API, rooms, routing, readiness, drain, metrics, the gate.
 
-One pod process per pod; it spawns one rank process per GPU rank (``rank/``: those run torch and the
+One pod process per pod; it starts one rank process per GPU rank (``rank/``: those run torch and the
 engine) and talks to them over the rank pipe (``rank.pipe``, the one module of ``rank/`` it imports, with
-``rank.entry``, the spawned process's torch-free target). Reading order: ``options`` (what a pod runs with,
-read once at start; the local-run overrides), ``launcher`` (one spawned process per rank, supervised),
+``rank.entry``, the rank process's torch-free target). Reading order: ``options`` (what a pod runs with,
+read once at start; the local-run overrides), ``launcher`` (one process per rank from a fork server, supervised),
 ``readiness`` (the pure verdict), ``routing`` (which prefill pod a request goes to, what its outcome means),
 ``drain`` (the drain's phases), ``router_checks`` (the routers' health checks during a drain), ``metrics``,
 ``gate`` (the pod readiness-gate condition), ``worker_api`` (the worker requests and answers, pure),

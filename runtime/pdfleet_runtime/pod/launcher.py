@@ -1,13 +1,18 @@
-"""The launcher: one spawned process per local rank (tp x pp per pod), supervised from the pod's event loop.
+"""The launcher: one process per local rank (tp x pp per pod), supervised from the pod's event loop.
 
-Rank processes use the ``spawn`` context (a forked torch or engine is not safe), are daemons (they
-die with the pod process) and exit on EOF of their pipe (the pod process was killed). The pod
+Rank processes come from a fork server (``multiprocessing``'s ``forkserver``), which imports the rank
+module and torch once, before any thread, engine or CUDA context exists, and forks each rank from that
+clean state: a pod's ranks no longer each import torch (about 3 s of CPU per rank on a loaded 2-core host;
+a TP4 pod paid it four times). Never ``fork`` from the pod process itself: it runs an event loop, threads
+and, on a prefill, the bootstrap server. Ranks are daemons (they die with the pod process) and exit on EOF
+of their pipe (the pod process was killed; the fork server exits then too). The pod
 process reads every pipe from its event loop (``add_reader``), so calls (``call``/``call_all``, typed
 operations of ``pipe`` answered by typed results) are plain awaits with a timeout, and reports reach ``on_report`` without a thread. A rank that dies
 is noticed within ``watch_s`` and fails its pending calls; the pod then reports itself unhealthy
 (its container is restarted: a pod with a dead rank cannot serve).
 
-This module imports neither torch nor an engine: ``rank.entry`` imports ``rank.process`` in the child only.
+This module imports neither torch nor an engine: the fork server and the ranks import ``rank.process``, never the
+pod process.
 """
 
 from __future__ import annotations
@@ -45,6 +50,37 @@ from .options import ServeOptions
 __all__ = ["LaunchError", "RankCallError", "RankLauncher", "rank_specs"]
 
 log = logging.getLogger("pdfleet_runtime.server.launcher")  # the name log readers know
+
+_PRELOAD = ("pdfleet_runtime.rank.process",)
+"""What the fork server imports before forking ranks: torch and the pools, no engine (Mooncake and NIXL are
+imported in each rank)."""
+_PRELOAD_MODEL = ("pdfleet_runtime.rank.model_runner", "transformers.modeling_utils", "transformers.generation",
+                  "transformers.cache_utils")
+"""Added when the first ranks this process starts compute a model (the reference engine): transformers' core
+(about 5 s of CPU per rank on a loaded host); each rank still imports its model's family."""
+
+
+def _rank_context(specs: list[RankSpec]) -> mp.context.ForkServerContext:
+    """The fork server's context. Its preload takes effect when the server first starts, so the first ranks a
+    process starts decide it (a pod starts one config; a test process may start both kinds: a later rank
+    imports what the server lacks itself, only slower)."""
+    ctx = mp.get_context("forkserver")
+    model = any(spec.config.model is not None for spec in specs)
+    ctx.set_forkserver_preload(list(_PRELOAD + (_PRELOAD_MODEL if model else ())))
+    return ctx
+
+
+def _start_ranks(specs: list[RankSpec]) -> list[tuple[RankSpec, BaseProcess, Connection]]:
+    """Start one rank process per spec; each gets its end of a fresh pipe (the pod process keeps the other)."""
+    ctx = _rank_context(specs)
+    started: list[tuple[RankSpec, BaseProcess, Connection]] = []
+    for spec in specs:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=rank_entry, args=(child, spec), name=f"pdfleet-{spec.name}", daemon=True)
+        proc.start()
+        child.close()
+        started.append((spec, proc, parent))
+    return started
 
 
 class LaunchError(RuntimeError):
@@ -110,13 +146,10 @@ class RankLauncher:
 
     async def start(self, timeout_s: float = 180.0) -> None:
         """Spawn every rank and wait until each said ready; ``LaunchError`` (all stopped) otherwise."""
-        ctx = mp.get_context("spawn")
         loop = asyncio.get_running_loop()
-        for spec in self.specs:
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=rank_entry, args=(child, spec), name=f"pdfleet-{spec.name}", daemon=True)
-            proc.start()
-            child.close()
+        # On a thread: a start waits for the fork server to answer with the rank's pid, the first one for its
+        # preload (seconds), and the pod's event loop serves its probes meanwhile.
+        for spec, proc, parent in await asyncio.to_thread(_start_ranks, self.specs):
             h = _Handle(spec, proc, parent, ready=loop.create_future())
             self.handles.append(h)
             loop.add_reader(parent.fileno(), self._readable, len(self.handles) - 1)

@@ -1,7 +1,7 @@
-"""The rank processes and their contract with the pod process (torch and an engine, in the spawned children).
+"""The rank processes and their contract with the pod process (torch and an engine, in the children the pod's fork server starts).
 
 Reading order: ``pipe`` (the typed messages between the pod process and its ranks: the contract, pure),
-``entry`` (the spawned process's torch-free target), ``process`` (a rank process: pools, engine, protocol
+``entry`` (the rank process's torch-free target), ``process`` (a rank process: pools, engine, protocol
 coordinator), ``requests`` (what a rank does with a synthetic request), ``synthetic`` (seeded request state,
 filled and verified), ``arena`` (a rank's seeded arena and whole-arena check, for the parity harness that
 drives these same rank processes), ``staging_setup`` (the staged path's regions of a rank), then the

@@ -4,7 +4,7 @@ Pure (no torch, no engine), so the pod process can import it. As ``protocol/mess
 wire, every message is a named, frozen type; a rank dispatches on the operation's type and answers
 with the result's type, and failures keep their ``FailureReason`` from the prefill rank to readiness.
 
-- pod -> rank, at spawn: ``RankSpec`` (what the process needs);
+- pod -> rank, at start: ``RankSpec`` (what the process needs);
 - pod -> rank: ``Call(call_id, op)`` with ``op`` a ``TransferOp`` or ``StatsOp``; ``Exit()``;
 - rank -> pod: ``RankReady`` once the engine is up (prefill: registered with the pod's bootstrap),
   ``Reply(call_id, result)`` with a ``TransferResult``, ``RankStats`` or ``CallFailed``, ``LegReport``
