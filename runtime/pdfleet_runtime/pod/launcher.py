@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import Literal
 
 from pdfleet_runtime.config import RuntimeConfig
 from pdfleet_runtime.protocol.states import FailureReason
@@ -60,19 +61,25 @@ _PRELOAD_MODEL = ("pdfleet_runtime.rank.model_runner", "transformers.modeling_ut
 (about 5 s of CPU per rank on a loaded host); each rank still imports its model's family."""
 
 
-def _rank_context(specs: list[RankSpec]) -> mp.context.ForkServerContext:
+StartMethod = Literal["forkserver", "spawn"]
+"""``forkserver`` (what pods use); ``spawn``, a fresh interpreter per rank, only as bench/rank_start.py's baseline."""
+
+
+def _rank_context(specs: list[RankSpec], method: StartMethod) -> mp.context.ForkServerContext | mp.context.SpawnContext:
     """The fork server's context. Its preload takes effect when the server first starts, so the first ranks a
     process starts decide it (a pod starts one config; a test process may start both kinds: a later rank
     imports what the server lacks itself, only slower)."""
+    if method == "spawn":
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     model = any(spec.config.model is not None for spec in specs)
     ctx.set_forkserver_preload(list(_PRELOAD + (_PRELOAD_MODEL if model else ())))
     return ctx
 
 
-def _start_ranks(specs: list[RankSpec]) -> list[tuple[RankSpec, BaseProcess, Connection]]:
+def _start_ranks(specs: list[RankSpec], method: StartMethod) -> list[tuple[RankSpec, BaseProcess, Connection]]:
     """Start one rank process per spec; each gets its end of a fresh pipe (the pod process keeps the other)."""
-    ctx = _rank_context(specs)
+    ctx = _rank_context(specs, method)
     started: list[tuple[RankSpec, BaseProcess, Connection]] = []
     for spec in specs:
         parent, child = ctx.Pipe()
@@ -123,8 +130,8 @@ class RankLauncher:
     """Starts, talks to and stops the rank processes of one pod."""
 
     def __init__(self, specs: list[RankSpec], *, on_report: Callable[[int, LegReport], None] | None = None,
-                 watch_s: float = 0.5) -> None:
-        self.specs = specs
+                 watch_s: float = 0.5, start_method: StartMethod = "forkserver") -> None:
+        self.specs, self.start_method = specs, start_method
         self._on_report, self._watch_s = on_report, watch_s
         self.handles: list[_Handle] = []
         self._calls: dict[int, asyncio.Future[RankResult]] = {}
@@ -149,7 +156,7 @@ class RankLauncher:
         loop = asyncio.get_running_loop()
         # On a thread: a start waits for the fork server to answer with the rank's pid, the first one for its
         # preload (seconds), and the pod's event loop serves its probes meanwhile.
-        for spec, proc, parent in await asyncio.to_thread(_start_ranks, self.specs):
+        for spec, proc, parent in await asyncio.to_thread(_start_ranks, self.specs, self.start_method):
             h = _Handle(spec, proc, parent, ready=loop.create_future())
             self.handles.append(h)
             loop.add_reader(parent.fileno(), self._readable, len(self.handles) - 1)
