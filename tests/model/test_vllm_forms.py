@@ -47,7 +47,7 @@ def vllm_specs() -> dict:
     with tempfile.TemporaryDirectory(prefix="vllm-specs-") as tmp:
         libcuda = Path(tmp) / "libcuda.so.1"
         subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", str(libcuda),
-                        str(HERE / "libcuda_triton_stub.c")], check=True, capture_output=True, timeout=120)
+                        str(HERE.parent / "vllm" / "shims" / "libcuda_stub.c")], check=True, capture_output=True, timeout=120)
         cases = []
         for fam in CONFIGS:
             d = Path(tmp) / fam
@@ -67,7 +67,7 @@ def _form(fam: str, tp: int) -> EngineForm:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the first case runs vLLM for all of them: a child per case imports vLLM again
+@pytest.mark.timeout(1800)  # the first case runs vLLM for all of them (a forked child per case)
 @pytest.mark.parametrize(("fam", "tp"), CASES, ids=[f"{f}-tp{t}" for f, t in CASES])
 def test_vllm_specs_are_what_pdfleet_derives(fam: str, tp: int) -> None:
     got = vllm_specs()[f"{fam}-tp{tp}"]

@@ -173,6 +173,15 @@ def run_case(case: dict) -> dict:
     return json.loads(b"".join(chunks))
 
 
+def _architectures(model_dirs) -> set[str]:
+    """The architectures the model directories' config.json name (an unreadable one names none)."""
+    archs: set[str] = set()
+    for model in model_dirs:
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(model, "config.json")) as f:
+            archs.update(json.load(f).get("architectures") or ())
+    return archs
+
+
 def main(libcuda: str, cases_file: str, results_file: str) -> int:
     t0 = time.monotonic()
     sys.path.insert(0, SHIMS)
@@ -193,6 +202,8 @@ def main(libcuda: str, cases_file: str, results_file: str) -> int:
                  "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"):
         with contextlib.suppress(Exception):  # a connector that imports only in a child's state
             __import__(name)
+    h200.inspect_models_ahead(_architectures(case["argv"][0] for case in cases), libcuda,
+                              os.path.join(os.path.dirname(os.path.abspath(results_file)), "vllm-cache"))
     imported = time.monotonic() - t0
     results = {case["id"]: run_case(case) for case in cases}
     with open(results_file, "w") as f:

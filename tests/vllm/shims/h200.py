@@ -12,6 +12,9 @@ Runs in the vLLM venv (scripts/vllm-venv.sh), imported by tests/vllm/check_vllm.
    subclass with fixed facts of an H200 node (capability 9.0, 141 GiB, 8 devices, NVLink). vLLM's own CPU
    platform validates differently (no world-size check, other attention backends): the wrong reference.
 
+And one speed-up, ``inspect_models_ahead``: vLLM's registry inspects each model class in the checker's own
+process, before its children fork, instead of in a fresh interpreter per class and child.
+
 Nothing else of vLLM is replaced: its parser, ``vllm serve``'s checks, ``create_engine_config`` and the
 scheduler-side KV connectors are its own.
 """
@@ -96,3 +99,42 @@ def install_platform() -> None:
             return None
 
     platforms._current_platform = FakeH200()
+
+
+def inspect_models_ahead(archs: set[str], libcuda: str, cache_root: str) -> None:
+    """Each model class of ``archs``, inspected once in this process, so forked children find it inspected.
+
+    vLLM inspects a model class (``_ModelInfo``: hybrid, MLA, pipeline support...) in a fresh interpreter, so
+    that loading it cannot initialize CUDA in the caller: 10-15 s an architecture, paid by the first child of
+    each. With the stand-in driver there is no CUDA to keep out, so vLLM's own ``inspect_model_cls`` runs here
+    with its subprocess call made in-process (Triton finds the stand-in by ``TRITON_LIBCUDA_PATH``: hybrid
+    model modules build kernel launchers at import); the children find the answer in the registry's cache,
+    as a second lookup in one vLLM process does, and the class already imported. A class that fails here
+    is left to the children, as before. vLLM's file cache of inspections goes to ``cache_root``."""
+    import sys
+
+    from vllm.model_executor.models import registry
+
+    saved = {k: os.environ.get(k) for k in ("VLLM_CACHE_ROOT", "TRITON_LIBCUDA_PATH")}
+    os.environ.update(VLLM_CACHE_ROOT=cache_root, TRITON_LIBCUDA_PATH=os.path.dirname(os.path.abspath(libcuda)))
+    in_subprocess = registry._run_in_subprocess
+    registry._run_in_subprocess = lambda fn: fn()
+    try:
+        for arch in sorted(archs):
+            model = registry.ModelRegistry.models.get(arch)
+            if model is None:
+                continue
+            try:
+                model.inspect_model_cls()  # raises where the registry's cached lookup would log and keep None
+            except Exception as exc:
+                print(f"h200: {arch} not inspected ahead ({type(exc).__name__}: {exc}); its first case will",
+                      file=sys.stderr)
+                continue
+            registry._try_inspect_model_cls(arch, model)  # from the file cache just written, into the registry's
+    finally:
+        registry._run_in_subprocess = in_subprocess
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
