@@ -162,7 +162,7 @@ def _measure_one(layout_preset: str | None, timeout_s: float) -> dict[str, Any]:
     cfg = runtime_config("roll", "bench", PDDeploymentSpec.model_validate(m["spec"]), Role.DECODE)
     with tempfile.TemporaryDirectory(prefix="pdfleet-pod-memory-") as tmp:
         pod = LocalPod(Path(tmp), "decode-0", cfg, os.urandom(32), args=(*LOCAL_ARGS, *RUNTIME_ARGS["decode"]),
-                       env={"PDFLEET_PREFILL_ADDRESSES": "127.0.0.1:1"})
+                       env={"PDFLEET_PREFILL_ADDRESSES": "127.0.0.1:1"}, worker_key=os.urandom(16).hex())
         pod.start()
         try:
             start, body = time.monotonic(), {}
