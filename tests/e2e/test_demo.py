@@ -176,8 +176,8 @@ def test_a_demo_whose_decode_zeroes_a_recurrent_slot_fails_at_step_6_and_leaves_
 
 
 @pytest.mark.skip(reason="flaky in full-suite runs (2 of 3 on 2026-12-06): its pods ran 400 s, yet the demo got no "
-                  "answer and the test's process listing never saw them; passes alone; cause not found (a shared "
-                  "hostPath staging dir with the model e2e on the other worker is suspected): next session")
+                  "answer and the test's process listing never saw them; cause not found. Passed alone, and twice "
+                  "beside other e2e tests on 2026-12-07 (42-48 s); to unskip once full-suite runs pass with it")
 def test_a_demo_interrupted_at_step_6_leaves_nothing_running(tmp_path: Path, zen: Path) -> None:
     # A long step-6 deadline: the test interrupts as soon as the pods run, and on a loaded host model pods can
     # take longer than the demo's 120 s to start (seen: the demo gave up before the test could interrupt it).
