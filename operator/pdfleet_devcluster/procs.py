@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Proc", "ancestors", "in_namespaces", "net_ns", "pod_namespaces", "stop"]
+__all__ = ["Proc", "ancestors", "children", "in_namespaces", "net_ns", "pod_namespaces", "stop"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,17 @@ def ancestors(pid: int | None = None) -> set[int]:
             break
         cur = stat[0]
     return out
+
+
+def children(pid: int) -> list[Proc]:
+    """Every live process whose parent is ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None and stat[0] == pid and stat[2] != "Z":
+                out.append(Proc(int(entry.name), stat[1], stat[0], _cmd(int(entry.name))))
+    return sorted(out, key=lambda p: p.pid)
 
 
 def in_namespaces(inodes: Iterable[int], exclude: Iterable[int] = ()) -> list[Proc]:

@@ -2,7 +2,7 @@
 
 Rank processes come from a fork server (``multiprocessing``'s ``forkserver``), which imports the rank
 module and torch once, before any thread, engine or CUDA context exists, and forks each rank from that
-clean state: a pod's ranks no longer each import torch (about 3 s of CPU per rank on a loaded 2-core host;
+clean state: a pod's ranks no longer each import torch (2.8-6.8 s per rank to import on a loaded 2-core host;
 a TP4 pod paid it four times). Never ``fork`` from the pod process itself: it runs an event loop, threads
 and, on a prefill, the bootstrap server. Ranks are daemons (they die with the pod process) and exit on EOF
 of their pipe (the pod process was killed; the fork server exits then too). The pod
@@ -58,7 +58,7 @@ imported in each rank)."""
 _PRELOAD_MODEL = ("pdfleet_runtime.rank.model_runner", "transformers.modeling_utils", "transformers.generation",
                   "transformers.cache_utils")
 """Added when the first ranks this process starts compute a model (the reference engine): transformers' core
-(about 5 s of CPU per rank on a loaded host); each rank still imports its model's family."""
+(about 5 s per rank to import on a loaded host); each rank still imports its model's family."""
 
 
 StartMethod = Literal["forkserver", "spawn"]
