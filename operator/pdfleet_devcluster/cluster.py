@@ -308,22 +308,27 @@ class LocalCluster:
         others, left = self.sweep()
         pids = self._recorded_pids()
         stopped = []
-        for name in reversed(COMPONENTS):
-            pid = pids.get(name)
-            if pid is None or not _alive(pid):
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-            stopped.append(pid)
-        deadline = time.monotonic() + timeout
-        for pid in stopped:
-            while _alive(pid) and time.monotonic() < deadline:
-                self._reap(pid)
-                time.sleep(0.05)
-            if _alive(pid):
+        # The apiserver before etcd, as a control plane is taken down: its shutdown writes to etcd (its lease,
+        # its endpoints), and with etcd gone first it retries until it is killed (seen: 15 s per stop).
+        for tier in ([n for n in reversed(COMPONENTS) if n != "etcd"], ["etcd"]):
+            termed = []
+            for name in tier:
+                pid = pids.get(name)
+                if pid is None or not _alive(pid):
+                    continue
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-            self._reap(pid)
+                    os.killpg(pid, signal.SIGTERM)
+                termed.append(pid)
+            deadline = time.monotonic() + timeout
+            for pid in termed:
+                while _alive(pid) and time.monotonic() < deadline:
+                    self._reap(pid)
+                    time.sleep(0.05)
+                if _alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                self._reap(pid)
+            stopped += termed
         for proc in self._procs.values():
             with contextlib.suppress(Exception):
                 proc.wait(timeout=5)

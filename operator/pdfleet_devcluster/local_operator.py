@@ -75,6 +75,9 @@ class LocalOperator:
             "--webhook-cert-dir", str(self.state_dir / "webhook"),
             "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+            # One replica, whose webhook kopf removes on SIGINT: no Service moves the apiserver to a successor, so
+            # the drain only has to answer the reviews in flight (milliseconds), not the default 5 s (args win).
+            "--webhook-drain-seconds", "1",
             *args,
         ]  # fmt: skip
         env = {**os.environ, **self.extra_env, "KUBECONFIG": str(self.cluster.kubeconfig)}

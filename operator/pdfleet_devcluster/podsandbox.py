@@ -124,7 +124,9 @@ class PodSandbox:
     """The directories the image runs from (``image.Image.paths``): those a volume mount hides are bound
     back at their own paths, read-only, after the container's mounts."""
     containers: list[Container] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)  # what the kubelet did, in order (hooks, signals)
+    events: list[str] = field(default_factory=list)
+    """What the kubelet did, in order (hooks, signals), each stamped with the seconds since the sandbox was made,
+    so a stalled host is told apart from a hook or a signal that never ended."""
 
     def __post_init__(self) -> None:
         meta = self.pod["metadata"]
@@ -135,6 +137,10 @@ class PodSandbox:
         self._terminated = threading.Event()
         self.network_up = False  # its netns exists: its IP is taken on the bridge
         self.left: list[int] = []  # pids still in its netns after termination (none: nothing left running)
+        self.made_at = time.monotonic()  # the clock its events count from (the host's monotonic clock)
+
+    def _event(self, what: str) -> None:
+        self.events.append(f"{time.monotonic() - self.made_at:.1f}s {what}")
 
     # ---- what callers read -------------------------------------------------------------------
     @property
@@ -334,7 +340,7 @@ class PodSandbox:
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         log.close()
-        self.events.append(f"started {spec['name']}")
+        self._event(f"started {spec['name']}")
         return Container(spec["name"], proc, log_path, env, spec)
 
     # ---- stop -------------------------------------------------------------------------------
@@ -363,7 +369,7 @@ class PodSandbox:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(max(0.0, deadline - time.monotonic()))
             if c.proc.poll() is None:
-                self.events.append(f"SIGKILL {c.name}")
+                self._event(f"SIGKILL {c.name}")
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.proc.pid, signal.SIGKILL)  # the group: no process of the container outlives it
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -389,18 +395,18 @@ class PodSandbox:
                 with contextlib.suppress(OSError):
                     what = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
                     os.kill(pid, signal.SIGKILL)
-                    self.events.append(f"SIGKILL straggler {pid}: {what.strip()}")
+                    self._event(f"SIGKILL straggler {pid}: {what.strip()}")
             time.sleep(0.1)
         if pids:  # its name stays, so ``LocalCluster.sweep`` finds them; the IP stays taken
             self.left = pids
-            self.events.append(f"could not stop {pids} in {self.netns}: its name and IP {self.ip} stay")
+            self._event(f"could not stop {pids} in {self.netns}: its name and IP {self.ip} stay")
             return
         with contextlib.suppress(RuntimeError):
             _ip("link", "delete", self._veth)
         with contextlib.suppress(RuntimeError):
             _ip("netns", "delete", self.netns)
         if _link_exists(self._veth):
-            self.events.append(f"veth {self._veth} still on the bridge: IP {self.ip} stays taken")
+            self._event(f"veth {self._veth} still on the bridge: IP {self.ip} stays taken")
             return
         self.network_up = False
         IPS_IN_USE.discard(self.ip)
@@ -410,7 +416,7 @@ class PodSandbox:
             return
         termed.add(c.name)
         if c.proc.poll() is None:
-            self.events.append(f"SIGTERM {c.name}")
+            self._event(f"SIGTERM {c.name}")
             with contextlib.suppress(ProcessLookupError):
                 c.proc.send_signal(signal.SIGTERM)
 
@@ -419,7 +425,7 @@ class PodSandbox:
         if h is None or c.proc.poll() is not None:
             return
         budget = max(1.0, deadline - time.monotonic())
-        self.events.append(f"preStop {c.name} {type(h).__name__}")
+        self._event(f"preStop {c.name} {type(h).__name__}")
         try:
             if isinstance(h, Sleep):
                 time.sleep(min(h.seconds, budget))
@@ -431,9 +437,9 @@ class PodSandbox:
                 with urllib.request.urlopen(url, timeout=budget) as resp:
                     resp.read()
         except Exception as exc:  # the kubelet logs a failed hook and goes on with SIGTERM
-            self.events.append(f"preStop {c.name} failed: {exc!r}")
+            self._event(f"preStop {c.name} failed: {exc!r}")
             return
-        self.events.append(f"preStop {c.name} done")
+        self._event(f"preStop {c.name} done")
 
 
 def _netns_pids(netns: str) -> list[int]:
