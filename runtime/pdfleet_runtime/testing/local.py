@@ -47,23 +47,30 @@ def free_offset() -> int:
 
     Every port stays below the kernel's ephemeral range: there, any process's outgoing connection (or a
     decode's own retries to a prefill address nobody listens on yet, which can connect to itself) may take
-    the port between this check and the pod's bind. Random, so concurrent tests rarely pick the same."""
+    the port between this check and the pod's bind. Offsets are multiples of ``_STRIDE``, so no port of one
+    pod is a port of another pod's offset (a group member's HTTP port was its leader's admin port when their
+    random offsets differed by one, before either had bound: CI, 2026-12-07), and this process never hands out
+    an offset twice. Random, so concurrent tests rarely pick the same."""
     low = _ephemeral_low()
     top = low - ENGINE_PORT - _RANKS
     if top <= 2_000:
         raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it for a pod's ports "
                            f"(engine ports start at {ENGINE_PORT}); raise net.ipv4.ip_local_port_range")
-    ports = (HTTP_PORT, METRICS_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + _RANKS))
     rng = random.Random()
-    for _ in range(200):
-        offset = rng.randrange(1_000, top)
-        if all(_free(p + offset) for p in ports):
+    slots = [o for o in range(-(-1_000 // _STRIDE) * _STRIDE, top, _STRIDE) if o not in _HANDED_OUT]
+    for offset in rng.sample(slots, min(200, len(slots))):
+        if all(_free(p + offset) for p in _PORTS):
+            _HANDED_OUT.add(offset)
             return offset
     raise RuntimeError("no free port offset")
 
 
 _RANKS = 8
 """Engine ports checked free (rank r uses ENGINE_PORT + r; local pods have fewer ranks)."""
+_PORTS = (HTTP_PORT, METRICS_PORT, ADMIN_PORT, GROUP_PORT, BOOTSTRAP_PORT, *range(ENGINE_PORT, ENGINE_PORT + _RANKS))
+_STRIDE = next(s for s in range(_RANKS + 1, 1_000) if all((a - b) % s for a in _PORTS for b in _PORTS if a != b))
+"""The smallest step between offsets for which no two ports of a pod differ by a multiple of it (24 today)."""
+_HANDED_OUT: set[int] = set()
 
 
 def _ephemeral_low() -> int:
