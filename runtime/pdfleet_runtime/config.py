@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from pdfleet_runtime.layouts import LayoutRef
 from pdfleet_runtime.links import Backend, LinkProtocol
+from pdfleet_runtime.model.hub_cache import snapshot_dir
 from pdfleet_runtime.records import ParallelShape
 from pdfleet_runtime.roles import Role
 
@@ -40,6 +41,7 @@ __all__ = [
     "ComputeCost",
     "ConfigError",
     "GroupConfig",
+    "HubSourceConfig",
     "ModelSourceConfig",
     "Role",
     "RuntimeConfig",
@@ -113,6 +115,22 @@ class StagingConfig(_Model):
     on_cpu: bool = Field(False, description="Stage on host pools too (tests; CPU pools keep the direct write).")
 
 
+class HubSourceConfig(_Model):
+    """The model's Hugging Face Hub commit, fetched once per node into a weights cache the node's pods share
+    (model/hub_cache.py) before the ranks load it from ``ModelSourceConfig.path``."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=200,
+                    description="ORG/NAME on the Hub (spec.model.source.huggingFace.id).")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="The commit every pod loads (huggingFace.revision, "
+                        "or the commit the operator resolved a branch or tag to).")
+    endpoint: str = Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=500,
+                          description="The Hub, or a mirror speaking its API.")
+    token_path: Path | None = Field(None, description="File holding the Hub token (a mounted Secret); unset: "
+                                    "anonymous.")
+    cache: Path = Field(description="The node's weights cache (a hostPath the pods of a node share).")
+    timeout_seconds: float = Field(60.0, gt=0, le=3600, description="Deadline of each request to the Hub.")
+
+
 class ModelSourceConfig(_Model):
     """The built-in runtime as a reference engine (docs/reference-engine.md): its rank processes compute this
     model and move its real state. Unset, they fill seeded state (byte parity, canaries, benchmarks)."""
@@ -127,6 +145,15 @@ class ModelSourceConfig(_Model):
     max_weight_gib: int = Field(64, ge=1, le=4096, description="The most safetensors the directory may hold.")
     digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="The content the directory "
                                "must hold (spec.model.source.digest; model/digest.py); checked before loading.")
+    hub: HubSourceConfig | None = Field(None, description="Fetch ``path`` from the Hub first, through the "
+                                        "node's weights cache; ``path`` must be the commit's place in that cache.")
+
+    @model_validator(mode="after")
+    def _path_in_cache(self) -> ModelSourceConfig:
+        if self.hub is not None and self.path != (want := snapshot_dir(self.hub.cache, self.hub.id, self.hub.commit)):
+            raise ValueError(f"model.path {self.path} is not where the weights cache keeps {self.hub.id}@"
+                             f"{self.hub.commit} ({want}): set path to it")
+        return self
 
 
 class GroupConfig(_Model):

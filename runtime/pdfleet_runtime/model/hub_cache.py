@@ -1,0 +1,247 @@
+"""A node's weights cache, filled from the Hugging Face Hub at one commit (issue 47).
+
+A built-in runtime pod whose model comes from the Hub (``ModelSourceConfig.hub``) loads it from a directory the
+node shares between its pods (a hostPath the user names), filled once per commit: the first pod of a node to
+need a commit downloads it under a lock, every later pod of that node (a restart, a second pod) waits on the
+lock and finds it complete, so nothing is downloaded twice. Nothing half-written is ever used: a commit is
+downloaded into a temporary directory beside its place, each file is checked against the hash the Hub lists for
+it at that commit (LFS files by their sha256, the others by their git blob id), and only then is the directory
+renamed into place with a manifest. A file missing or of another size on reuse sends the commit back to be
+fetched again; a hash that does not match fails the fill, naming the file and both hashes.
+
+Layout: ``CACHE/ORG--NAME/COMMIT/`` (the model directory the ranks load) and ``CACHE/.locks/ORG--NAME@COMMIT``.
+The Hub's own API, as ``huggingface_hub`` reads it: ``GET {endpoint}/api/models/{id}/revision/{commit}?blobs=true``
+lists the files with their sizes and hashes, ``GET {endpoint}/{id}/resolve/{commit}/{file}`` gives each one.
+Standard library only (the pod process runs it before its ranks start); every request has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import urllib.response
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["FillReport", "HubCacheError", "HubFile", "fill", "git_blob_id", "snapshot_dir"]
+
+MANIFEST = ".pdfleet-snapshot.json"
+_CHUNK = 1 << 20
+
+
+class HubCacheError(RuntimeError):
+    """The cache cannot hold the commit: the Hub refused or answered wrongly, a file's hash differs, the lock
+    was not had in time. The message names the model, the commit and the fix."""
+
+
+class _Lfs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class HubFile(BaseModel):
+    """One file of a commit as the Hub lists it (``siblings`` with ``blobs=true``)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    rfilename: str = Field(min_length=1, max_length=1024)
+    size: int = Field(ge=0)
+    blob_id: str = Field(alias="blobId", pattern=r"^[0-9a-f]{40}$")
+    lfs: _Lfs | None = None
+
+    def relative(self) -> PurePosixPath:
+        """The file's path under the snapshot; refuses one that would leave it."""
+        p = PurePosixPath(self.rfilename)
+        if p.is_absolute() or ".." in p.parts or p.name in ("", ".") or p.parts[0] == MANIFEST:
+            raise ValueError(f"the Hub listed a file path {self.rfilename!r} that leaves the model directory")
+        return p
+
+
+class _Revision(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    sha: str = Field(pattern=r"^[0-9a-f]{40}$")
+    siblings: list[HubFile] = Field(max_length=100_000)
+
+
+class FillReport(BaseModel):
+    """What filling the cache did, for the pod's start log."""
+
+    path: Path
+    downloaded: bool = Field(description="False: the commit was in the node's cache already.")
+    files: int
+    bytes: int
+    waited_s: float = Field(description="Seconds spent waiting for another pod's fill (the lock).")
+    seconds: float = Field(description="Seconds downloading and checking.")
+
+    def line(self, model: str, commit: str) -> str:
+        if not self.downloaded:
+            return (f"model {model}@{commit[:12]} from the node's weights cache {self.path} (no download; {self.files} "
+                    f"files, {self.bytes} bytes; waited {self.waited_s:.1f}s for the lock)")
+        return (f"model {model}@{commit[:12]} downloaded into the node's weights cache {self.path}: {self.files} "
+                f"files, {self.bytes} bytes in {self.seconds:.1f}s (waited {self.waited_s:.1f}s for the lock)")
+
+
+def snapshot_dir(cache: Path, model: str, commit: str) -> Path:
+    """Where ``model`` at ``commit`` lives in the cache (``ORG--NAME/COMMIT``)."""
+    return cache / model.replace("/", "--") / commit
+
+
+def git_blob_id(path: Path) -> str:
+    """The git blob id (sha1 of ``blob SIZE\\0`` and the content) the Hub lists for a non-LFS file."""
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
+    _hash_into(h, path)
+    return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    _hash_into(h, path)
+    return h.hexdigest()
+
+
+def _hash_into(h: hashlib._Hash, path: Path) -> None:
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+
+
+def _complete(snap: Path) -> tuple[int, int] | None:
+    """(files, bytes) of a snapshot whose manifest holds and whose files are all there at their sizes."""
+    try:
+        listed = [HubFile.model_validate(f) for f in json.loads((snap / MANIFEST).read_text())["files"]]
+        for f in listed:
+            if (snap / f.relative()).stat().st_size != f.size:
+                return None
+    except (OSError, ValueError, KeyError, TypeError, ValidationError):
+        return None
+    return len(listed), sum(f.size for f in listed)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout_s: float, say: Callable[[str], None]) -> Iterator[float]:
+    """Hold ``path``'s exclusive lock (another pod of the node may be filling the same commit); yields the wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with path.open("a") as fd:
+        said = 0.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - t0
+                if waited > timeout_s:
+                    raise HubCacheError(f"another pod of this node held {path} for {timeout_s:.0f}s: its fill of the "
+                                        f"same commit is stuck or slow (see that pod's log; a dead pod's lock is "
+                                        f"released with it)") from None
+                if waited - said >= 30:
+                    say(f"waiting for another pod's fill of this commit ({waited:.0f}s, lock {path})")
+                    said = waited
+                time.sleep(0.2)
+        try:
+            yield time.monotonic() - t0
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+class _Hub:
+    """The Hub's revision and resolve endpoints, with a token and a deadline per request."""
+
+    def __init__(self, endpoint: str, model: str, commit: str, token: str | None, timeout_s: float) -> None:
+        self.base, self.model, self.commit = endpoint.rstrip("/"), model, commit
+        self.headers = {"User-Agent": "pdfleet-runtime"} | ({"Authorization": f"Bearer {token}"} if token else {})
+        self.timeout_s = timeout_s
+
+    def _open(self, url: str) -> urllib.response.addinfourl:
+        try:
+            r: urllib.response.addinfourl = urllib.request.urlopen(
+                urllib.request.Request(url, headers=self.headers), timeout=self.timeout_s)
+            return r
+        except urllib.error.HTTPError as e:
+            hint = {401: "the token Secret is missing or wrong", 403: "the token may not read this model",
+                    404: "no such model or commit on this Hub"}.get(e.code, "the Hub refused")
+            raise HubCacheError(f"{url}: HTTP {e.code} ({hint})") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise HubCacheError(f"{url}: {e} (is the Hub endpoint reachable from this pod?)") from None
+
+    def files(self) -> list[HubFile]:
+        url = (f"{self.base}/api/models/{urllib.parse.quote(self.model)}/revision/{self.commit}?blobs=true")
+        with self._open(url) as r:
+            raw = r.read(64 << 20)
+        try:
+            rev = _Revision.model_validate_json(raw)
+            for f in rev.siblings:
+                f.relative()
+        except (ValidationError, ValueError) as e:
+            raise HubCacheError(f"{url}: not a revision with file hashes the Hub's API gives: {e}") from None
+        if rev.sha != self.commit:
+            raise HubCacheError(f"{url}: the Hub answered commit {rev.sha}, not {self.commit}")
+        return rev.siblings
+
+    def download(self, f: HubFile, dest: Path) -> None:
+        url = (f"{self.base}/{urllib.parse.quote(self.model)}/resolve/{self.commit}/"
+               f"{urllib.parse.quote(f.rfilename)}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        got = 0
+        with self._open(url) as r, dest.open("wb") as out:
+            while chunk := r.read(_CHUNK):
+                got += len(chunk)
+                if got > f.size:
+                    raise HubCacheError(f"{url}: more than the {f.size} bytes the Hub listed for {f.rfilename}")
+                out.write(chunk)
+        if got != f.size:
+            raise HubCacheError(f"{url}: {got} bytes, the Hub listed {f.size} for {f.rfilename}")
+
+
+def _check(f: HubFile, path: Path) -> None:
+    if f.lfs is not None:
+        got, want, kind = _sha256(path), f.lfs.sha256, "sha256"
+    else:
+        got, want, kind = git_blob_id(path), f.blob_id, "git blob id"
+    if got != want:
+        raise HubCacheError(f"{f.rfilename}: {kind} {got}, the Hub lists {want} for it at this commit (a proxy or "
+                            f"mirror changed it, or the download was corrupted); nothing was put in the cache")
+
+
+def fill(cache: Path, model: str, commit: str, endpoint: str, *, token: str | None = None,
+         timeout_s: float = 60.0, lock_timeout_s: float = 3600.0,
+         say: Callable[[str], None] = lambda _m: None) -> FillReport:
+    """Make ``snapshot_dir(cache, model, commit)`` hold the commit's files, downloading only if the node's cache
+    lacks it. Raises ``HubCacheError``; whatever fails leaves the cache as it was."""
+    snap = snapshot_dir(cache, model, commit)
+    lock = cache / ".locks" / f"{snap.parent.name}@{commit}"
+    t0 = time.monotonic()
+    with _locked(lock, lock_timeout_s, say) as waited:
+        if (have := _complete(snap)) is not None:
+            return FillReport(path=snap, downloaded=False, files=have[0], bytes=have[1], waited_s=waited,
+                              seconds=time.monotonic() - t0 - waited)
+        hub = _Hub(endpoint, model, commit, token, timeout_s)
+        files = hub.files()
+        tmp = snap.parent / f".partial-{commit}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            total = sum(f.size for f in files)
+            say(f"downloading {model}@{commit[:12]}: {len(files)} files, {total} bytes")
+            for f in files:
+                dest = tmp / f.relative()
+                hub.download(f, dest)
+                _check(f, dest)
+            (tmp / MANIFEST).write_text(json.dumps(
+                {"model": model, "commit": commit, "files": [f.model_dump(by_alias=True) for f in files]}))
+            if snap.exists():  # an incomplete snapshot of an earlier fill: replaced whole
+                shutil.rmtree(snap)
+            tmp.rename(snap)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return FillReport(path=snap, downloaded=True, files=len(files), bytes=total, waited_s=waited,
+                          seconds=time.monotonic() - t0 - waited)
