@@ -36,6 +36,8 @@ class Hub:
         self.downloads: list[tuple[str, str]] = []
         """(commit, path) of every GET of a file."""
         self.answer: tuple[int, bytes] | None = None
+        self.redirect_to: str | None = None
+        """Answer each file with a 302 to this other server, same path (the Hub sends large files to a CDN)."""
         self.file_delay_s = 0.0
         """Seconds each file's GET waits before answering (a slow Hub: fills that overlap)."""
         self.delay = threading.Event()
@@ -67,6 +69,8 @@ class Hub:
                     blobs = urllib.parse.parse_qs(url.query).get("blobs") == ["true"]
                     return self._send(200, json.dumps(hub.revision(sha, blobs)).encode(),
                                       {"Content-Type": "application/json"}, head)
+                if path.startswith(resolve) and hub.redirect_to is not None:
+                    return self._send(302, b"", {"Location": hub.redirect_to + self.path}, head)
                 if path.startswith(resolve):
                     ref, _, name = path[len(resolve):].partition("/")
                     sha = hub.commit_of(ref)

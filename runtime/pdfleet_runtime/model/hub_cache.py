@@ -30,6 +30,7 @@ import urllib.request
 import urllib.response
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -154,6 +155,18 @@ def _locked(path: Path, timeout_s: float, say: Callable[[str], None]) -> Iterato
             fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follow the Hub's redirects (its large files are served from another host), never taking the token along
+    to another host."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
 class _Hub:
     """The Hub's revision and resolve endpoints, with a token and a deadline per request."""
 
@@ -161,10 +174,11 @@ class _Hub:
         self.base, self.model, self.commit = endpoint.rstrip("/"), model, commit
         self.headers = {"User-Agent": "pdfleet-runtime"} | ({"Authorization": f"Bearer {token}"} if token else {})
         self.timeout_s = timeout_s
+        self.opener = urllib.request.build_opener(_TokenStaysHome)
 
     def _open(self, url: str) -> urllib.response.addinfourl:
         try:
-            r: urllib.response.addinfourl = urllib.request.urlopen(
+            r: urllib.response.addinfourl = self.opener.open(
                 urllib.request.Request(url, headers=self.headers), timeout=self.timeout_s)
             return r
         except urllib.error.HTTPError as e:
@@ -188,7 +202,7 @@ class _Hub:
             raise HubCacheError(f"{url}: the Hub answered commit {rev.sha}, not {self.commit}")
         return rev.siblings
 
-    def download(self, f: HubFile, dest: Path) -> None:
+    def download(self, f: HubFile, dest: Path, progress: Callable[[int], None]) -> None:
         url = (f"{self.base}/{urllib.parse.quote(self.model)}/resolve/{self.commit}/"
                f"{urllib.parse.quote(f.rfilename)}")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +213,7 @@ class _Hub:
                 if got > f.size:
                     raise HubCacheError(f"{url}: more than the {f.size} bytes the Hub listed for {f.rfilename}")
                 out.write(chunk)
+                progress(len(chunk))
         if got != f.size:
             raise HubCacheError(f"{url}: {got} bytes, the Hub listed {f.size} for {f.rfilename}")
 
@@ -214,10 +229,11 @@ def _check(f: HubFile, path: Path) -> None:
 
 
 def fill(cache: Path, model: str, commit: str, endpoint: str, *, token: str | None = None,
-         timeout_s: float = 60.0, lock_timeout_s: float = 3600.0,
+         timeout_s: float = 60.0, lock_timeout_s: float = 3600.0, progress_s: float = 30.0,
          say: Callable[[str], None] = lambda _m: None) -> FillReport:
     """Make ``snapshot_dir(cache, model, commit)`` hold the commit's files, downloading only if the node's cache
-    lacks it. Raises ``HubCacheError``; whatever fails leaves the cache as it was."""
+    lacks it (``say`` gets a progress line every ``progress_s``). Raises ``HubCacheError``; whatever fails leaves
+    the cache as it was."""
     snap = snapshot_dir(cache, model, commit)
     lock = cache / ".locks" / f"{snap.parent.name}@{commit}"
     t0 = time.monotonic()
@@ -227,14 +243,26 @@ def fill(cache: Path, model: str, commit: str, endpoint: str, *, token: str | No
                               seconds=time.monotonic() - t0 - waited)
         hub = _Hub(endpoint, model, commit, token, timeout_s)
         files = hub.files()
+        snap.parent.mkdir(parents=True, exist_ok=True)
+        for stale in snap.parent.glob(f".partial-{commit}-*"):  # a killed fill's (the lock is ours now)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = snap.parent / f".partial-{commit}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         try:
             total = sum(f.size for f in files)
             say(f"downloading {model}@{commit[:12]}: {len(files)} files, {total} bytes")
+            done, said = 0, time.monotonic()
+
+            def progress(n: int) -> None:
+                nonlocal done, said
+                done += n
+                if time.monotonic() - said >= progress_s:
+                    said = time.monotonic()
+                    say(f"downloading {model}@{commit[:12]}: {done} of {total} bytes "
+                        f"({said - t0 - waited:.0f}s)")
+
             for f in files:
                 dest = tmp / f.relative()
-                hub.download(f, dest)
+                hub.download(f, dest, progress)
                 _check(f, dest)
             (tmp / MANIFEST).write_text(json.dumps(
                 {"model": model, "commit": commit, "files": [f.model_dump(by_alias=True) for f in files]}))

@@ -111,6 +111,28 @@ def test_a_hub_that_answers_wrongly_is_named_and_leaves_nothing(hub: Hub, tmp_pa
     assert not (tmp_path / "Org--Tiny-Model" / A).exists() and not (tmp_path / "etc").exists()
 
 
+def test_the_token_is_not_sent_to_the_host_a_file_is_redirected_to(hub: Hub, tmp_path: Path) -> None:
+    with running_hub() as cdn:
+        cdn.files = hub.files
+        hub.redirect_to = cdn.endpoint  # another port: another host as far as the token is concerned
+        assert fill(tmp_path, MODEL, A, hub.endpoint, token="hf_secret").downloaded
+    assert sorted(n for _, n in cdn.downloads) == sorted(FILES) and hub.downloads == []
+    assert {auth for _, auth in hub.seen} == {"Bearer hf_secret"}
+    assert {auth for _, auth in cdn.seen} == {None}, cdn.seen
+
+
+def test_a_killed_fills_partial_directory_is_removed_and_progress_is_said(hub: Hub, tmp_path: Path) -> None:
+    stale = tmp_path / "Org--Tiny-Model" / f".partial-{A}-99999"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    hub.file_delay_s = 0.2
+    said: list[str] = []
+    fill(tmp_path, MODEL, A, hub.endpoint, progress_s=0.0, say=said.append)
+    assert not stale.exists() and sorted(p.name for p in stale.parent.iterdir()) == [A]
+    assert said[0] == f"downloading {MODEL}@{A[:12]}: 3 files, {sum(map(len, FILES.values()))} bytes", said
+    assert any(" of " in line and "bytes (" in line for line in said[1:]), said
+
+
 def test_a_fill_held_by_another_pod_past_the_deadline_says_so(hub: Hub, tmp_path: Path) -> None:
     lock = tmp_path / ".locks" / f"Org--Tiny-Model@{A}"
     lock.parent.mkdir(parents=True)
