@@ -5,8 +5,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 # SGLang's and vLLM's check venvs (tests/sglang, tests/vllm) and grafanalib's build in the background while
-# set-up builds the shared venv and the toolchain and the linters run: pip's downloads and unpacking beside Go's compile
-# (about 5 minutes saved cold; nothing when cached). Each is cached by its pins in scripts/sglang/ and
+# set-up builds the shared venv and the toolchain and the linters run: pip's downloads and unpacking beside
+# Go's compile (about 5 minutes saved cold; nothing when cached). Each is cached by its pins in scripts/sglang/ and
 # scripts/vllm/ (about 2-3.5 and 4-6 minutes and 6 and 9.5 GB the first time).
 checks=$(mktemp -d)
 checks_pid=
@@ -15,7 +15,7 @@ checks_pid=
 trap '[ -z "$checks_pid" ] || kill -- "-$checks_pid" 2>/dev/null || true; rm -rf "$checks"' EXIT
 # grafanalib's small venv (tests/unit/monitoring/test_dashboard.py) too: the test workers run inside the run's
 # private network namespace (tests/conftest.py), where pip cannot reach the package index.
-check_venvs='bash scripts/sglang-venv.sh >"$0/sglang" && bash scripts/vllm-venv.sh >"$0/vllm" && python3 scripts/venvs.py grafana >"$0/grafana"'
+check_venvs='bash scripts/sglang-venv.sh >"$0/sglang" && bash scripts/vllm-venv.sh >"$0/vllm" && python3 scripts/venvs.py grafana >/dev/null'
 if command -v python3 >/dev/null && command -v setsid >/dev/null; then
   setsid bash -c "$check_venvs" "$checks" & checks_pid=$!
 fi

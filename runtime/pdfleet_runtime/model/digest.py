@@ -14,18 +14,18 @@ from pathlib import Path
 
 from pdfleet_runtime.model.config_values import ModelConfigError
 
-__all__ = ["DIGEST_PATTERN", "check_digest", "directory_digest"]
+__all__ = ["DIGEST_PATTERN", "check_digest", "directory_digest", "hash_file"]
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 _CHUNK = 1 << 20
 
 
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
+def hash_file(h: hashlib._Hash, path: Path) -> hashlib._Hash:
+    """``h`` updated with ``path``'s bytes, read a MiB at a time (the weights cache hashes files this way too)."""
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    return h
 
 
 def directory_digest(root: Path) -> str:
@@ -36,7 +36,7 @@ def directory_digest(root: Path) -> str:
     h = hashlib.sha256()
     for p in files:
         rel = p.relative_to(root).as_posix()
-        h.update(f"{rel}\0{_file_sha(p)}\n".encode())
+        h.update(f"{rel}\0{hash_file(hashlib.sha256(), p).hexdigest()}\n".encode())
     return f"sha256:{h.hexdigest()}"
 
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pdfleet_runtime.model.digest import hash_file
+
 __all__ = ["FillReport", "HubCacheError", "HubFile", "fill", "git_blob_id", "snapshot_dir"]
 
 MANIFEST = ".pdfleet-snapshot.json"
@@ -99,21 +101,7 @@ def snapshot_dir(cache: Path, model: str, commit: str) -> Path:
 
 def git_blob_id(path: Path) -> str:
     """The git blob id (sha1 of ``blob SIZE\\0`` and the content) the Hub lists for a non-LFS file."""
-    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
-    _hash_into(h, path)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    _hash_into(h, path)
-    return h.hexdigest()
-
-
-def _hash_into(h: hashlib._Hash, path: Path) -> None:
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+    return hash_file(hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False), path).hexdigest()
 
 
 def _complete(snap: Path) -> tuple[int, int] | None:
@@ -220,7 +208,7 @@ class _Hub:
 
 def _check(f: HubFile, path: Path) -> None:
     if f.lfs is not None:
-        got, want, kind = _sha256(path), f.lfs.sha256, "sha256"
+        got, want, kind = hash_file(hashlib.sha256(), path).hexdigest(), f.lfs.sha256, "sha256"
     else:
         got, want, kind = git_blob_id(path), f.blob_id, "git blob id"
     if got != want:

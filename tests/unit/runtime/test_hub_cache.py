@@ -63,7 +63,12 @@ def test_pods_that_ask_at_once_download_once(hub: Hub, tmp_path: Path) -> None:
     hub.file_delay_s = 0.7  # a fill takes 2 s: the three processes' fills overlap, as pods started together
     pods = [subprocess.Popen([sys.executable, "-c", FILL, str(tmp_path), MODEL, A, hub.endpoint],
                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
-    outs = [json.loads(p.communicate(timeout=60)[0]) for p in pods]
+    try:
+        outs = [json.loads(p.communicate(timeout=60)[0]) for p in pods]
+    finally:
+        for p in pods:  # none outlives the test, should one hang
+            p.kill()
+            p.wait()
     assert [p.returncode for p in pods] == [0, 0, 0]
     assert sorted(o["downloaded"] for o in outs) == [False, False, True]
     assert len(hub.downloads) == 3
