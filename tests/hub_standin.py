@@ -26,7 +26,7 @@ def blob_id(data: bytes) -> str:
 class Hub:
     """The Hub's revision and resolve APIs: refs -> commits, commits -> files, the requests it saw."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.refs: dict[str, str] = {"main": A, "v2": B}
         self.files: dict[str, dict[str, bytes]] = {}
         """commit -> {path: content}: what the commit holds (listed and served)."""
@@ -101,8 +101,8 @@ class Hub:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), H)
+        self.endpoint = f"http://{host}:{self.server.server_address[1]}"
 
     def commit_of(self, ref: str) -> str | None:
         """A ref's commit, or the commit itself when it is one the Hub holds."""
@@ -130,8 +130,9 @@ class Hub:
 
 
 @contextmanager
-def running_hub() -> Iterator[Hub]:
-    h = Hub()
+def running_hub(host: str = "127.0.0.1") -> Iterator[Hub]:
+    """The stand-in on ``host`` (loopback; a test of the local cluster: the node's address on the pod bridge)."""
+    h = Hub(host)
     t = threading.Thread(target=h.server.serve_forever, daemon=True)
     t.start()
     try:

@@ -119,8 +119,8 @@ class HubSourceConfig(_Model):
     """The model's Hugging Face Hub commit, fetched once per node into a weights cache the node's pods share
     (model/hub_cache.py) before the ranks load it from ``ModelSourceConfig.path``."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=200,
-                    description="ORG/NAME on the Hub (spec.model.source.huggingFace.id).")
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$", max_length=256,
+                    description="ORG/NAME (or NAME) on the Hub (spec.model.source.huggingFace.id).")
     commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="The commit every pod loads (huggingFace.revision, "
                         "or the commit the operator resolved a branch or tag to).")
     endpoint: str = Field(pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=500,

@@ -141,7 +141,22 @@ class HuggingFaceSource(ApiModel):
         "branch or tag that the operator resolves once to a commit recorded in status.model and never "
         "re-resolves while this field keeps its value. Prefill and decode load the same weights, and a new "
         "commit is a rollout of both roles. Unset: each pod loads whatever the default branch holds when it "
-        "starts (admitted with a warning).",
+        "starts (admitted with a warning; the built-in runtime needs it).",
+    )
+    endpoint: str | None = Field(
+        None, pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=500,
+        description="The Hub the pods download from: a mirror, or another server speaking the Hub's API "
+        "(the engines' HF_ENDPOINT). Unset: https://huggingface.co. Branches and tags are resolved by the "
+        "operator's own --hub-endpoint.",
+    )
+    cache: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra=PRESERVE,
+        description="The node's weights cache: a core/v1 volume source the pods of a node share, writable by "
+        "the pods' user, e.g. {hostPath: {path: /var/lib/pdfleet/weights, type: DirectoryOrCreate}}. The "
+        "built-in runtime fetches each commit into it once per node, checked against the Hub's file hashes, "
+        "so a restart downloads nothing (required there); SGLang and vLLM pods use it as their Hugging Face "
+        "cache (HF_HUB_CACHE). Unset for an engine: each pod downloads into its own emptyDir.",
     )
 
 

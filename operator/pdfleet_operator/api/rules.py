@@ -448,14 +448,18 @@ CEL_RULES: tuple[CelRule, ...] = (
         ".model",
     ),
     CelRule(
-        "builtin-model-path",
+        "builtin-hub-source",
         ("spec",),
         "(has(self.engine) && self.engine.kind != 'pdfleet') || !has(self.model.source) || "
-        "has(self.model.source.path)",
-        "the built-in runtime reads model.source.path (with its volume) and fetches nothing: "
-        "model.source.huggingFace needs spec.engine.kind sglang or vllm",
-        lambda o: _engine_kind(o) != "pdfleet" or "source" not in o["model"] or "path" in o["model"]["source"],
-        ".model.source",
+        "!has(self.model.source.huggingFace) || (has(self.model.source.huggingFace.revision) && "
+        "has(self.model.source.huggingFace.cache))",
+        "the built-in runtime fetches a Hub model at one commit, once per node, into a weights cache: set "
+        "model.source.huggingFace.revision (a commit, or a branch or tag the operator resolves once) and "
+        "huggingFace.cache (a volume the node's pods share, e.g. {hostPath: {path: /var/lib/pdfleet/weights, "
+        "type: DirectoryOrCreate}})",
+        lambda o: _engine_kind(o) != "pdfleet" or "huggingFace" not in (o["model"].get("source") or {}) or (
+            {"revision", "cache"} <= set(o["model"]["source"]["huggingFace"])),
+        ".model.source.huggingFace",
     ),
     CelRule(
         "engine-role-override",

@@ -16,7 +16,13 @@ from typing import Any
 from pdfleet_operator.api.constants import LABEL_REVISION, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.engine import role_engine
-from pdfleet_operator.resources.names import LABEL_INDEX, LABEL_MEMBER, group_pod_name, group_service_name
+from pdfleet_operator.resources.names import (
+    LABEL_INDEX,
+    LABEL_MEMBER,
+    WEIGHTS_VOLUME,
+    group_pod_name,
+    group_service_name,
+)
 from pdfleet_operator.resources.plugins.contract import EnginePlugin, GroupMember
 from pdfleet_operator.resources.plugins.registry import engine_plugin
 from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
@@ -41,6 +47,7 @@ ENGINE_CONTAINER = "engine"
 HF_TOKEN_KEY = "token"  # the key of model.source.huggingFace.tokenSecret holding the Hub token
 CACHE_MOUNT = "/cache"  # HOME of the engine (non-root): Hub downloads, Triton and kernel caches
 MODEL_VOLUME = "model"
+HUB_CACHE = f"{CACHE_MOUNT}/huggingface/hub"  # HF_HOME/hub, the Hub client's default cache: the node's, when named
 # Weights load before /health answers: up to 30 minutes for a large model from a network volume.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180
 SHM_GIB_PER_GPU, SHM_MIN_GIB = 4, 8
@@ -112,6 +119,8 @@ def _engine_env(spec: PDDeploymentSpec, role: Role, plugin: EnginePlugin) -> lis
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
     ]
     hf = spec.model.source.hugging_face if spec.model.source else None
+    if hf is not None and hf.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": hf.endpoint})
     if hf is not None and hf.token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf.token_secret, "key": HF_TOKEN_KEY}}})
     env += _group_env(spec, role)
@@ -139,6 +148,8 @@ def engine_container(name: str, spec: PDDeploymentSpec, role: Role, resources: d
     src = spec.model.source
     if src is not None and src.path is not None and src.volume is not None:
         mounts.append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
+    if src is not None and src.hugging_face is not None and src.hugging_face.cache is not None:
+        mounts.append({"name": WEIGHTS_VOLUME, "mountPath": HUB_CACHE})  # the Hub client's own cache and locks
     return {
         "name": ENGINE_CONTAINER,
         "image": role_engine(spec, role).image,
@@ -208,6 +219,8 @@ def with_engine(pod: dict, name: str, spec: PDDeploymentSpec, role: Role, engine
     if src is not None and src.path is not None and src.volume is not None:
         pod_spec["volumes"].append({"name": MODEL_VOLUME, **src.volume})
         agent["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
+    if src is not None and src.hugging_face is not None and src.hugging_face.cache is not None:
+        pod_spec["volumes"].append({"name": WEIGHTS_VOLUME, **copy.deepcopy(src.hugging_face.cache)})
     if container.host_ipc(spec):
         pod_spec["hostIPC"] = True
     member = None

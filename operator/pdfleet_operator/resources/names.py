@@ -17,6 +17,8 @@ __all__ = [
     "ANNOTATION_DRAIN_CANCELLED",
     "ANNOTATION_PREFILL_COMPAT",
     "CONDITION_DRAINED",
+    "HUB_TOKEN_FILE",
+    "HUB_TOKEN_MOUNT",
     "LABEL_COMPAT",
     "LABEL_GROUP",
     "LABEL_INDEX",
@@ -24,6 +26,8 @@ __all__ = [
     "LABEL_ROUTABLE",
     "MANAGED_BY",
     "SECRET_FILE",
+    "WEIGHTS_MOUNT",
+    "WEIGHTS_VOLUME",
     "WORKER_SECRET_MOUNT",
     "config_name",
     "group_pod_name",
@@ -91,6 +95,13 @@ SECRET_FILE = "key"
 """The item of every key Secret (transfer, group, worker key) and its file in the mount."""
 WORKER_SECRET_MOUNT = "/var/run/pdfleet/worker-auth"
 """Where runtime and router pods mount the worker key (routers to the worker API)."""
+WEIGHTS_VOLUME = "weights-cache"
+"""The node's weights cache (``huggingFace.cache``) in a pod's volumes."""
+WEIGHTS_MOUNT = "/var/lib/pdfleet/weights"
+"""Where a built-in runtime pod mounts the node's weights cache (read-write: the first pod fills it)."""
+HUB_TOKEN_MOUNT = "/var/run/pdfleet/hub-token"
+"""Where a built-in runtime pod mounts ``huggingFace.tokenSecret`` (a file: no token in its environment)."""
+HUB_TOKEN_FILE = "token"
 
 
 def worker_secret_name(deployment: str) -> str:

@@ -11,13 +11,17 @@ from __future__ import annotations
 import copy
 
 from pdfleet_operator.api.constants import GROUP, Role
-from pdfleet_operator.api.models import PDDeploymentSpec, RoleSpec
+from pdfleet_operator.api.models import HuggingFaceSource, PDDeploymentSpec, RoleSpec
 from pdfleet_operator.resources.compat import compat_key
-from pdfleet_operator.resources.engine import MODEL_VOLUME, with_engine
+from pdfleet_operator.resources.engine import HF_TOKEN_KEY, MODEL_VOLUME, with_engine
 from pdfleet_operator.resources.gang import gang_metadata, with_topology
 from pdfleet_operator.resources.names import (
+    HUB_TOKEN_FILE,
+    HUB_TOKEN_MOUNT,
     LABEL_COMPAT,
     LABEL_GROUP,
+    WEIGHTS_MOUNT,
+    WEIGHTS_VOLUME,
     config_name,
     group_pod_name,
     group_secret_name,
@@ -144,6 +148,18 @@ def _security(spec: PDDeploymentSpec) -> dict:
     }
 
 
+def _with_weights_cache(pod_spec: dict, container: dict, hub: HuggingFaceSource) -> None:
+    """The node's weights cache, read-write (the node's first pod fills a commit, the others read it), and the Hub
+    token as a file the runtime reads (``RuntimeConfig.model.hub``), never in its environment."""
+    pod_spec["volumes"].append({"name": WEIGHTS_VOLUME, **copy.deepcopy(hub.cache or {})})
+    container["volumeMounts"].append({"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_MOUNT})
+    if hub.token_secret:
+        pod_spec["volumes"].append({"name": "hub-token", "secret": {
+            "secretName": hub.token_secret, "defaultMode": 0o400,
+            "items": [{"key": HF_TOKEN_KEY, "path": HUB_TOKEN_FILE}]}})
+        container["volumeMounts"].append({"name": "hub-token", "mountPath": HUB_TOKEN_MOUNT, "readOnly": True})
+
+
 def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, revision: str, index: int,
                 member: int = 0) -> dict:
     """Replica ``index``'s pod; with nodesPerReplica N > 1, member ``member`` (0 = the leader) of its group
@@ -215,6 +231,8 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
         volumes: list[dict] = pod_spec["volumes"]
         volumes.append({"name": MODEL_VOLUME, **src.volume})
         container["volumeMounts"].append({"name": MODEL_VOLUME, "mountPath": src.path, "readOnly": True})
+    if builtin and src is not None and src.hugging_face is not None:
+        _with_weights_cache(pod_spec, container, src.hugging_face)
     if spec.transfer.protocol is LinkProtocol.NVLINK:
         pod_spec["hostIPC"] = True  # CUDA IPC between pods on one node needs a shared IPC namespace
     if rs.node_selector:

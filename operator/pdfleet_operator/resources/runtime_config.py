@@ -6,11 +6,17 @@ The operator writes the same model the runtime reads, so the file cannot drift f
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from pdfleet_operator.api.constants import LABEL_REVISION, LABEL_ROLE, Role
 from pdfleet_operator.api.models import PDDeploymentSpec
 from pdfleet_operator.resources.compat import model_identity
 from pdfleet_operator.resources.names import (
+    HUB_TOKEN_FILE,
+    HUB_TOKEN_MOUNT,
     SECRET_FILE,
+    WEIGHTS_MOUNT,
     WORKER_SECRET_MOUNT,
     config_name,
     group_service_name,
@@ -19,7 +25,8 @@ from pdfleet_operator.resources.names import (
 )
 from pdfleet_operator.resources.plugins.registry import engine_plugin
 from pdfleet_operator.resources.router import HEALTH_FAILURES, ROUTER_DROP_BOUND_S
-from pdfleet_runtime.config import GROUP_PORT, GroupConfig, ModelSourceConfig, RuntimeConfig
+from pdfleet_runtime.config import GROUP_PORT, GroupConfig, HubSourceConfig, ModelSourceConfig, RuntimeConfig
+from pdfleet_runtime.model.hub_cache import snapshot_dir
 from pdfleet_runtime.records import ParallelShape
 
 __all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "GROUP_SECRET_MOUNT", "SECRET_FILE", "SECRET_MOUNT", "WORKER_SECRET_MOUNT",
@@ -28,6 +35,7 @@ __all__ = ["CONFIG_FILE", "CONFIG_MOUNT", "GROUP_SECRET_MOUNT", "SECRET_FILE", "
 CONFIG_MOUNT = "/etc/pdfleet"
 CONFIG_FILE = "runtime.yaml"
 SECRET_MOUNT = "/var/run/pdfleet/auth"
+DEFAULT_HUB = "https://huggingface.co"
 GROUP_SECRET_MOUNT = "/var/run/pdfleet/group-auth"  # the role's group key (multi-node replicas), this role only
 
 
@@ -64,13 +72,22 @@ def runtime_config(name: str, namespace: str, spec: PDDeploymentSpec, role: Role
 
 
 def _model(spec: PDDeploymentSpec) -> ModelSourceConfig | None:
-    """The built-in runtime computes the model at spec.model.source.path (mounted by ``pods.runtime_pod``); no
-    source: seeded state; an engine beside the agent reads its own source. A Hub source is an engine's only
-    (admission: builtin-model-path)."""
+    """The built-in runtime computes the model at spec.model.source.path (mounted by ``pods.runtime_pod``), or
+    the Hub commit it fetches into the node's weights cache first (``pods`` mounts the cache and the token); no
+    source: seeded state; an engine beside the agent reads its own source."""
     src = spec.model.source
-    if src is None or src.path is None or engine_plugin(spec).container is not None:
+    if src is None or engine_plugin(spec).container is not None:
         return None
-    return ModelSourceConfig(path=src.path, digest=src.digest)
+    hub = src.hugging_face
+    if hub is None:
+        return ModelSourceConfig(path=src.path, digest=src.digest) if src.path is not None else None
+    if hub.revision is None or not re.fullmatch(r"[0-9a-f]{40}", hub.revision):  # admission: builtin-hub-source; model_ref
+        raise ValueError(f"model.source.huggingFace.revision {hub.revision!r} is not a commit: the operator "
+                         "renders a branch or tag as the commit it resolved it to (status.model)")
+    cache = Path(WEIGHTS_MOUNT)
+    token = Path(HUB_TOKEN_MOUNT) / HUB_TOKEN_FILE if hub.token_secret else None
+    return ModelSourceConfig(path=snapshot_dir(cache, hub.id, hub.revision), hub=HubSourceConfig(
+        id=hub.id, commit=hub.revision, endpoint=hub.endpoint or DEFAULT_HUB, token_path=token, cache=cache))
 
 
 def _group(name: str, nodes: int, role: Role) -> GroupConfig | None:
