@@ -31,12 +31,10 @@ from tests.e2e.model_traffic import DIFFERS, ModelCheck
 from tests.e2e.traffic import NAME, running_fleet
 from tests.hub_standin import MODEL as HUB_MODEL
 from tests.hub_standin import A, B, running_hub
+from tests.server.test_hub_model_serve import CACHED, DOWNLOADED
 from tests.zen import zen_model_dir
 
 pytestmark = pytest.mark.cluster
-
-DOWNLOADED = "downloaded into the node's weights cache"
-CACHED = "from the node's weights cache"
 
 
 def perturbed_copy(src: Path, dst: Path) -> Path:
