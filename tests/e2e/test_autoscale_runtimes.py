@@ -116,7 +116,8 @@ def autoscaled_fleet(cluster: LocalCluster, ns: str, workdir: Path) -> Iterator[
 
 def traffic_at(fleet: Fleet, concurrency: int) -> Traffic:
     t = Traffic(fleet)
-    t.chat = ChatTraffic(fleet.router_url(), NAME, concurrency=concurrency)
+    # Past the runtimes' own request timeout (60 s): a request stuck in a pod ends with the pod's reason.
+    t.chat = ChatTraffic(fleet.router_url(), NAME, concurrency=concurrency, timeout_s=120)
     fleet._threads.append(t)
     return t.start()
 
@@ -126,7 +127,11 @@ def clean(fleet: Fleet, t: Traffic) -> None:
     try:
         t.assert_clean()
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{fleet.diagnose()}") from None
+        wall = time.time() - time.monotonic()
+        when = [f"request {a.i}: {time.strftime('%H:%M:%S', time.localtime(a.started + wall))} -> "
+                f"{time.strftime('%H:%M:%S', time.localtime(a.ended + wall))}, status {a.status}"
+                for a in t.chat.failures()]
+        raise AssertionError(f"{e}\n{when}\n{fleet.diagnose()}") from None
 
 
 def desired(fleet: Fleet) -> tuple[int, int]:
