@@ -13,7 +13,13 @@ import copy
 from pdfleet_operator.api.constants import GROUP, Role
 from pdfleet_operator.api.models import HuggingFaceSource, PDDeploymentSpec, RoleSpec
 from pdfleet_operator.resources.compat import compat_key
-from pdfleet_operator.resources.engine import HF_TOKEN_KEY, MODEL_VOLUME, with_engine
+from pdfleet_operator.resources.engine import (
+    HF_TOKEN_KEY,
+    MODEL_VOLUME,
+    STARTUP_FAILURES,
+    STARTUP_PERIOD_S,
+    with_engine,
+)
 from pdfleet_operator.resources.gang import gang_metadata, with_topology
 from pdfleet_operator.resources.names import (
     HUB_TOKEN_FILE,
@@ -190,6 +196,11 @@ def runtime_pod(name: str, namespace: str, spec: PDDeploymentSpec, role: Role, r
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
+        # The server listens once the model is in place: a Hub commit's first fill on a node and the load can
+        # take minutes, so liveness waits for the startup probe (the engines' budget) instead of killing the
+        # pod after a minute and starting the fill over.
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": HTTP_PORT}, "periodSeconds": STARTUP_PERIOD_S,
+                         "failureThreshold": STARTUP_FAILURES},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": HTTP_PORT}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": HTTP_PORT}, "periodSeconds": 10,
                           "failureThreshold": 6},

@@ -99,6 +99,11 @@ def test_the_builtin_runtime_fetches_the_commit_into_the_node_cache_with_its_tok
     assert anon is not None and anon.hub is not None
     assert (anon.hub.token_path, anon.hub.endpoint) == (None, "https://huggingface.co")
     assert "hub-token" not in str(runtime_pod("tiny", "ns", spec(source={"huggingFace": HUB}), role, "r1", 0))
+    # Its server listens once the fill and the load are done: liveness waits behind a startup probe whose
+    # budget (period x failures) is the engines' 30 minutes, not liveness's 60 s.
+    start, live = container["startupProbe"], container["livenessProbe"]
+    assert start["httpGet"] == live["httpGet"] == {"path": "/healthz", "port": container["ports"][0]["containerPort"]}
+    assert start["periodSeconds"] * start["failureThreshold"] >= 1800 > live["periodSeconds"] * live["failureThreshold"]
 
 
 def test_a_branch_is_never_rendered_for_the_builtin_runtime() -> None:
