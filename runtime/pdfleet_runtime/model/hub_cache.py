@@ -6,10 +6,13 @@ need a commit downloads it under a lock, every later pod of that node (a restart
 lock and finds it complete, so nothing is downloaded twice. Nothing half-written is ever used: a commit is
 downloaded into a temporary directory beside its place, each file is checked against the hash the Hub lists for
 it at that commit (LFS files by their sha256, the others by their git blob id), and only then is the directory
-renamed into place with a manifest. A file missing or of another size on reuse sends the commit back to be
-fetched again; a hash that does not match fails the fill, naming the file and both hashes.
+renamed into place, and then its manifest is written beside it. A snapshot without its manifest (a fill
+killed between the two), or with a file missing or of another size, is fetched again; a hash that does not
+match fails the fill, naming the file and both hashes.
 
-Layout: ``CACHE/ORG--NAME/COMMIT/`` (the model directory the ranks load) and ``CACHE/.locks/ORG--NAME@COMMIT``.
+Layout: ``CACHE/ORG--NAME/COMMIT/`` (the model directory the ranks load: the commit's files and nothing else,
+so ``pdfleet digest`` of it is the digest of those files), its manifest ``CACHE/ORG--NAME/COMMIT.manifest.json``
+and its lock ``CACHE/.locks/ORG--NAME@COMMIT``.
 The Hub's own API, as ``huggingface_hub`` reads it: ``GET {endpoint}/api/models/{id}/revision/{commit}?blobs=true``
 lists the files with their sizes and hashes, ``GET {endpoint}/{id}/resolve/{commit}/{file}`` gives each one.
 Standard library only (the pod process runs it before its ranks start); every request has a deadline.
@@ -36,9 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdfleet_runtime.model.digest import hash_file
 
-__all__ = ["FillReport", "HubCacheError", "HubFile", "fill", "git_blob_id", "snapshot_dir"]
+__all__ = ["FillReport", "HubCacheError", "HubFile", "fill", "git_blob_id", "manifest_path", "snapshot_dir"]
 
-MANIFEST = ".pdfleet-snapshot.json"
+MANIFEST_SUFFIX = ".manifest.json"
 _CHUNK = 1 << 20
 
 
@@ -65,7 +68,7 @@ class HubFile(BaseModel):
     def relative(self) -> PurePosixPath:
         """The file's path under the snapshot; refuses one that would leave it."""
         p = PurePosixPath(self.rfilename)
-        if p.is_absolute() or ".." in p.parts or p.name in ("", ".") or p.parts[0] == MANIFEST:
+        if p.is_absolute() or ".." in p.parts or p.name in ("", "."):
             raise ValueError(f"the Hub listed a file path {self.rfilename!r} that leaves the model directory")
         return p
 
@@ -99,6 +102,12 @@ def snapshot_dir(cache: Path, model: str, commit: str) -> Path:
     return cache / model.replace("/", "--") / commit
 
 
+def manifest_path(snap: Path) -> Path:
+    """The manifest of the snapshot ``snap``, beside it (``COMMIT.manifest.json``): written last, so its presence
+    says the snapshot is whole."""
+    return snap.with_name(snap.name + MANIFEST_SUFFIX)
+
+
 def git_blob_id(path: Path) -> str:
     """The git blob id (sha1 of ``blob SIZE\\0`` and the content) the Hub lists for a non-LFS file."""
     return hash_file(hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False), path).hexdigest()
@@ -107,7 +116,7 @@ def git_blob_id(path: Path) -> str:
 def _complete(snap: Path) -> tuple[int, int] | None:
     """(files, bytes) of a snapshot whose manifest holds and whose files are all there at their sizes."""
     try:
-        listed = [HubFile.model_validate(f) for f in json.loads((snap / MANIFEST).read_text())["files"]]
+        listed = [HubFile.model_validate(f) for f in json.loads(manifest_path(snap).read_text())["files"]]
         for f in listed:
             if (snap / f.relative()).stat().st_size != f.size:
                 return None
@@ -252,11 +261,15 @@ def fill(cache: Path, model: str, commit: str, endpoint: str, *, token: str | No
                 dest = tmp / f.relative()
                 hub.download(f, dest, progress)
                 _check(f, dest)
-            (tmp / MANIFEST).write_text(json.dumps(
-                {"model": model, "commit": commit, "files": [f.model_dump(by_alias=True) for f in files]}))
+            manifest = manifest_path(snap)
+            manifest.unlink(missing_ok=True)  # an earlier fill's, of a snapshot found incomplete
             if snap.exists():  # an incomplete snapshot of an earlier fill: replaced whole
                 shutil.rmtree(snap)
             tmp.rename(snap)
+            pending = manifest.with_name(f".{manifest.name}.{os.getpid()}")
+            pending.write_text(json.dumps(
+                {"model": model, "commit": commit, "files": [f.model_dump(by_alias=True) for f in files]}))
+            pending.rename(manifest)  # last: the snapshot is whole from here on
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return FillReport(path=snap, downloaded=True, files=len(files), bytes=total, waited_s=waited,

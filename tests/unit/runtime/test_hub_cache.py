@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pdfleet_runtime.config import HubSourceConfig, ModelSourceConfig
-from pdfleet_runtime.model.hub_cache import HubCacheError, fill, git_blob_id, snapshot_dir
+from pdfleet_runtime.model.digest import directory_digest
+from pdfleet_runtime.model.hub_cache import HubCacheError, fill, git_blob_id, manifest_path, snapshot_dir
 from tests.hub_standin import MODEL, A, B, Hub, running_hub
 
 FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(300_000),
@@ -30,15 +31,24 @@ def hub() -> Iterator[Hub]:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()
-            and not p.name.startswith(".pdfleet")}
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def hub_tree(root: Path, files: dict[str, bytes]) -> Path:
+    """``files`` written under ``root``, as a path source would hold them."""
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
 
 
 def test_a_commit_is_downloaded_once_then_served_from_the_node_cache(hub: Hub, tmp_path: Path) -> None:
     first = fill(tmp_path, MODEL, A, hub.endpoint, token="hf_x")
     assert first.downloaded and first.files == 3 and first.bytes == sum(map(len, FILES.values()))
     assert first.path == snapshot_dir(tmp_path, MODEL, A) == tmp_path / "Org--Tiny-Model" / A
-    assert _tree(first.path) == FILES
+    assert _tree(first.path) == FILES  # the commit's files and nothing else: its digest is theirs
+    assert directory_digest(first.path) == directory_digest(hub_tree(tmp_path / "plain", FILES))
+    assert manifest_path(first.path).is_file()
     assert sorted(n for _, n in hub.downloads) == sorted(FILES)
     assert all(auth == "Bearer hf_x" for _, auth in hub.seen)
     again = fill(tmp_path, MODEL, A, hub.endpoint)  # a restarted pod, or a second pod of the node
@@ -95,7 +105,7 @@ def test_an_incomplete_snapshot_is_fetched_again(hub: Hub, tmp_path: Path) -> No
     (snap / "model.safetensors").write_bytes(b"truncated")
     again = fill(tmp_path, MODEL, A, hub.endpoint)
     assert again.downloaded and _tree(snap) == FILES
-    (snap / ".pdfleet-snapshot.json").unlink()  # killed before its manifest: never trusted
+    manifest_path(snap).unlink()  # killed between the rename and its manifest: never trusted
     assert fill(tmp_path, MODEL, A, hub.endpoint).downloaded
 
 
@@ -133,7 +143,7 @@ def test_a_killed_fills_partial_directory_is_removed_and_progress_is_said(hub: H
     hub.file_delay_s = 0.2
     said: list[str] = []
     fill(tmp_path, MODEL, A, hub.endpoint, progress_s=0.0, say=said.append)
-    assert not stale.exists() and sorted(p.name for p in stale.parent.iterdir()) == [A]
+    assert not stale.exists() and sorted(p.name for p in stale.parent.iterdir()) == [A, f"{A}.manifest.json"]
     assert said[0] == f"downloading {MODEL}@{A[:12]}: 3 files, {sum(map(len, FILES.values()))} bytes", said
     assert any(" of " in line and "bytes (" in line for line in said[1:]), said
 
