@@ -130,12 +130,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 # -- where the suite's time goes: PDFLEET_TEST_TIMELINE=FILE writes every phase of every test as JSON ---------
 # (node id, phase, seconds, worker, when it ended), so a slow CI run can be read for its longest files and for a
-# worker left idle at the end (the 45-minute budget, issue 38). Written by the controller only.
+# worker left idle at the end (the 45-minute budget, issue 38). Written by the controller only; the variable is
+# taken out of the environment so a pytest the suite starts itself (test_orphans) cannot overwrite the file.
 _TIMELINE: list[dict] = []
+_TIMELINE_PATH = os.environ.pop("PDFLEET_TEST_TIMELINE", "")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if os.environ.get("PDFLEET_TEST_TIMELINE"):
+    if _TIMELINE_PATH:
         node = getattr(report, "node", None)
         worker = getattr(getattr(node, "gateway", None), "id", "main")
         _TIMELINE.append({"test": report.nodeid, "phase": report.when, "seconds": round(report.duration, 3),
@@ -143,6 +145,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = os.environ.get("PDFLEET_TEST_TIMELINE")
+    path = _TIMELINE_PATH
     if path and not hasattr(session.config, "workerinput"):
         Path(path).write_text(json.dumps(_TIMELINE))
