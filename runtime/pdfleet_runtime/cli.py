@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     rf.add_argument("--api-key-file", type=Path, default=None,
                     help="the worker key the router was started with (sglang: required; vllm: none)")
     rf.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    rw = sub.add_parser("router-front-wait", help="the router container's preStop hook: wait until the front "
+                        "stopped listening (it drains while clients still reach it)")
+    rw.add_argument("--port", required=True, type=int, help="the front's port (the router port)")
+    rw.add_argument("--within", required=True, type=float, help="seconds at most")
     drn = sub.add_parser("drain", help="drain this pod through its loopback admin port (the preStop hook)")
     drn.add_argument("--config", required=True, type=Path, help="the runtime config (for adminPort)")
     drn.add_argument("--wait", action="store_true", help="return once drained (or the drain budget passed)")
@@ -508,6 +512,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _router_launch(args)
     if args.command == "router-front":
         return _router_front(args)
+    if args.command == "router-front-wait":
+        from pdfleet_runtime.front.stopped import wait_stopped
+
+        if wait_stopped(args.port, args.within):
+            return EXIT_OK
+        print(f"pdfleet-runtime router-front-wait: port {args.port} still listened on after {args.within:g}s",
+              file=sys.stderr)
+        return EXIT_REJECTED
     if args.command == "drain":
         return _drain(args)
     return 0

@@ -103,9 +103,19 @@ def test_a_test_run_sent_sigterm_stops_its_clusters_and_pods(tmp_path: Path) -> 
                 break
         assert lines and lines[-1].startswith("READY"), "".join(lines)[-3000:]
         apiserver = int(json.loads((state / "pids.json").read_text())["kube-apiserver"])
-        inodes = {procs.net_ns(apiserver), *procs.pod_namespaces(apiserver).values()}
-        seen = procs.in_namespaces({i for i in inodes if i is not None})
-        assert any(p.cmd.startswith("sleep 3600") for p in seen) and any("kube-apiserver" in p.cmd for p in seen), seen
+
+        def held() -> bool:
+            """The pod's process has become ``sleep`` (a started container may not have exec'd yet: until then
+            it carries its parent's command line) and the apiserver is among the namespaces' processes."""
+            nonlocal seen
+            inodes = {procs.net_ns(apiserver), *procs.pod_namespaces(apiserver).values()}
+            seen = procs.in_namespaces({i for i in inodes if i is not None})
+            return any(p.cmd.startswith("sleep 3600") for p in seen) and any("kube-apiserver" in p.cmd for p in seen)
+
+        deadline = time.monotonic() + 60
+        while not held():
+            assert time.monotonic() < deadline, [str(p) for p in seen]
+            time.sleep(0.5)
         run.send_signal(signal.SIGTERM)
         out, _ = run.communicate(timeout=120)
         left = [str(p) for p in seen if p.alive()]

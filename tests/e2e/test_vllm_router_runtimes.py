@@ -8,7 +8,11 @@ byte by the decode:
 - a decode rollout, then scaling 2 -> 3 -> 2: zero client failures, zero router retries, zero failed transfers;
 - the prefill pod lost (its processes killed, the pod deleted, as when its node fails) and replaced by the
   operator: a new pod, a new engine id; the client requests that failed in between are counted and printed,
-  and the new prefill serves through the router within ``REPLACED_WITHIN_S`` of the loss.
+  and the new prefill serves through the router within ``REPLACED_WITHIN_S`` of the loss;
+- a decode pod killed (SIGKILL, no drain) under fresh traffic: a client request fails only if it was in flight
+  at the kill or sent within the router's drop bound (its health checks, rendered as for sglang-router) after
+  it; every later request is served by the other decode, its state verified. The failures, the router's
+  retries and the pods' failed transfers are counted and printed.
 
 Mooncake is not run here: admission denies vllm-router's discovery with Mooncake (``vllm-router-mooncake-
 discovery``: 0.1.17 never asks a discovered prefill's bootstrap for its engine id, so decodes get no
@@ -26,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet_devcluster import LocalCluster
+from pdfleet_operator.resources.router import ROUTER_DROP_BOUND_S
 from tests.cluster.conftest import OperatorProcess
 from tests.e2e.traffic import NAME, manifest, running_fleet
 
@@ -96,3 +101,30 @@ def test_a_nixl_fleet_behind_vllm_router_rolls_clean_and_serves_again_after_its_
             [(a.started - kill_at, a.problem) for a in failed]  # nothing failed once the new prefill served
         # Every answer after the loss came through the new prefill, its state verified.
         assert all(a.pdfleet.get("verified") and (a.prefill or "").startswith(f"{new_ip}:") for a in after), after[:3]
+
+        # -- a decode killed (SIGKILL, no drain) -------------------------------------------------------
+        # The router had no worker while the prefill was gone, so its pod went unready: fresh connections are
+        # refused until it is Ready again (the probes above came through a kept-alive connection).
+        fleet.wait(fleet.routers_ready, 60, "the router pod Ready, a fresh connection served")
+        traffic = fleet.traffic()
+        traffic.wait_served(4)
+        victim = sorted(runner.decode_pods())[0]
+        kill_at = time.monotonic()
+        runner.decode_pods()[victim].signal(signal.SIGKILL)
+        # Waited for, not slept: three requests sent after every router check dropped the pod came back.
+        traffic.chat.wait_answers(3, lambda a: a.started > kill_at + ROUTER_DROP_BOUND_S, timeout=90)
+        answers = traffic.chat.stop()
+        traffic.halt()
+        failed = [a for a in answers if not a.ok]
+        counts = traffic.counts()
+        print(f"decode {victim} killed: {len(answers)} requests, {len(failed)} failed, router retries "
+              f"{counts.router_retries}, transfer failures {counts.transfer_failures} {counts.per_pod}")
+        for a in failed:
+            print(f"  request {a.i}: sent {a.started - kill_at:+.2f}s, ended {a.ended - kill_at:+.2f}s after the kill,"
+                  f" status {a.status}: {(a.problem or '')[:120]}")
+        assert not [a for a in answers if a.ended < kill_at and not a.ok]  # nothing failed before the kill
+        for a in failed:  # only what the kill caught, or what reached the pod before the routers dropped it
+            assert a.started <= kill_at + ROUTER_DROP_BOUND_S and a.ended >= kill_at, a
+        late = [a for a in answers if a.started > kill_at + ROUTER_DROP_BOUND_S]
+        assert late and all(a.ok and a.pod != victim and a.pdfleet.get("verified") for a in late), \
+            [(a.i, a.pod, a.problem) for a in late if not (a.ok and a.pod != victim)]

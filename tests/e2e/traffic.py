@@ -25,6 +25,7 @@ from kubernetes.client import CoreV1Api
 
 from pdfleet_devcluster import LocalCluster
 from pdfleet_devcluster.kubelet import Kubelet, wait
+from pdfleet_operator.resources.router import LABEL_ROUTER
 from pdfleet_runtime.config import READINESS_GATE
 from pdfleet_runtime.testing.chat import Answer, ChatTraffic
 from pdfleet_runtime.testing.scrape import scrape
@@ -171,6 +172,18 @@ class Fleet:
             return False
         self.last_problem = answer.problem
         return answer.ok
+
+    def routers_ready(self) -> bool:
+        """Every router pod of the deployment Ready, and a fresh connection through the Service answered: a router
+        left without workers answers its readiness probe 503, and the Service refuses new connections (kube-proxy
+        rejects a ClusterIP without ready endpoints) until a probe passes and kube-proxy syncs again, while a
+        kept-alive client goes on being served."""
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_ROUTER}={NAME}").items
+        if not pods or not all(any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+                               and p.metadata.deletion_timestamp is None for p in pods):
+            self.last_problem = f"router pods not all Ready: {[p.metadata.name for p in pods]}"
+            return False
+        return self.router_ready()
 
     def chat_traffic(self, **kw: Any) -> ChatTraffic:
         """A client of the router's Service: seeded bodies, or the model check's prompts and verifier."""

@@ -17,9 +17,10 @@ wants that key from its clients too. vllm-router 0.1.17 serves its worker API (`
 - adds ``Authorization: Bearer <worker key>`` to what it forwards where the router kind wants it
   (sglang-router; never the client's own header), and streams the router's answer back as it comes
   (server-sent events included);
-- on SIGTERM drains for ``drain_s`` (``FRONT_DRAIN_S``): it keeps serving, each answer closing its connection,
-  so clients move to another router pod before it stops listening; the router container's preStop sleep keeps
-  the router up until then.
+- on SIGTERM drains (``Front.drain``): it keeps serving, each answer closing its connection, so clients move to
+  another router pod; it stops listening once ``drain_s`` passed and no connection came for ``quiet_s`` (kube-proxy
+  may send new ones here a while after the endpoint went) with none open, at most ``drain_max_s``; the router
+  container's preStop sleep keeps the router up until then.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
-from pdfleet_runtime.front.routers import FRONT_DRAIN_S, SURFACES, FrontedRouter, RouterSurface
+from pdfleet_runtime.front.routers import (
+    FRONT_DRAIN_MAX_S,
+    FRONT_DRAIN_S,
+    FRONT_QUIET_S,
+    SURFACES,
+    FrontedRouter,
+    RouterSurface,
+)
 from pdfleet_runtime.pod.worker_api import ApiError, load_json
 from pdfleet_runtime.protocol.http_guard import GuardedServer, HttpLimits
 
@@ -63,7 +72,10 @@ class FrontSettings:
     upstream_timeout_s: float = 600.0
     """Longest wait for the router's next bytes of an answer (its own request timeout ends it sooner)."""
     drain_s: float = FRONT_DRAIN_S
-    """After SIGTERM: how long it keeps serving, each answer closing its connection, before it stops listening."""
+    """After SIGTERM: how long it keeps serving at least, each answer closing its connection, before it stops
+    listening; then until ``quiet_s`` passed with no new connection and none open, at most ``drain_max_s``."""
+    quiet_s: float = FRONT_QUIET_S
+    drain_max_s: float = FRONT_DRAIN_MAX_S
 
     def __post_init__(self) -> None:
         if self.surface.worker_key != (self.api_key is not None):
@@ -105,6 +117,21 @@ class Front:
         timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.settings.upstream_timeout_s)
         self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
         return self.port
+
+    @property
+    def connections(self) -> int:
+        return self.guard.connections if self.guard is not None else 0
+
+    async def drain(self) -> float:
+        """Serve on (``draining``: each answer closes its connection) until ``drain_s`` passed, then until no
+        connection came for ``quiet_s`` and none is open, at most ``drain_max_s``; the seconds it took."""
+        s, began = self.settings, time.monotonic()
+        while (waited := time.monotonic() - began) < s.drain_max_s:
+            last = max(began, self.guard.accepted_at if self.guard is not None else 0.0)
+            if waited >= s.drain_s and time.monotonic() - last >= s.quiet_s and self.connections == 0:
+                break
+            await asyncio.sleep(0.05)
+        return time.monotonic() - began
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -204,8 +231,10 @@ async def serve_front(settings: FrontSettings, host: str, port: int, stop: async
     try:
         await stop.wait()
         front.draining = True
-        log.info("router front draining for %gs: answers close their connections", settings.drain_s)
-        await asyncio.sleep(settings.drain_s)
+        log.info("router front draining (%gs, then until %gs without a new connection and none open, at most %gs):"
+                 " answers close their connections", settings.drain_s, settings.quiet_s, settings.drain_max_s)
+        waited = await front.drain()
+        log.info("router front drained after %.1fs; %d connection(s) still open", waited, front.connections)
     finally:
         await front.stop()
         log.info("router front stopped; refused %s", front.refused or "nothing")

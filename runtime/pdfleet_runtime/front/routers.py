@@ -20,14 +20,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-__all__ = ["FRONT_DRAIN_S", "ROUTER_PRESTOP_S", "SURFACES", "FrontedRouter", "RouterSurface"]
+__all__ = ["FRONT_DRAIN_MAX_S", "FRONT_DRAIN_S", "FRONT_QUIET_S", "ROUTER_PRESTOP_S", "SURFACES", "FrontedRouter", "RouterSurface"]
 
 FRONT_DRAIN_S = 5.0
-"""After SIGTERM the front keeps serving this long, every answer closing its connection: the pod's Service
-endpoint goes as its deletion starts, so clients reconnect to another router pod (a kept-alive connection would
-otherwise stay on this one until it closed under a request: a router Deployment rolling, docs/router.md)."""
-ROUTER_PRESTOP_S = 10
-"""The router container's preStop sleep: it outlives the front's drain and its last answers (2 s)."""
+"""After SIGTERM the front keeps serving at least this long, every answer closing its connection: the pod's
+Service endpoint goes as its deletion starts, so clients reconnect to another router pod (a kept-alive connection
+would otherwise stay on this one until it closed under a request: a router Deployment rolling, docs/router.md)."""
+FRONT_QUIET_S = 2.0
+"""...and then until no connection came for this long and none is open: kube-proxy takes the endpoint out when it
+next syncs, late on a loaded node, and until then new connections still come here (a front that stopped listening
+at a fixed 5 s refused them: a client's "Connection error" during a router rollout)."""
+FRONT_DRAIN_MAX_S = 20.0
+"""...but no longer than this after SIGTERM (a streaming answer may run for minutes)."""
+ROUTER_PRESTOP_S = 24
+"""The bound of the router container's preStop hook (``router-front-wait``: until the front stopped listening): it
+outlives the front's longest drain and its last answers (2 s), within the pod's default 30 s grace period."""
 
 
 class FrontedRouter(StrEnum):

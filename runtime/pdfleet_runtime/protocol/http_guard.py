@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class _Guarded(asyncio.Protocol):
             transport.abort()
             return
         self._counted = True
+        self._guard.accepted_at = time.monotonic()
         self._guard._conns[transport] = self
         self._arm(between=True)
         self._inner.connection_made(transport)
@@ -123,6 +125,8 @@ class GuardedServer:
         self._conns: dict[asyncio.BaseTransport, _Guarded] = {}
         self.refused = 0
         self.idle_closed = 0
+        self.accepted_at = 0.0
+        """``time.monotonic()`` of the last connection admitted (0: none yet): a draining server waits for quiet."""
 
     def __call__(self) -> asyncio.Protocol:
         return _Guarded(self, self._factory())

@@ -103,7 +103,7 @@ class ChatTraffic:
             status, data = e.status_code, _json(e.response.text)
             problem = f"HTTP {status}: {str(data.get('error') or data)[:300]}"
         except openai.APIError as e:  # no answer: connection refused or reset, timeout
-            status, data, problem = 0, {"error": repr(e)}, f"no answer: {e!r}"
+            status, data, problem = 0, {"error": _chain(e)}, f"no answer: {_chain(e)}"
         answer = Answer(i, t0, time.monotonic(), status, data, problem)
         with self._lock:
             self.answers.append(answer)
@@ -158,3 +158,15 @@ def _json(text: str) -> dict[str, Any]:
     except ValueError:
         return {"error": text[:500]}
     return out if isinstance(out, dict) else {"error": out}
+
+
+def _chain(e: BaseException) -> str:
+    """``e`` and what caused it (``openai``'s "Connection error." hides whether the connection was refused,
+    reset or closed before an answer: that is in httpx's and the socket's exceptions beneath it)."""
+    parts, seen = [], set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and len(parts) < 5:
+        seen.add(id(cur))
+        parts.append(repr(cur)[:200])
+        cur = cur.__cause__ or cur.__context__
+    return " <- ".join(parts)

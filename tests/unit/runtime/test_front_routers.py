@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 
 import aiohttp
 import pytest
@@ -85,22 +86,28 @@ def test_sglang_router_gets_the_worker_key_in_place_of_the_clients() -> None:
     assert seen == [{"path": "/generate", "authorization": f"Bearer {KEY}"}]
 
 
+async def _answering_upstream() -> tuple[web.AppRunner, str]:
+    """A router stand-in on loopback answering 200 to anything: its runner (clean it up) and base URL."""
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
 def test_a_stopping_front_keeps_serving_for_its_drain_and_closes_each_connection_after_its_answer() -> None:
     """SIGTERM (``stop``) starts the drain: answers still come, each with ``Connection: close`` (a kept-alive
-    client moves to another router pod through the Service); after ``drain_s`` nothing listens."""
+    client moves to another router pod through the Service); after ``drain_s``, with no new connection for
+    ``quiet_s``, nothing listens."""
 
     async def run() -> tuple[list[tuple[int, str | None]], bool]:
-        async def ok(_: web.Request) -> web.Response:
-            return web.json_response({"ok": True})
-
-        app = web.Application()
-        app.router.add_route("*", "/{path:.*}", ok)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        upstream = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        runner, upstream = await _answering_upstream()
         settings = FrontSettings(router=FrontedRouter.VLLM, served_model="m", upstream=upstream, api_key=None,
-                                 drain_s=1.5)
+                                 drain_s=1.5, quiet_s=0.5)
         stop = asyncio.Event()
         port = free_port()
         task = asyncio.create_task(serve_front(settings, "127.0.0.1", port, stop))
@@ -135,3 +142,61 @@ def test_a_stopping_front_keeps_serving_for_its_drain_and_closes_each_connection
     assert out[0][0] == 200 and (out[0][1] or "").lower() != "close", out
     assert out[1:] == [(200, "close"), (200, "close")], out
     assert not listening
+
+
+def test_a_draining_front_listens_while_new_connections_still_come_and_stops_once_they_cease() -> None:
+    """kube-proxy sends new connections to a terminating router pod until it next syncs: the front serves them
+    past ``drain_s`` (each closed after its answer) and stops listening ``quiet_s`` after the last one."""
+
+    async def run() -> tuple[list[int], float, float]:
+        runner, upstream = await _answering_upstream()
+        settings = FrontSettings(router=FrontedRouter.VLLM, served_model="m", upstream=upstream, api_key=None,
+                                 drain_s=0.5, quiet_s=0.8, drain_max_s=20)
+        stop, port = asyncio.Event(), free_port()
+        task = asyncio.create_task(serve_front(settings, "127.0.0.1", port, stop))
+        url = f"http://127.0.0.1:{port}/v1/models"
+        statuses: list[int] = []
+        last = 0.0
+        try:
+            async with aiohttp.ClientSession() as client:
+                for _ in range(50):  # listening
+                    with contextlib.suppress(aiohttp.ClientConnectorError):
+                        async with client.get(url) as r:
+                            break
+                    await asyncio.sleep(0.05)
+                stop.set()
+                began = time.monotonic()
+                while time.monotonic() - began < 2.0:  # a new connection every 0.3 s, well past drain_s
+                    async with client.get(url) as r:
+                        statuses.append(r.status)
+                    last = time.monotonic()
+                    await asyncio.sleep(0.3)
+                await asyncio.wait_for(asyncio.shield(task), timeout=5)
+                stopped = time.monotonic()
+        finally:
+            stop.set()
+            await task
+            await runner.cleanup()
+        return statuses, last - began, stopped - last
+
+    statuses, served_for, stopped_after = asyncio.run(run())
+    assert statuses and set(statuses) == {200} and served_for >= 1.5, statuses  # past drain_s + quiet_s
+    assert 0.7 <= stopped_after < 3.0, stopped_after  # quiet_s after the last connection (and the 2 s cleanup bound)
+
+
+def test_the_router_prestop_hook_waits_until_nothing_listens_on_the_front_port() -> None:
+    """``router-front-wait`` reads the namespace's listening sockets (no connection: it would prolong the drain)."""
+    from pdfleet_runtime.front.stopped import listening, wait_stopped
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    assert not listening(port)  # bound, not listening
+    sock.listen()
+    try:
+        assert listening(port)
+        t0 = time.monotonic()
+        assert not wait_stopped(port, within_s=0.5, poll_s=0.05) and time.monotonic() - t0 >= 0.5
+    finally:
+        sock.close()
+    assert not listening(port) and wait_stopped(port, within_s=0.5)

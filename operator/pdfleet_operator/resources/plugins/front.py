@@ -80,8 +80,9 @@ def fronted_router_containers(deployment: str, spec: PDDeploymentSpec, kind: Fro
         "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5,
                           "failureThreshold": 6},
         "resources": router.resources.model_dump(by_alias=True, exclude_none=True, mode="json"),
-        # Up until the front has drained (it gets SIGTERM at once and serves FRONT_DRAIN_S more).
-        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
+        # Up until the front has drained (it gets SIGTERM at once and serves while clients still reach it).
+        "lifecycle": {"preStop": {"exec": {"command": ["pdfleet-runtime", "router-front-wait", "--port",
+                                                       str(router.port), "--within", str(ROUTER_PRESTOP_S)]}}},
         "securityContext": security,
     }
     return [container, front_container(deployment, spec, kind, security)]
