@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
+from itertools import product
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from pdfleet_operator.api.constants import Role
 from pdfleet_operator.generations import mixed, paired
 from pdfleet_operator.observed import ObservedPod, RouterState
+from pdfleet_operator.validation import check_matrix
 from pdfleet_runtime.links import link_matches
 
 __all__ = ["CheckResult", "Metrics", "PodMetrics", "Verdict", "diagnose", "failed"]
@@ -226,6 +229,47 @@ def _versions(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics]) ->
                        fix="let the rollout finish; vLLM refuses to pair two versions (docs/vllm.md)")
 
 
+def _running_matrix(spec: Mapping[str, Any], pods: Sequence[ObservedPod],
+                    metrics: Mapping[str, PodMetrics]) -> CheckResult:
+    """The spec through the capability matrix with the runtime versions the live pods report in place of the ones
+    it names, for every prefill and decode version running at once: admission checked the spec's versions, but
+    what pairs is what runs (an image tag that moved, a rollout half done)."""
+    running: dict[Role, set[str]] = {Role.PREFILL: set(), Role.DECODE: set()}
+    for p in _live(pods):
+        m = metrics.get(p.name)
+        info = m.now.samples.get(INFO, ()) if m is not None and m.now is not None else ()
+        if info and info[0][0].get("version"):
+            running[p.role].add(info[0][0]["version"])
+    if not running[Role.PREFILL] or not running[Role.DECODE]:
+        return CheckResult(check="matrix", subject="fleet", verdict=Verdict.CANNOT_CHECK,
+                           detail=f"no {' or '.join(r.value for r in running if not running[r])} pod exports "
+                                  f"{INFO} (an engine beside the agent, or an older runtime): the running versions "
+                                  "are unknown")
+    spec_verdict = check_matrix(spec)
+    if spec_verdict is None:
+        return CheckResult(check="matrix", subject="fleet", verdict=Verdict.CANNOT_CHECK,
+                           detail="the deployment's spec does not parse as this operator's PDDeployment spec")
+    admitted = {(v.rule, v.message) for v in spec_verdict.violations}
+    broken: list[str] = []
+    fixes: list[str] = []
+    pairs = sorted(product(running[Role.PREFILL], running[Role.DECODE]))
+    for pv, dv in pairs:
+        verdict = check_matrix({**spec, "prefill": {**(spec.get("prefill") or {}), "runtimeVersion": pv},
+                                "decode": {**(spec.get("decode") or {}), "runtimeVersion": dv}})
+        for v in verdict.violations if verdict is not None else ():
+            if (v.rule, v.message) not in admitted:
+                broken.append(f"prefill {pv} with decode {dv}: {v.rule}: {v.message}")
+                if v.fix not in fixes:
+                    fixes.append(v.fix)
+    said = ", ".join(f"prefill {pv} with decode {dv}" for pv, dv in pairs)
+    if broken:
+        return CheckResult(check="matrix", subject="fleet", verdict=Verdict.FAIL,
+                           detail="the running runtime versions break the capability matrix: " + "; ".join(broken),
+                           fix=" ".join(fixes) + " Run the versions the spec names (pdfleet explain-rule RULE).")
+    return CheckResult(check="matrix", subject="fleet", verdict=Verdict.OK,
+                       detail=f"the running runtime versions pass the capability matrix ({said})")
+
+
 def _canary_speed(p: ObservedPod, m: PodMetrics) -> CheckResult:
     assert m.now is not None
     speeds = m.now.by(CANARY_GBPS, "peer")
@@ -344,10 +388,12 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str, backe
 
 def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
              window_s: float | None = None, router: RouterState | None = None,
-             backend: str | None = None, engine: str | None = None) -> list[CheckResult]:
+             backend: str | None = None, engine: str | None = None,
+             spec: Mapping[str, Any] | None = None) -> list[CheckResult]:
     """Every check over ``pods`` (the deployment's, as ``observe`` reads them), their ``metrics``, the ``router``
     Deployment's state (None: none read, so every routable pod counts as paired), the spec's transfer
-    ``backend`` and ``engine`` kind (which engine's counters say what a decode received)."""
+    ``backend`` and ``engine`` kind (which engine's counters say what a decode received), and the stored
+    ``spec`` (run through the matrix with the versions the pods run; None: that check is left out)."""
     window = f"in the last {window_s:g} s" if window_s else "since the pod started"
     live = sorted(_live(pods), key=lambda p: (p.role.value, p.name))
     out = [_generations(pods, router)]
@@ -362,6 +408,8 @@ def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
     versions = _versions(pods, metrics)
     if versions is not None:
         out.append(versions)
+    if spec is not None:
+        out.append(_running_matrix(spec, pods, metrics))
     out.append(CheckResult(check="router-workers", subject="fleet", verdict=Verdict.CANNOT_CHECK,
                            detail="the router's worker list is served on its pod's loopback only (with its admin "
                                   "key); the router pod's sweeper removes workers whose pods are gone and logs each "

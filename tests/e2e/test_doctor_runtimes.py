@@ -67,6 +67,9 @@ def test_the_doctor_passes_a_healthy_fleet_and_names_a_crashed_prefill(
         for check in ("transfer-path", "transfer-failures", "state-integrity", "link"):
             assert {c["subject"] for c in checks if c["check"] == check and c["verdict"] == "ok"} == pods, \
                 [c for c in checks if c["check"] in (check, "metrics")]
+        # the versions the pods run went through the capability matrix (the stored spec with them in place)
+        assert [c["verdict"] for c in checks if c["check"] == "matrix"] == ["ok"], \
+            [c for c in checks if c["check"] == "matrix"]
         # every decode answered only requests whose state it received (none recomputed)
         received = [c for c in checks if c["check"] == "state-received"]
         assert {c["subject"] for c in received if c["verdict"] == "ok"} == {

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             metrics[name] = PodMetrics(now=now, before=before if isinstance(before, Metrics) else None)
     results = diagnose(pods, metrics, window_s=args.window or None, router=router, backend=backend,
-                       engine=engine)
+                       engine=engine, spec=spec)
     if args.output == "json":
         print(json.dumps({"name": args.name, "namespace": args.namespace, "window_s": args.window,
                           "failed": len(failed(results)),

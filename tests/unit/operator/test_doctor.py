@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
 from prometheus_client import generate_latest
 
 from pdfleet_operator.api.constants import Role
@@ -11,6 +14,8 @@ from pdfleet_operator.doctor import PodMetrics, Verdict, diagnose, failed
 from pdfleet_operator.observed import Generation, ObservedPod, RouterState
 from pdfleet_runtime.pod.metrics import ServerMetrics
 from pdfleet_runtime.pod.seeded_load import LoadMetrics
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _pod(name: str, role: Role, *, compat: str = "k1", gate: str | None = "True", message: str = "",
@@ -277,3 +282,26 @@ def test_the_doctor_also_reads_an_engine_containers_port() -> None:
                                    {"name": "engine", "ports": [{"name": "engine-http", "containerPort": 30000}]}]}}
     assert engine_port(pod) == 30000
     assert engine_port({"spec": {"containers": [{"name": "runtime", "ports": []}]}}) is None
+
+
+def test_the_versions_the_pods_run_go_through_the_capability_matrix() -> None:
+    """Admission checked the spec's runtime versions; ``matrix`` checks the ones running (a moved image tag): a
+    decode on a runtime this operator's matrix does not know fails with the rule and its fix, and a fleet whose
+    pods export no version cannot be checked, never ok."""
+    raw = yaml.safe_load((REPO / "examples" / "valid" / "llama-dense.yaml").read_text())["spec"]
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+    ok = diagnose(pods, {"p-0": _read(_healthy("prefill")), "d-0": _read(_healthy("decode"))}, spec=raw)
+    [matrix] = [r for r in ok if r.check == "matrix"]
+    assert matrix.verdict is Verdict.OK and "prefill 0.1.0 with decode 0.1.0" in matrix.detail, matrix
+
+    moved = diagnose(pods, {"p-0": _read(_healthy("prefill")), "d-0": _read(_healthy("decode", version="0.9.0"))},
+                     spec=raw)
+    [matrix] = [r for r in moved if r.check == "matrix"]
+    assert matrix.verdict is Verdict.FAIL, matrix
+    assert "prefill 0.1.0 with decode 0.9.0: runtime-version-unknown: decode runtime version '0.9.0' is unknown" \
+        in matrix.detail and matrix.fix, matrix
+
+    engine_pods = diagnose(pods, {"p-0": _read(ServerMetrics("prefill")), "d-0": _read(_healthy("decode"))},
+                           spec=raw)
+    [matrix] = [r for r in engine_pods if r.check == "matrix"]
+    assert matrix.verdict is Verdict.CANNOT_CHECK and "no prefill pod exports" in matrix.detail, matrix
