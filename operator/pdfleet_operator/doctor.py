@@ -14,7 +14,8 @@ The cluster edge (reads only) is ``commands/doctor.py``; docs/doctor.md lists ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import urllib.parse
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from enum import StrEnum
 from itertools import product
 from typing import Any
@@ -27,7 +28,7 @@ from pdfleet_operator.observed import ObservedPod, RouterState
 from pdfleet_operator.validation import check_matrix
 from pdfleet_runtime.links import link_matches
 
-__all__ = ["CheckResult", "Metrics", "PodMetrics", "Verdict", "diagnose", "failed"]
+__all__ = ["CheckResult", "Metrics", "PodMetrics", "Verdict", "diagnose", "failed", "unknown_workers"]
 
 
 class Verdict(StrEnum):
@@ -113,6 +114,61 @@ ANSWER_SLACK = 2.0
 """Answers a window may hold beyond the state received in it: requests whose state arrived just before it began."""
 CANARY_GBPS = "pdfleet_canary_throughput_gbps"
 FLOOR_GBPS = "pdfleet_canary_floor_gbps"
+
+
+SGLANG_WORKERS = "smg_worker_health"
+"""sglang-router 0.3.2's gauge per worker it lists (1 healthy, 0 not); a removed worker's series stays at -1 (seen
+here: ``DELETE /workers/{id}`` turned 1 into -1)."""
+VLLM_WORKERS = "vllm_router_worker_health"
+"""vllm-router 0.1.17's: a removed worker's series stays at its last value (seen here: 1 after ``/remove_worker``)."""
+ROUTER_RECHECK_S = 3.0
+"""A worker no pod stands behind is said only when a second read this much later still lists it: the router pod's
+sweeper removes such workers every second, and a pod deleted just before the read is not yet swept."""
+
+
+def unknown_workers(m: Metrics, known_ips: Collection[str]) -> list[str]:
+    """The workers sglang-router lists (its gauge >= 0) whose address is no pod's of ``known_ips``."""
+    return sorted(labels.get("worker", "") for labels, health in m.samples.get(SGLANG_WORKERS, ())
+                  if health >= 0 and (urllib.parse.urlsplit(labels.get("worker", "")).hostname or "") not in known_ips)
+
+
+def _router_workers(routers: Mapping[str, Sequence[Metrics | str]], known_ips: Collection[str]) -> CheckResult:
+    """Each router pod's listed workers against the deployment's pods: a worker left for a deleted pod is one the
+    router may still send to, and whose address the next pod may get (docs/router.md)."""
+    def said(verdict: Verdict, detail: str, fix: str = "") -> CheckResult:
+        return CheckResult(check="router-workers", subject="fleet", verdict=verdict, detail=detail, fix=fix)
+
+    if not routers:
+        return said(Verdict.CANNOT_CHECK, "no router pod running (the deployment has no spec.router, or its pods "
+                                          "are not up)")
+    stale: dict[str, list[str]] = {}
+    unread: list[str] = []
+    for router, reads in sorted(routers.items()):
+        if not reads or isinstance(reads[-1], str):
+            unread.append(f"{router}: {reads[-1] if reads else 'not read'}")
+            continue
+        last = reads[-1]
+        if VLLM_WORKERS in last.samples and SGLANG_WORKERS not in last.samples:
+            return said(Verdict.CANNOT_CHECK, "vllm-router 0.1.17 keeps a removed worker's health series at its "
+                                              "last value, so its metrics cannot say which workers it still lists "
+                                              "(its list is on its pod's loopback only)")
+        if SGLANG_WORKERS not in last.samples:
+            unread.append(f"{router}: its metrics hold no {SGLANG_WORKERS}")
+            continue
+        left = set(unknown_workers(last, known_ips))
+        for earlier in reads[:-1]:  # listed in every read
+            left &= set(unknown_workers(earlier, known_ips)) if not isinstance(earlier, str) else left
+        if left:
+            stale[router] = sorted(left)
+    if stale:
+        listed = "; ".join(f"{r} lists {', '.join(w)}" for r, w in stale.items())
+        return said(Verdict.FAIL, f"router workers no pod of the deployment stands behind, {ROUTER_RECHECK_S:g} s "
+                                  f"apart: {listed}",
+                    "the router pod's sweeper removes them within a second and logs each removal: read the router "
+                    "pod's log (a sweeper that stopped); deleting the router pod starts one with a fresh list")
+    if unread:
+        return said(Verdict.CANNOT_CHECK, "router pods not read: " + "; ".join(unread))
+    return said(Verdict.OK, f"{len(routers)} router pod(s): every worker listed is a pod of the deployment")
 
 
 def _live(pods: Iterable[ObservedPod]) -> list[ObservedPod]:
@@ -389,11 +445,14 @@ def _pod_metrics_checks(p: ObservedPod, m: PodMetrics | None, window: str, backe
 def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
              window_s: float | None = None, router: RouterState | None = None,
              backend: str | None = None, engine: str | None = None,
-             spec: Mapping[str, Any] | None = None) -> list[CheckResult]:
+             spec: Mapping[str, Any] | None = None, routers: Mapping[str, Sequence[Metrics | str]] | None = None,
+             worker_ips: Collection[str] | None = None) -> list[CheckResult]:
     """Every check over ``pods`` (the deployment's, as ``observe`` reads them), their ``metrics``, the ``router``
     Deployment's state (None: none read, so every routable pod counts as paired), the spec's transfer
     ``backend`` and ``engine`` kind (which engine's counters say what a decode received), and the stored
-    ``spec`` (run through the matrix with the versions the pods run; None: that check is left out)."""
+    ``spec`` (run through the matrix with the versions the pods run; None: that check is left out), and each
+    router pod's metrics (one read, or two ``ROUTER_RECHECK_S`` apart) against ``worker_ips`` (default: the pods'
+    addresses; None for ``routers``: not read, ``cannot-check``)."""
     window = f"in the last {window_s:g} s" if window_s else "since the pod started"
     live = sorted(_live(pods), key=lambda p: (p.role.value, p.name))
     out = [_generations(pods, router)]
@@ -410,10 +469,12 @@ def diagnose(pods: Sequence[ObservedPod], metrics: Mapping[str, PodMetrics], *,
         out.append(versions)
     if spec is not None:
         out.append(_running_matrix(spec, pods, metrics))
-    out.append(CheckResult(check="router-workers", subject="fleet", verdict=Verdict.CANNOT_CHECK,
-                           detail="the router's worker list is served on its pod's loopback only (with its admin "
-                                  "key); the router pod's sweeper removes workers whose pods are gone and logs each "
-                                  "removal (docs/router.md)"))
+    if routers is None:
+        out.append(CheckResult(check="router-workers", subject="fleet", verdict=Verdict.CANNOT_CHECK,
+                               detail="the router pods' metrics were not read"))
+    else:
+        ips = worker_ips if worker_ips is not None else {p.ip for p in pods if p.ip}
+        out.append(_router_workers(routers, ips))
     return out
 
 

@@ -4,9 +4,12 @@ it would in any cluster.
 
 - the healthy fleet, with chat traffic through the router: every check passes (exit 0), the counters judged
   over a window in which requests were served;
+- the router pod's sweeper stopped (SIGSTOP) and a decode scaled away (drained, then deleted): sglang-router keeps
+  its worker, and the doctor fails ``router-workers`` naming the worker's address (exit 1); the sweeper resumed, the
+  worker is removed and the check passes;
 - the prefill's processes killed (a crash on the data path, not on what the doctor reads): the decodes' canaries
   fail, and the doctor fails naming the check (``transfer-path``), the pod and the reason (exit 1); the
-  PDDeployment turns ``Degraded`` (``TransferPathBroken``) naming both decodes and the reason, with a warning event.
+  PDDeployment turns ``Degraded`` (``TransferPathBroken``) naming the decode and the reason, with a warning event.
 
 The fleet runs its canaries every 2 s (``spec.transfer.canaryPeriodSeconds``): the decodes' canary counters show it.
 """
@@ -23,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet_devcluster import LocalCluster
+from pdfleet_devcluster import LocalCluster, procs
 from pdfleet_runtime.testing.scrape import scrape
 from tests.cluster.conftest import OperatorProcess
-from tests.e2e.traffic import NAME, running_fleet
+from tests.e2e.traffic import NAME, Fleet, running_fleet
 
 pytestmark = pytest.mark.cluster
 
@@ -37,6 +40,23 @@ def _doctor(cluster: LocalCluster, namespace: str, *args: str) -> tuple[int, dic
                          env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
     assert out.stdout, out.stderr
     return out.returncode, json.loads(out.stdout)
+
+
+def _sweeper(fleet: Fleet) -> int:
+    """The router pod's sweeper of stale workers: the launcher's forked child."""
+    [router] = [p for p in fleet.runner.pods.values() if p.name.startswith(f"{NAME}-router-") and p.started]
+    assert router.containers
+    ps, todo = [], [c.proc.pid for c in router.containers]  # the containers' processes and all below them
+    while todo:
+        kids = procs.children(todo.pop())
+        ps += kids
+        todo += [k.pid for k in kids]
+    # The launcher runs sglang-router in its own process, which renames itself (``sglang::router``); the sweeper it
+    # forked keeps the launcher's command line.
+    leaders = {c.proc.pid for c in router.containers}
+    sweepers = [p.pid for p in ps if "router-launch" in p.cmd and p.ppid in leaders]
+    assert len(sweepers) == 1, [str(p) for p in ps]
+    return sweepers[0]
 
 
 def _canaries(url: str) -> float:
@@ -74,8 +94,33 @@ def test_the_doctor_passes_a_healthy_fleet_and_names_a_crashed_prefill(
         received = [c for c in checks if c["check"] == "state-received"]
         assert {c["subject"] for c in received if c["verdict"] == "ok"} == {
             p for p in pods if "-decode-" in p}, received
+        assert [c["verdict"] for c in checks if c["check"] == "router-workers"] == ["ok"], \
+            [c for c in checks if c["check"] == "router-workers"]
         traffic.stop()
         traffic.assert_clean()
+
+        # -- a router worker left for a deleted pod: the router pod's sweeper stopped, a decode drained away ----
+        # sglang-router's discovery never removes a pod that went not-Ready before its deletion (a drained one):
+        # the sweeper does, and stopped (SIGSTOP) it cannot.
+        sweeper = _sweeper(fleet)
+        os.kill(sweeper, signal.SIGSTOP)
+        try:
+            before = dict(fleet.runner.decode_pods())
+            fleet.patch({"decode": {"replicas": 1}})
+            fleet.wait(lambda: len(fleet.live_pods()) == 1 and len(fleet.runner.decode_pods()) == 1, 180,
+                       "scaled in to 1 decode")
+            [gone] = set(before) - set(fleet.runner.decode_pods())
+            rc, report = _doctor(cluster, namespace)
+            [workers] = [c for c in report["checks"] if c["check"] == "router-workers"]
+            print("doctor, sweeper stopped, a decode drained away:", workers)
+            assert rc == 1 and workers["verdict"] == "fail" and f"http://{before[gone].ip}:" in workers["detail"] \
+                and workers["fix"], workers
+        finally:
+            os.kill(sweeper, signal.SIGCONT)
+        time.sleep(3.0)  # the sweeper's next rounds (every second)
+        rc, report = _doctor(cluster, namespace)
+        [workers] = [c for c in report["checks"] if c["check"] == "router-workers"]
+        assert workers["verdict"] == "ok", workers  # swept once the sweeper ran again
 
         [prefill] = fleet.runner.running("prefill").values()
         prefill.signal(signal.SIGKILL)
@@ -93,7 +138,7 @@ def test_the_doctor_passes_a_healthy_fleet_and_names_a_crashed_prefill(
             named = all(f"decode pod {d}: PeerUnreachable" in (cond.get("message") or "") for d in decodes)
             return cond if cond.get("status") == "True" and named else None
 
-        cond = fleet.wait(degraded, 90, "Degraded naming both decodes (their pods ran 30 s)")
+        cond = fleet.wait(degraded, 90, "Degraded naming the decode (its pod ran 30 s)")
         print("Degraded:", cond["reason"], cond["message"][:400])
         assert cond["reason"] == "TransferPathBroken", cond
         warned = [e for e in fleet.events() if e.get("reason") == "TransferPathBroken" and e.get("type") == "Warning"]

@@ -16,9 +16,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from pdfleet_operator.api.constants import GROUP, LABEL_DEPLOYMENT, PLURAL, VERSION
-from pdfleet_operator.doctor import CheckResult, Metrics, PodMetrics, Verdict, diagnose, failed
+from pdfleet_operator.doctor import (
+    ROUTER_RECHECK_S,
+    CheckResult,
+    Metrics,
+    PodMetrics,
+    Verdict,
+    diagnose,
+    failed,
+    unknown_workers,
+)
 from pdfleet_operator.observed import ObservedPod, RouterState
 from pdfleet_operator.resources.names import router_name
+from pdfleet_operator.resources.router import LABEL_ROUTER
 from pdfleet_runtime.config import HTTP_PORT
 from pdfleet_runtime.kubeapi import api_client
 
@@ -122,6 +132,31 @@ def _read_router(api: Any, namespace: str, name: str) -> RouterState | None:
     return router_state(api.sanitize_for_serialization(d))
 
 
+def _worker_ips(core: Any, namespace: str, name: str) -> set[str]:
+    listed = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_DEPLOYMENT}={name}").items
+    return {p.status.pod_ip for p in listed if p.status is not None and p.status.pod_ip}
+
+
+def _read_routers(core: Any, namespace: str, name: str, ips: set[str]) -> tuple[dict[str, list[Metrics | str]],
+                                                                                   set[str]]:
+    """Each running router pod's metrics (its ``metrics`` port); when one lists a worker no pod has the address of,
+    the pods and the routers read again ``ROUTER_RECHECK_S`` later (the worker must be in both reads, its address
+    in neither pod list). Returns the reads and the addresses of every pod seen."""
+    listed = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_ROUTER}={name}").items
+    raw = [core.api_client.sanitize_for_serialization(p) for p in listed
+           if p.metadata.deletion_timestamp is None and p.status is not None and p.status.pod_ip]
+    ports = {p["metadata"]["name"]: metrics_port(p) for p in raw}
+    reads: dict[str, list[Metrics | str]] = {r: [_read_metrics(core, namespace, r, port)] for r, port in ports.items()}
+    if any(isinstance(m := rs[0], Metrics) and unknown_workers(m, ips) for rs in reads.values()):
+        print(f"a router lists a worker no pod stands behind: reading again in {ROUTER_RECHECK_S:g} s ...",
+              file=sys.stderr, flush=True)
+        time.sleep(ROUTER_RECHECK_S)
+        ips = ips | _worker_ips(core, namespace, name)
+        for r, port in ports.items():
+            reads[r].append(_read_metrics(core, namespace, r, port))
+    return reads, ips
+
+
 def run(args: argparse.Namespace) -> int:
     from kubernetes.client import CoreV1Api, CustomObjectsApi
 
@@ -155,8 +190,12 @@ def run(args: argparse.Namespace) -> int:
             metrics[name] = PodMetrics(error=now)
         else:
             metrics[name] = PodMetrics(now=now, before=before if isinstance(before, Metrics) else None)
+    try:
+        routers, ips = _read_routers(core, args.namespace, args.name, {p.ip for p in pods if p.ip})
+    except Exception as e:  # the apiserver's refusal: said as the check's input, not a traceback
+        routers, ips = {"router pods": [f"cannot list them: {type(e).__name__}: {e}"]}, set()
     results = diagnose(pods, metrics, window_s=args.window or None, router=router, backend=backend,
-                       engine=engine, spec=spec)
+                       engine=engine, spec=spec, routers=routers, worker_ips=ips)
     if args.output == "json":
         print(json.dumps({"name": args.name, "namespace": args.namespace, "window_s": args.window,
                           "failed": len(failed(results)),

@@ -305,3 +305,37 @@ def test_the_versions_the_pods_run_go_through_the_capability_matrix() -> None:
                            spec=raw)
     [matrix] = [r for r in engine_pods if r.check == "matrix"]
     assert matrix.verdict is Verdict.CANNOT_CHECK and "no prefill pod exports" in matrix.detail, matrix
+
+
+SGLANG_ROUTER = """# TYPE smg_worker_health gauge
+smg_worker_health{{worker="http://10.0.0.1:8080"}} 1
+smg_worker_health{{worker="http://10.0.0.2:8080"}} 1
+smg_worker_health{{worker="http://10.0.0.3:8080"}} -1
+{extra}"""
+"""sglang-router 0.3.2's worker gauges as it exported them here: 10.0.0.3's worker was removed (-1)."""
+
+
+def _router_check(reads: list[str], ips: set[str] | None = None) -> object:
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+    metrics = {"p-0": _read(_healthy("prefill")), "d-0": _read(_healthy("decode"))}
+    results = diagnose(pods, metrics, routers={"r-0": [parse_metrics(text) for text in reads]},
+                       worker_ips=ips if ips is not None else {"10.0.0.1", "10.0.0.2"})
+    [check] = [r for r in results if r.check == "router-workers"]
+    return check
+
+
+def test_router_workers_no_pod_stands_behind_fail_when_both_reads_list_them() -> None:
+    """A worker left for a deleted pod (listed by sglang-router, its address no pod's) fails in two reads; a
+    removed worker's series (-1) and a worker swept between the reads do not; vllm-router's gauges cannot say."""
+    clean = SGLANG_ROUTER.format(extra="")
+    left = SGLANG_ROUTER.format(extra='smg_worker_health{worker="http://10.0.0.9:8080"} 0\n')
+    assert _router_check([clean]).verdict is Verdict.OK  # -1: removed, not listed
+    stale = _router_check([left, left])
+    assert stale.verdict is Verdict.FAIL and "r-0 lists http://10.0.0.9:8080" in stale.detail and stale.fix, stale
+    assert _router_check([left, clean]).verdict is Verdict.OK  # swept by the second read
+    vllm = '# TYPE vllm_router_worker_health gauge\nvllm_router_worker_health{worker="http://10.0.0.9:8080"} 1\n'
+    assert _router_check([vllm]).verdict is Verdict.CANNOT_CHECK
+    pods = [_pod("p-0", Role.PREFILL), _pod("d-0", Role.DECODE)]
+    for routers in (None, {}):
+        [check] = [r for r in diagnose(pods, {}, routers=routers) if r.check == "router-workers"]
+        assert check.verdict is Verdict.CANNOT_CHECK, check
