@@ -11,8 +11,13 @@ killed between the two), or with a file missing or of another size, is fetched a
 match fails the fill, naming the file and both hashes.
 
 Layout: ``CACHE/ORG--NAME/COMMIT/`` (the model directory the ranks load: the commit's files and nothing else,
-so ``pdfleet digest`` of it is the digest of those files), its manifest ``CACHE/ORG--NAME/COMMIT.manifest.json``
-and its lock ``CACHE/.locks/ORG--NAME@COMMIT``.
+so ``pdfleet digest`` of it is the digest of those files), its manifest ``CACHE/ORG--NAME/COMMIT.manifest.json``,
+its fill lock ``CACHE/.locks/ORG--NAME@COMMIT`` and its use lock ``CACHE/.locks/ORG--NAME@COMMIT.use``.
+
+Old commits go (``evict``): every pod process holds its commit's use lock shared for its whole life (taken under
+the fill lock, so nothing can remove the commit between the check and the hold). After its fill, a pod removes
+each other commit of its model that no pod of the node holds, except the ``KEEP_OTHER_COMMITS`` newest (a
+rollback's), each removal logged: manifest first, so a removal cut short leaves a snapshot that is fetched again.
 The Hub's own API, as ``huggingface_hub`` reads it: ``GET {endpoint}/api/models/{id}/revision/{commit}?blobs=true``
 lists the files with their sizes and hashes, ``GET {endpoint}/{id}/resolve/{commit}/{file}`` gives each one.
 Standard library only (the pod process runs it before its ranks start); every request has a deadline.
@@ -33,15 +38,21 @@ import urllib.request
 import urllib.response
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdfleet_runtime.model.digest import hash_file
 
-__all__ = ["FillReport", "HubCacheError", "HubFile", "fill", "git_blob_id", "manifest_path", "snapshot_dir"]
+__all__ = ["KEEP_OTHER_COMMITS", "FillReport", "HubCacheError", "HubFile", "evict", "fill", "git_blob_id",
+           "manifest_path", "snapshot_dir"]
 
 MANIFEST_SUFFIX = ".manifest.json"
+KEEP_OTHER_COMMITS = 1
+"""Commits of a model no pod of the node uses that ``evict`` keeps besides the one being used (the newest, by
+their manifests' times): a rollback to the commit before finds it on the node."""
+_HELD: list[IO[str]] = []
+"""The use locks this process holds (shared, until it exits): ``fill`` adds its commit's."""
 _CHUNK = 1 << 20
 
 
@@ -225,16 +236,64 @@ def _check(f: HubFile, path: Path) -> None:
                             f"mirror changed it, or the download was corrupted); nothing was put in the cache")
 
 
+def _lock_path(cache: Path, snap: Path) -> Path:
+    return cache / ".locks" / f"{snap.parent.name}@{snap.name}"
+
+
+def _use_path(cache: Path, snap: Path) -> Path:
+    return cache / ".locks" / f"{snap.parent.name}@{snap.name}.use"
+
+
+def _hold(cache: Path, snap: Path) -> None:
+    """This process uses ``snap`` until it exits: its use lock, shared (``evict`` takes it exclusive to remove)."""
+    fd = _use_path(cache, snap).open("a")
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _HELD.append(fd)
+
+
+def evict(cache: Path, model: str, using: str, *, keep: int = KEEP_OTHER_COMMITS,
+          say: Callable[[str], None] = lambda _m: None) -> list[str]:
+    """Remove the commits of ``model`` in ``cache`` that no process holds (its use lock taken exclusive, without
+    waiting), except ``using`` and the ``keep`` newest of the others; the commits removed. A commit being filled
+    or used is skipped; an error removing one is said and the others go on."""
+    root = snapshot_dir(cache, model, using).parent
+    others = []
+    for snap in root.iterdir() if root.is_dir() else ():
+        if snap.is_dir() and snap.name != using and not snap.name.startswith("."):
+            try:
+                others.append((manifest_path(snap).stat().st_mtime, snap))
+            except OSError:
+                others.append((0.0, snap))  # no manifest: a removal or a fill cut short, never whole
+    removed = []
+    for _, snap in sorted(others, reverse=True)[keep:]:
+        try:
+            with _use_path(cache, snap).open("a") as use, _lock_path(cache, snap).open("a") as fill_lock:
+                try:
+                    fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fill_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a pod of this node uses it, or is filling it
+                manifest_path(snap).unlink(missing_ok=True)  # first: from here on the snapshot is not whole
+                shutil.rmtree(snap)
+            removed.append(snap.name)
+            say(f"removed {model}@{snap.name[:12]} from the node's weights cache {root} (no pod of the node uses it;"
+                f" the {keep} newest other commit(s) are kept)")
+        except OSError as e:
+            say(f"could not remove {model}@{snap.name[:12]} from the node's weights cache: {e}")
+    return removed
+
+
 def fill(cache: Path, model: str, commit: str, endpoint: str, *, token: str | None = None,
          timeout_s: float = 60.0, lock_timeout_s: float = 3600.0, progress_s: float = 30.0,
          say: Callable[[str], None] = lambda _m: None) -> FillReport:
     """Make ``snapshot_dir(cache, model, commit)`` hold the commit's files, downloading only if the node's cache
-    lacks it (``say`` gets a progress line every ``progress_s``). Raises ``HubCacheError``; whatever fails leaves
-    the cache as it was."""
+    lacks it (``say`` gets a progress line every ``progress_s``), and hold it for this process's life (its use
+    lock). Raises ``HubCacheError``; whatever fails leaves the cache as it was."""
     snap = snapshot_dir(cache, model, commit)
-    lock = cache / ".locks" / f"{snap.parent.name}@{commit}"
+    lock = _lock_path(cache, snap)
     t0 = time.monotonic()
     with _locked(lock, lock_timeout_s, say) as waited:
+        _hold(cache, snap)  # under the fill lock: no eviction between the check below and the use
         if (have := _complete(snap)) is not None:
             return FillReport(path=snap, downloaded=False, files=have[0], bytes=have[1], waited_s=waited,
                               seconds=time.monotonic() - t0 - waited)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from pdfleet_runtime.config import RuntimeConfig
-from pdfleet_runtime.model.hub_cache import HubCacheError, fill
+from pdfleet_runtime.model.hub_cache import HubCacheError, evict, fill
 from pdfleet_runtime.protocol.keys import SecretError
 
 from .app import PodServer
@@ -50,4 +50,5 @@ def _fetch_model(cfg: RuntimeConfig) -> bool:
         log.error("cannot fetch model %s@%s into the weights cache %s: %s", hub.id, hub.commit, hub.cache, e)
         return False
     log.info("%s", report.line(hub.id, hub.commit))
+    evict(hub.cache, hub.id, hub.commit, say=log.info)  # the node's old commits no pod uses (never fails the pod)
     return True

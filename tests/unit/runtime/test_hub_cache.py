@@ -16,7 +16,14 @@ import pytest
 
 from pdfleet_runtime.config import HubSourceConfig, ModelSourceConfig
 from pdfleet_runtime.model.digest import directory_digest
-from pdfleet_runtime.model.hub_cache import HubCacheError, fill, git_blob_id, manifest_path, snapshot_dir
+from pdfleet_runtime.model.hub_cache import (
+    HubCacheError,
+    evict,
+    fill,
+    git_blob_id,
+    manifest_path,
+    snapshot_dir,
+)
 from tests.hub_standin import MODEL, A, B, Hub, running_hub
 
 FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(300_000),
@@ -202,3 +209,37 @@ def test_the_config_keeps_the_model_path_where_the_cache_puts_the_commit(tmp_pat
         ModelSourceConfig(path=Path("/models/x"), hub=hub)
     with pytest.raises(ValueError, match="commit"):
         HubSourceConfig(id=MODEL, commit="main", endpoint="http://hub.local", cache=tmp_path)
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from pdfleet_runtime.model.hub_cache import fill
+fill(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+print("HELD", flush=True)
+time.sleep(120)
+"""
+
+
+def test_old_commits_no_pod_uses_are_evicted_and_those_in_use_are_kept(hub: Hub, tmp_path: Path) -> None:
+    """A pod process holds its commit for its life: another pod's eviction skips it while it lives, keeps the
+    newest other commit, and removes the rest manifest first (fetched again when asked for)."""
+    pod = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), MODEL, A, hub.endpoint],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert pod.stdout is not None and pod.stdout.readline().strip() == "HELD"
+        fill(tmp_path, MODEL, B, hub.endpoint)
+        said: list[str] = []
+        assert evict(tmp_path, MODEL, B, keep=0, say=said.append) == [] and not said  # A is the other pod's
+        assert _tree(snapshot_dir(tmp_path, MODEL, A)) == FILES
+    finally:
+        pod.kill()
+        pod.wait()
+    assert evict(tmp_path, MODEL, B) == []  # the newest other commit is kept (a rollback's)
+    assert evict(tmp_path, MODEL, B, keep=0, say=said.append) == [A]
+    assert not snapshot_dir(tmp_path, MODEL, A).exists() and not manifest_path(snapshot_dir(tmp_path, MODEL, A)).exists()
+    assert "removed Org/Tiny-Model@" in said[-1] and _tree(snapshot_dir(tmp_path, MODEL, B))["config.json"] == \
+        b'{"model_type": "qwen3"}'
+    assert evict(tmp_path, MODEL, B, keep=0) == []  # B is this process's own
+    again = fill(tmp_path, MODEL, A, hub.endpoint)
+    assert again.downloaded and _tree(again.path) == FILES
