@@ -54,7 +54,8 @@ def test_kwok_stages_replace_the_gate_blind_defaults() -> None:
     stages = {d["metadata"]["name"]: d for d in yaml.safe_load_all(text)}
     assert set(stages) == {"node-initialize", "pod-start", "pod-gates-ready", "pod-gates-unready", "pod-delete",
                            "pod-delete-after-grace"}
-    # Deletion waits for the hold annotation to go; a pod whose preStop sleeps stays until its deletionTimestamp.
+    # Deletion waits for the hold annotation to go; a router pod, or one whose preStop sleeps, stays until its
+    # deletionTimestamp.
     for name in ("pod-delete", "pod-delete-after-grace"):
         keys = [e["key"] for e in stages[name]["spec"]["selector"]["matchExpressions"]]
         assert '.metadata.annotations["pdfleet.io/hold-deletion"]' in keys
