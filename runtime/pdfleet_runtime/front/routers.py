@@ -29,7 +29,7 @@ would otherwise stay on this one until it closed under a request: a router Deplo
 FRONT_QUIET_S = 2.0
 """...and then until no connection came for this long and none is open: kube-proxy takes the endpoint out when it
 next syncs, late on a loaded node, and until then new connections still come here (a front that stopped listening
-at a fixed 5 s refused them: a client's "Connection error" during a router rollout)."""
+at a fixed 5 s would refuse them)."""
 FRONT_DRAIN_MAX_S = 20.0
 """...but no longer than this after SIGTERM (a streaming answer may run for minutes)."""
 ROUTER_PRESTOP_S = 24
